@@ -1,0 +1,34 @@
+"""diffusers-var-accel: Infinity and HART next-scale (VAR) text-to-image models in the style of Diffusers, with
+training-free acceleration schedulers.
+
+Submodules are imported eagerly: diffusers 0.42 resolves the classes named in ``model_index.json`` only from modules
+that are already imported.
+"""
+
+__version__ = "0.1.0.dev0"
+
+from .models.autoencoder_bsq import InfinityBSQVAE
+from .models.cache import ScaleKVCache
+from .models.forward_context import VARForwardContext
+from .models.infinity_resolutions import infinity_scale_schedule, schedule_for_size, supported_sizes
+from .models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
+from .pipelines.infinity.pipeline_infinity import InfinityPipeline
+from .pipelines.next_scale import NextScaleState, run_next_scale_loop
+from .schedulers.scheduling_var_base import IdentityScheduler, ScalePlan, VARAccelScheduler
+
+__all__ = [
+    "INFINITY_CONFIGS",
+    "IdentityScheduler",
+    "InfinityBSQVAE",
+    "InfinityPipeline",
+    "InfinityTransformer",
+    "NextScaleState",
+    "ScaleKVCache",
+    "ScalePlan",
+    "VARAccelScheduler",
+    "VARForwardContext",
+    "infinity_scale_schedule",
+    "run_next_scale_loop",
+    "schedule_for_size",
+    "supported_sizes",
+]

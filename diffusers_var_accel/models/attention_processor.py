@@ -1,0 +1,124 @@
+"""Attention processors of the VAR transformers: the module owns the weights, the processor owns the math.
+
+``VARAttnProcessor`` is the dense reference path of Infinity's attention (cosine self-attention with 2D RoPE and the
+per-call KV cache; plain cross-attention to the text). It computes on whatever tokens it is given, so sparse methods
+reuse it on gathered tokens; the kernel comes from ``diffusers``' ``dispatch_attention_fn`` (SDPA by default,
+flash-attn when installed, on CUDA, in half precision and without a mask), unless a backend was set explicitly.
+
+Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+from .forward_context import VARForwardContext
+
+_FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
+
+
+def _pick_backend(explicit, query: torch.Tensor, has_mask: bool):
+    """The explicitly set backend, else flash-attn where it can run, else PyTorch SDPA ("native")."""
+    if explicit is not None:
+        return explicit
+    if _FLASH_ATTN_INSTALLED and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and not has_mask:
+        return "flash"
+    return "native"
+
+
+def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent channel pairs ``(2m, 2m+1)`` by the angles whose cos/sin are ``rope_cos_sin[0]`` / ``[1]``."""
+    cos, sin = rope_cos_sin[0], rope_cos_sin[1]
+    pairs = x_RHLc.reshape(*x_RHLc.shape[:-1], -1, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((cos * x0 - sin * x1, sin * x0 + cos * x1), dim=-1)
+    return rotated.reshape(x_RHLc.shape)
+
+
+def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
+    """Softmax attention that also returns the probabilities ``(R, H, L, S)`` (only for scales that read them)."""
+    scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2)) * scale
+    if mask_LS is not None:
+        scores = scores.masked_fill(~mask_LS, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.matmul(probs, v_RHSc), probs
+
+
+class VARAttnProcessor:
+    """Dense attention of Infinity's self- and cross-attention modules.
+
+    Self-attention (``encoder_hidden_states is None``): q/k L2-normalised, q scaled by the learned per-head scale
+    (clamped at 100), 2D RoPE on q and k, keys/values appended to the per-call ``ScaleKVCache``, softmax with scale 1.
+    Cross-attention: plain scaled attention of the image tokens to the projected text tokens of their own sample.
+    """
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __call__(
+        self,
+        attn,
+        hidden_states: torch.Tensor,
+        context: Optional[VARForwardContext] = None,
+        rope_cos_sin: Optional[torch.Tensor] = None,
+        encoder_hidden_states: Optional[torch.Tensor] = None,
+        encoder_attention_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if encoder_hidden_states is None:
+            return self._self_attention(attn, hidden_states, context, rope_cos_sin)
+        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask)
+
+    # -- self-attention -------------------------------------------------------------------------------------------
+    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
+        """q, k, v as ``(R, H, L, c)`` with cosine normalisation, per-head scale and RoPE applied."""
+        R, L, C = hidden_states_RLC.shape
+        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+        qkv = F.linear(hidden_states_RLC, attn.mat_qkv.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
+        q = F.normalize(q, dim=-1, eps=1e-12).mul(scale_mul)
+        k = F.normalize(k, dim=-1, eps=1e-12)
+        q = apply_rope_2d(q, rope_cos_sin)
+        k = apply_rope_2d(k, rope_cos_sin)
+        return q, k, v.contiguous()
+
+    def _self_attention(self, attn, hidden_states_RLC, context: VARForwardContext, rope_cos_sin):
+        R, L, C = hidden_states_RLC.shape
+        rope = context.rope_cos_sin if rope_cos_sin is None else rope_cos_sin
+        q, k, v = self.project_qkv(attn, hidden_states_RLC, rope)
+        k_all, v_all = k, v
+        if context.kv_cache is not None:
+            if context.cache_rows is not None and context.cache_rows != R:
+                # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
+                repeats = context.cache_rows // R
+                k_all, v_all = context.kv_cache.update(k.repeat(repeats, 1, 1, 1), v.repeat(repeats, 1, 1, 1), attn.layer_idx)
+                k_all, v_all = k_all[:R], v_all[:R]
+            else:
+                k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
+        mask = context.attn_mask
+        if attn.layer_idx in context.record_attention_layers:
+            out, probs = _explicit_attention(q, k_all, v_all, 1.0, mask)
+            context.attention_maps[attn.layer_idx] = probs
+            out = out.transpose(1, 2)
+        else:
+            backend = _pick_backend(self._attention_backend, q, mask is not None)
+            out = dispatch_attention_fn(
+                q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn_mask=mask, scale=1.0, backend=backend
+            )
+        return attn.proj(out.reshape(R, L, C))
+
+    # -- cross-attention ------------------------------------------------------------------------------------------
+    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T):
+        R, L, C = hidden_states_RLC.shape
+        T = text_RTC.shape[1]
+        kv = F.linear(text_RTC, attn.mat_kv.weight, torch.cat((attn.zero_k_bias, attn.v_bias)))
+        k, v = kv.view(R, T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
+        q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
+        backend = _pick_backend(self._attention_backend, q, text_mask_R11T is not None)
+        out = dispatch_attention_fn(q, k, v, attn_mask=text_mask_R11T, scale=attn.scale, backend=backend)
+        return attn.proj(out.reshape(R, L, C))

@@ -1,0 +1,82 @@
+"""What one transformer pass over the tokens of one scale (or one group of scales) needs besides the weights.
+
+The next-scale loop builds a :class:`VARForwardContext` per pass and hands it down to the blocks, which hand it to
+their attention processors. Nothing here outlives the call: the KV cache, recorded attention maps and the token
+router belong to the loop's per-call state.
+
+Shape legend: ``R`` rows (batch, doubled under CFG), ``L`` tokens of this pass, ``K`` kept tokens, ``C`` width,
+``H`` heads, ``c`` head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Protocol, Set
+
+import torch
+
+from .cache import ScaleKVCache
+
+#: The sublayer kinds a :class:`TokenRouter` is asked about. ``"block"`` routes a whole block.
+SUBLAYER_KINDS = ("block", "self_attn", "cross_attn", "ffn")
+
+
+class TokenRouter(Protocol):
+    """Decides, per layer and sublayer, which tokens are computed and how the others are restored.
+
+    The acceleration schedulers implement this (see ``schedulers/``); ``None`` in the context means "dense".
+    """
+
+    def select(self, layer_idx: int, sublayer: str, hidden_states_RLC: torch.Tensor) -> Optional[torch.Tensor]:
+        """Indices ``(R, K)`` of the tokens that ``sublayer`` of ``layer_idx`` computes, or ``None`` for all tokens.
+
+        ``hidden_states_RLC`` is the residual stream before the sublayer's norm.
+        """
+
+    def restore(
+        self, layer_idx: int, sublayer: str, update_RKC: torch.Tensor, index_RK: torch.Tensor, hidden_states_RLC: torch.Tensor
+    ) -> torch.Tensor:
+        """The full ``(R, L, C)`` residual update, given the update computed for the kept tokens."""
+
+
+@dataclass
+class VARForwardContext:
+    """Per-pass inputs of the transformer blocks.
+
+    Args:
+        kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
+        rope_cos_sin (`torch.Tensor`): ``(2, 1, 1, L, c/2)`` cosines and sines of the RoPE angles of this pass's tokens.
+        attn_mask (`torch.Tensor`, *optional*): boolean ``(L, L_cache + L)`` mask (True = visible) when several scales
+            are decoded in one pass (block-causal); ``None`` when all keys are visible.
+        token_router (`TokenRouter`, *optional*): sparse computation; ``None`` computes every token.
+        record_attention_layers (`set[int]`): layers whose self-attention probabilities are stored in
+            ``attention_maps`` (explicit softmax instead of the fused kernel).
+        cache_rows (`int`, *optional*): rows held by the KV cache when the blocks run fewer rows (CFG halving: only
+            the conditional half runs, and its keys/values are copied to the unconditional rows of the cache).
+    """
+
+    kv_cache: Optional[ScaleKVCache]
+    rope_cos_sin: torch.Tensor
+    attn_mask: Optional[torch.Tensor] = None
+    token_router: Optional[TokenRouter] = None
+    record_attention_layers: Set[int] = field(default_factory=set)
+    attention_maps: Dict[int, torch.Tensor] = field(default_factory=dict)
+    cache_rows: Optional[int] = None
+
+
+def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """``x[r, index[r, k]]`` for every row: the kept tokens, in index order."""
+    return torch.gather(x_RLC, 1, index_RK.unsqueeze(-1).expand(-1, -1, x_RLC.shape[-1]))
+
+
+def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
+    """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
+    return canvas_RLC.scatter(1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype))
+
+
+def gather_rope(rope_cos_sin: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """The RoPE table of the kept tokens: ``(2, 1, 1, L, d)`` -> ``(2, R, 1, K, d)``."""
+    table_LD = rope_cos_sin[:, 0, 0]  # (2, L, d)
+    R, K = index_RK.shape
+    gathered = table_LD[:, index_RK.reshape(-1)]  # (2, R*K, d)
+    return gathered.view(2, R, 1, K, table_LD.shape[-1])

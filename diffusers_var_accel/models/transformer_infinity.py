@@ -1,0 +1,441 @@
+"""Infinity's text-to-image transformer (FoundationVision/Infinity, arXiv:2412.04431), written from its published facts.
+
+Reads top-down: helpers, attention modules, block, model. The module tree and parameter names follow the official
+checkpoints (``sa.mat_qkv``, ``ca.mat_kv``, ``ffn.fc1`` ...) except that the 32 blocks live in ``blocks.{i}`` instead
+of ``block_chunks.{c}.module.{j}``; :func:`convert_infinity_checkpoint` maps one to the other.
+
+Shape legend (VAR style): ``B`` prompts, ``R`` rows (``2B`` under CFG: conditional rows first), ``L`` tokens,
+``T`` text tokens, ``C`` width, ``D`` text width (T5), ``d`` codebook bits, ``H`` heads, ``c`` head dim.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
+from diffusers.models.modeling_utils import ModelMixin
+
+from .attention_processor import VARAttnProcessor
+from .forward_context import VARForwardContext, gather_rope, gather_tokens
+
+#: Official Infinity configurations (``scripts/infer.sh``); ``block_chunks`` only shapes the official key names.
+INFINITY_CONFIGS: Dict[str, Dict] = {
+    "infinity-2b": dict(depth=32, embed_dim=2048, num_heads=16, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
+                        codebook_dim=32, block_chunks=8),
+    "infinity-8b": dict(depth=40, embed_dim=3584, num_heads=28, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
+                        codebook_dim=56, block_chunks=8),
+}
+
+
+def ffn_hidden_size(embed_dim: int, mlp_ratio: float) -> int:
+    """The official FFN width: ``round(C * mlp_ratio / 256) * 256`` (Python rounding, half to even)."""
+    return round(embed_dim * mlp_ratio / 256) * 256
+
+
+def ada_layer_norm(x_RLC: torch.Tensor, scale_R1C: torch.Tensor, shift_R1C: torch.Tensor, eps: float) -> torch.Tensor:
+    """``LayerNorm(x) * (1 + scale) + shift`` in fp32, LayerNorm without affine parameters."""
+    x = F.layer_norm(x_RLC.float(), (x_RLC.shape[-1],), eps=eps)
+    return x.mul(scale_R1C.add(1)).add_(shift_R1C)
+
+
+class InfinityRMSNorm(nn.Module):
+    """RMSNorm with weight, computed in fp32 (the T5-feature norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# attention modules (weights only; math in the processor)
+# ---------------------------------------------------------------------------------------------------------------------
+class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
+    """Cosine self-attention with a learned per-head scale and 2D RoPE (weights only)."""
+
+    _default_processor_cls = VARAttnProcessor
+    _available_processors = [VARAttnProcessor]
+    _supports_qkv_fusion = False
+
+    def __init__(self, embed_dim: int, num_heads: int, layer_idx: int):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim, self.layer_idx = num_heads, embed_dim // num_heads, layer_idx
+        self.is_cross_attention = False
+        self.max_scale_mul = torch.log(torch.tensor(100.0)).item()
+        self.scale_mul_1H11 = nn.Parameter(torch.full((1, num_heads, 1, 1), 4.0).log())
+        self.mat_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(embed_dim))
+        self.v_bias = nn.Parameter(torch.zeros(embed_dim))
+        self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.set_processor(VARAttnProcessor())
+
+    def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None):
+        return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, head_dim={self.head_dim}, layer_idx={self.layer_idx}"
+
+
+class InfinityCrossAttention(nn.Module, AttentionModuleMixin):
+    """Cross-attention of image tokens to projected text tokens; with ``for_pooling`` a learned query per head."""
+
+    _default_processor_cls = VARAttnProcessor
+    _available_processors = [VARAttnProcessor]
+    _supports_qkv_fusion = False
+
+    def __init__(self, embed_dim: int, kv_dim: int, num_heads: int, for_pooling: bool = False):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.is_cross_attention = True
+        self.scale = 1 / math.sqrt(self.head_dim)
+        if for_pooling:
+            self.mat_q = nn.Parameter(torch.zeros(1, num_heads, self.head_dim))
+        else:
+            self.mat_q = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.mat_kv = nn.Linear(kv_dim, 2 * embed_dim, bias=False)
+        self.v_bias = nn.Parameter(torch.zeros(embed_dim))
+        self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.set_processor(VARAttnProcessor())
+
+    def forward(self, hidden_states_RLC, encoder_hidden_states, encoder_attention_mask=None):
+        return self.processor(
+            self, hidden_states_RLC, encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask
+        )
+
+
+class InfinityTextPool(nn.Module):
+    """Attentive pooling of the T5 tokens into one vector per row (the start token and AdaLN condition)."""
+
+    def __init__(self, text_channels: int, embed_dim: int):
+        super().__init__()
+        head_dim = 64 if embed_dim > 4096 else 128
+        self.ca = InfinityCrossAttention(embed_dim, text_channels, max(text_channels // head_dim, 1), for_pooling=True)
+
+    def forward(self, text_RTD: torch.Tensor, text_mask_R11T: Optional[torch.Tensor]) -> torch.Tensor:
+        ca = self.ca
+        R, T = text_RTD.shape[:2]
+        kv = F.linear(text_RTD, ca.mat_kv.weight, torch.cat((ca.zero_k_bias, ca.v_bias)))
+        k, v = kv.view(R, T, 2, ca.num_heads, ca.head_dim).unbind(dim=2)
+        q = ca.mat_q.to(kv.dtype).unsqueeze(0).expand(R, 1, ca.num_heads, ca.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=text_mask_R11T, scale=ca.scale
+        )
+        return ca.proj(out.transpose(1, 2).reshape(R, -1))
+
+
+class InfinityFeedForward(nn.Module):
+    """``fc2(GELU_tanh(fc1(x)))``."""
+
+    def __init__(self, embed_dim: int, hidden_size: int):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, hidden_size)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden_size, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# block
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class InfinityCondition:
+    """The text conditioning of one call, computed once (rows: conditional first, then unconditional).
+
+    Args:
+        cond_RC: attentive-pooled text (start token, AdaLN and head condition).
+        ada_R16C: shared AdaLN parameters ``SiLU -> Linear(cond)`` reshaped to (R, 1, 6, C).
+        text_RTC: projected text tokens, the cross-attention keys/values source.
+        text_mask_R11T: boolean key mask of the padded text, or ``None`` when no row is padded.
+    """
+
+    cond_RC: torch.Tensor
+    ada_R16C: torch.Tensor
+    text_RTC: torch.Tensor
+    text_mask_R11T: Optional[torch.Tensor]
+
+    def select_rows(self, rows: slice) -> "InfinityCondition":
+        mask = None if self.text_mask_R11T is None else self.text_mask_R11T[rows]
+        return InfinityCondition(self.cond_RC[rows], self.ada_R16C[rows], self.text_RTC[rows], mask)
+
+
+class InfinityBlock(nn.Module):
+    """Self-attention, cross-attention and FFN with shared AdaLN (per-block gains ``ada_gss``).
+
+    Order of ``ada_gss + shared`` after unbinding: gamma1, gamma2, scale1, scale2, shift1, shift2. Every sublayer goes
+    through :meth:`_routed`, the one seam where a token router (acceleration) may compute a subset of the tokens.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_hidden: int, layer_idx: int, norm_eps: float = 1e-6):
+        super().__init__()
+        self.layer_idx, self.norm_eps = layer_idx, norm_eps
+        self.sa = InfinitySelfAttention(embed_dim, num_heads, layer_idx)
+        self.ca = InfinityCrossAttention(embed_dim, embed_dim, num_heads)
+        self.ffn = InfinityFeedForward(embed_dim, mlp_hidden)
+        self.ca_norm = nn.LayerNorm(embed_dim, eps=norm_eps, elementwise_affine=True)
+        self.ada_gss = nn.Parameter(torch.zeros(1, 1, 6, embed_dim))
+
+    def forward(self, x_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
+        router = context.token_router
+        if router is not None:
+            index_RK = router.select(self.layer_idx, "block", x_RLC)
+            if index_RK is not None:
+                x_RKC = gather_tokens(x_RLC, index_RK)
+                out_RKC = self._sublayers(x_RKC, condition, context, gather_rope(context.rope_cos_sin, index_RK), route=False)
+                return x_RLC + router.restore(self.layer_idx, "block", out_RKC - x_RKC, index_RK, x_RLC)
+        return self._sublayers(x_RLC, condition, context, context.rope_cos_sin, route=router is not None)
+
+    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, rope, route: bool):
+        gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + condition.ada_R16C).unbind(2)
+        eps = self.norm_eps
+
+        def self_attn(x_sub, index):
+            rope_sub = rope if index is None else gather_rope(context.rope_cos_sin, index)
+            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), context, rope_sub).mul_(gamma1)
+
+        def cross_attn(x_sub, index):
+            return self.ca(self.ca_norm(x_sub), condition.text_RTC, condition.text_mask_R11T).float()
+
+        def ffn(x_sub, index):
+            return self.ffn(ada_layer_norm(x_sub, scale2, shift2, eps)).mul(gamma2)
+
+        x = self._routed("self_attn", x, self_attn, context, route)
+        x = self._routed("cross_attn", x, cross_attn, context, route)
+        return self._routed("ffn", x, ffn, context, route)
+
+    def _routed(self, kind: str, x_RLC, compute, context: VARForwardContext, route: bool):
+        """``x + compute(x)``, or, when the router selects tokens, ``x + restore(compute(x[kept]))``."""
+        if route:
+            index_RK = context.token_router.select(self.layer_idx, kind, x_RLC)
+            if index_RK is not None:
+                update_RKC = compute(gather_tokens(x_RLC, index_RK), index_RK)
+                return x_RLC + context.token_router.restore(self.layer_idx, kind, update_RKC, index_RK, x_RLC)
+        return x_RLC + compute(x_RLC, None)
+
+
+class InfinityHeadNorm(nn.Module):
+    """AdaLN before the head, conditioned on the pooled text: ``LN(x) * (1 + scale) + shift``."""
+
+    def __init__(self, embed_dim: int, norm_eps: float = 1e-6):
+        super().__init__()
+        self.norm_eps = norm_eps
+        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(embed_dim, 2 * embed_dim))
+
+    def forward(self, x_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.ada_lin(cond_RC).view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
+        return ada_layer_norm(x_RLC, scale, shift, self.norm_eps)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# model
+# ---------------------------------------------------------------------------------------------------------------------
+class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+    r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
+
+    It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller
+    (``pipelines/next_scale.py``). One :meth:`forward` runs the blocks over the tokens of one scale (or one group of
+    scales); :meth:`encode_condition`, :meth:`embed_start`, :meth:`embed_scale_inputs` and :meth:`head` are the other
+    steps of the official ``autoregressive_infer_cfg``.
+
+    Args:
+        depth (`int`, defaults to 32): number of blocks.
+        embed_dim (`int`, defaults to 2048): width C.
+        num_heads (`int`, defaults to 16): attention heads.
+        mlp_ratio (`float`, defaults to 4.0): FFN width ratio (rounded to a multiple of 256).
+        text_channels (`int`, defaults to 2048): width of the T5 features.
+        text_maxlen (`int`, defaults to 512): rows of the learned unconditional text ``cfg_uncond``.
+        codebook_dim (`int`, defaults to 32): bits per token (the head predicts 2 logits per bit).
+        num_levels (`int`, defaults to 15): rows of the level (scale-index) embedding.
+        norm_eps (`float`, defaults to 1e-6): LayerNorm / RMSNorm epsilon.
+        block_chunks (`int`, defaults to 8): how the official checkpoint groups the blocks (key names only).
+    """
+
+    _supports_gradient_checkpointing = False
+    _no_split_modules = ["InfinityBlock"]
+    _repeated_blocks = ["InfinityBlock"]
+    _skip_layerwise_casting_patterns = ["norm", "lvl_embed", "pos_start", "cfg_uncond"]
+
+    @register_to_config
+    def __init__(
+        self,
+        depth: int = 32,
+        embed_dim: int = 2048,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        text_channels: int = 2048,
+        text_maxlen: int = 512,
+        codebook_dim: int = 32,
+        num_levels: int = 15,
+        norm_eps: float = 1e-6,
+        block_chunks: int = 8,
+    ):
+        super().__init__()
+        C = embed_dim
+        # 1. text conditioning
+        self.cfg_uncond = nn.Parameter(torch.zeros(text_maxlen, text_channels))
+        self.text_norm = InfinityRMSNorm(text_channels, eps=norm_eps)
+        self.text_proj_for_sos = InfinityTextPool(text_channels, C)
+        self.text_proj_for_ca = nn.Sequential(nn.Linear(text_channels, C), nn.GELU(approximate="tanh"), nn.Linear(C, C))
+        self.shared_ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
+        # 2. inputs
+        self.pos_start = nn.Parameter(torch.zeros(1, 1, C))
+        self.lvl_embed = nn.Embedding(num_levels, C)
+        self.word_embed = nn.Linear(codebook_dim, C)
+        # 3. trunk and head
+        hidden = ffn_hidden_size(C, mlp_ratio)
+        self.blocks = nn.ModuleList([InfinityBlock(C, num_heads, hidden, i, norm_eps) for i in range(depth)])
+        self.head_nm = InfinityHeadNorm(C, norm_eps)
+        self.head = nn.Linear(C, 2 * codebook_dim)
+        # RoPE inverse frequencies (fp32, not a parameter): c/4 values for rows, the same for columns.
+        head_dim = C // num_heads
+        half = head_dim // 2
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, half, 2, dtype=torch.int64).float() / half))
+        self.register_buffer("rope_inv_freq", inv_freq, persistent=False)
+
+    # -- conditioning ------------------------------------------------------------------------------------------------
+    def null_text_embeds(self, encoder_attention_mask_BT: torch.Tensor) -> torch.Tensor:
+        """The learned unconditional text for prompts padded to ``T`` tokens: ``cfg_uncond[:T]`` per row."""
+        B, T = encoder_attention_mask_BT.shape
+        if T > self.cfg_uncond.shape[0]:
+            raise ValueError(f"text length {T} exceeds text_maxlen={self.cfg_uncond.shape[0]} of the unconditional embedding")
+        return self.cfg_uncond[:T].unsqueeze(0).expand(B, T, -1)
+
+    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor]) -> InfinityCondition:
+        """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call)."""
+        mask = None
+        if encoder_attention_mask_RT is not None and not bool(encoder_attention_mask_RT.bool().all()):
+            mask = encoder_attention_mask_RT.bool()[:, None, None, :]
+        text = self.text_norm(encoder_hidden_states_RTD.float())
+        cond_RC = self.text_proj_for_sos(text, mask)
+        text_RTC = self.text_proj_for_ca(text)
+        C = cond_RC.shape[-1]
+        ada_R16C = self.shared_ada_lin(cond_RC.float()).float().reshape(-1, 1, 6, C)
+        return InfinityCondition(cond_RC, ada_R16C, text_RTC, mask)
+
+    # -- inputs ------------------------------------------------------------------------------------------------------
+    def embed_start(self, condition: InfinityCondition) -> torch.Tensor:
+        """Tokens of scale 0: pooled text + ``pos_start`` + level 0, shape (R, 1, C)."""
+        x = condition.cond_RC.unsqueeze(1) + self.pos_start
+        return x + self.lvl_embed.weight[0]
+
+    def embed_scale_inputs(self, inputs_RLd: torch.Tensor, level_index_L: torch.Tensor) -> torch.Tensor:
+        """``word_embed`` of the up/down-sampled summed codes plus each token's level embedding."""
+        return self.word_embed(inputs_RLd) + self.lvl_embed(level_index_L)
+
+    def rope_cos_sin(self, positions_L2: torch.Tensor) -> torch.Tensor:
+        """cos/sin ``(2, 1, 1, L, c/2)`` for tokens at (row, col) on the RoPE grid: rows use the first c/4 pairs."""
+        inv_freq = self.rope_inv_freq.float()
+        pos = positions_L2.to(inv_freq.device, torch.float32)
+        angles = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)
+        return torch.stack((angles.cos(), angles.sin()), dim=0)[:, None, None]
+
+    @staticmethod
+    def rope_positions(height: int, width: int, grid_hw: Tuple[int, int]) -> torch.Tensor:
+        """(row, col) of each token of an ``height x width`` map on the 1M grid: ``round(i * Hf / h)``, half to even."""
+        Hf, Wf = grid_hw
+        rows = (torch.arange(height) * (Hf / height)).round().int()
+        cols = (torch.arange(width) * (Wf / width)).round().int()
+        return torch.stack((rows[:, None].expand(height, width), cols[None, :].expand(height, width)), dim=-1).reshape(-1, 2)
+
+    # -- trunk and head ----------------------------------------------------------------------------------------------
+    def forward(self, hidden_states_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
+        """Run every block over this pass's tokens; the context carries the KV cache, RoPE and any token routing."""
+        x = hidden_states_RLC
+        for block in self.blocks:
+            x = block(x, condition, context)
+        return x
+
+    def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
+        """Raw bit logits ``(R, L, 2d)``: channel ``2k`` / ``2k+1`` is the logit of bit ``k`` being 0 / 1."""
+        return self.head(self.head_nm(hidden_states_RLC.float(), cond_RC.float()))
+
+    # -- official checkpoints ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_original_checkpoint(
+        cls, path_or_state_dict: Union[str, Dict[str, torch.Tensor]], config: Optional[Union[str, Dict]] = None, torch_dtype: Optional[torch.dtype] = None
+    ) -> "InfinityTransformer":
+        """Load an official Infinity checkpoint (``infinity_2b_reg.pth`` or a safetensors copy with the same keys).
+
+        Args:
+            path_or_state_dict: a ``.pth`` (read with ``torch.load(..., weights_only=True)``), a ``.safetensors`` file,
+                or a state dict with the official key names.
+            config: a name from ``INFINITY_CONFIGS``, a config dict, or ``None`` to infer it from the tensor shapes.
+            torch_dtype: cast the weights to this dtype.
+
+        Raises:
+            ValueError: missing, unexpected or mis-shaped keys (all of them listed).
+        """
+        from .checkpoint_utils import load_original_state_dict, strict_load
+
+        state_dict = load_original_state_dict(path_or_state_dict)
+        if isinstance(config, str):
+            if config not in INFINITY_CONFIGS:
+                raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)}")
+            config = INFINITY_CONFIGS[config]
+        config = dict(config) if config is not None else infer_infinity_config(state_dict)
+        model = cls(**config)
+        converted = convert_infinity_checkpoint(state_dict)
+        strict_load(model, converted, what="Infinity transformer checkpoint")
+        if torch_dtype is not None:
+            model = model.to(torch_dtype)
+        return model.eval()
+
+
+_CHUNK_KEY = re.compile(r"^block_chunks\.(\d+)\.module\.(\d+)\.(.*)$")
+
+
+def convert_infinity_checkpoint(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official key names -> ours: ``block_chunks.{c}.module.{j}.X`` -> ``blocks.{c * per_chunk + j}.X``.
+
+    ``per_chunk`` is read from the keys (the largest ``j`` + 1). Other keys are unchanged; keys that are already in our
+    layout (``blocks.{i}.X``) pass through.
+    """
+    per_chunk = 1 + max((int(m.group(2)) for k in state_dict if (m := _CHUNK_KEY.match(k))), default=-1)
+    out = {}
+    for key, value in state_dict.items():
+        m = _CHUNK_KEY.match(key)
+        out[f"blocks.{int(m.group(1)) * per_chunk + int(m.group(2))}.{m.group(3)}" if m else key] = value
+    return out
+
+
+def infer_infinity_config(state_dict: Dict[str, torch.Tensor]) -> Dict:
+    """Architecture numbers read from an official (or converted) state dict's shapes."""
+    sd = convert_infinity_checkpoint(state_dict)
+    required = ["pos_start", "cfg_uncond", "word_embed.weight", "lvl_embed.weight", "blocks.0.sa.scale_mul_1H11", "blocks.0.ffn.fc1.weight"]
+    missing = [k for k in required if k not in sd]
+    if missing:
+        raise ValueError(f"cannot infer the Infinity config: the checkpoint lacks {missing}")
+    C = sd["pos_start"].shape[-1]
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    num_heads = sd["blocks.0.sa.scale_mul_1H11"].shape[1]
+    hidden = sd["blocks.0.ffn.fc1.weight"].shape[0]
+    chunk_ids = {int(m.group(1)) for k in state_dict if (m := _CHUNK_KEY.match(k))}
+    return dict(
+        depth=depth,
+        embed_dim=C,
+        num_heads=num_heads,
+        mlp_ratio=hidden / C,
+        text_channels=sd["cfg_uncond"].shape[1],
+        text_maxlen=sd["cfg_uncond"].shape[0],
+        codebook_dim=sd["word_embed.weight"].shape[1],
+        num_levels=sd["lvl_embed.weight"].shape[0],
+        block_chunks=len(chunk_ids) if chunk_ids else 1,
+    )

@@ -1,0 +1,355 @@
+"""Text-to-image generation with Infinity (bitwise next-scale prediction), through the shared next-scale loop."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
+from diffusers.utils import logging, replace_example_docstring
+
+from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.forward_context import VARForwardContext
+from ...models.infinity_resolutions import INFINITY_PATCH_SIZE, rope_grid_hw, schedule_for_size
+from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
+from ..next_scale import ScaleModelFamily, run_next_scale_loop
+
+logger = logging.get_logger(__name__)
+
+EXAMPLE_DOC_STRING = """
+    Examples:
+        ```py
+        >>> import torch
+        >>> from diffusers_var_accel import InfinityPipeline
+
+        >>> pipe = InfinityPipeline.from_pretrained("path/to/infinity-2b-diffusers", torch_dtype=torch.bfloat16).to("cuda")
+        >>> image = pipe("a red fox in the snow", generator=torch.Generator("cuda").manual_seed(0)).images[0]
+        ```
+"""
+
+
+def sample_bits(
+    logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float], generator: Union[None, torch.Generator, List[torch.Generator]]
+) -> torch.Tensor:
+    """Sample every bit independently from its two logits (official ``sample_with_top_k_top_p``).
+
+    ``logits_BLV`` is (B, L, 2d); per token the 2d outputs are d pairs (logit of 0, logit of 1). Top-k over the two
+    classes (k=1 is greedy), then top-p (the minority bit is dropped when its probability is <= 1 - top_p), then one
+    ``torch.multinomial`` over all bits of the batch, or one per image when a list of generators is given. Sampling
+    runs on the generator's device. Returns (B, L, d) int64 bits.
+    """
+    B, L, V = logits_BLV.shape
+    logits = logits_BLV.reshape(B, -1, 2).float().clone()
+    if top_k and top_k > 0:
+        k = min(top_k, 2)
+        kth = logits.topk(k, dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
+        logits.masked_fill_(logits < kth, float("-inf"))
+    if top_p is not None and top_p > 0:
+        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+        remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
+        remove_sorted[..., -1:] = False
+        logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    if isinstance(generator, (list, tuple)):
+        rows = [_multinomial(probs[b].view(-1, 2), generator[b]) for b in range(B)]
+        bits = torch.stack(rows, dim=0)
+    else:
+        bits = _multinomial(probs.view(-1, 2), generator)
+    return bits.view(B, L, V // 2)
+
+
+def _multinomial(probs_N2: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    device = generator.device if generator is not None else probs_N2.device
+    out = torch.multinomial(probs_N2.to(device), num_samples=1, replacement=True, generator=generator)
+    return out.to(probs_N2.device)
+
+
+class InfinityScaleFamily(ScaleModelFamily):
+    """Infinity's steps of the next-scale loop for one call: bitwise head, BSQ codes, 2D RoPE on the 1M grid."""
+
+    family = "infinity"
+
+    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, scale_schedule, grid_hw, top_k: int, top_p: Optional[float]):
+        self.transformer, self.vae = transformer, vae
+        self.scale_schedule = [tuple(s) for s in scale_schedule]
+        self.num_layers = len(transformer.blocks)
+        self.top_k, self.top_p = top_k, top_p
+        self.final_hw = tuple(self.scale_schedule[-1][-2:])
+        positions = [transformer.rope_positions(s[-2], s[-1], grid_hw) for s in self.scale_schedule]
+        self._rope = [transformer.rope_cos_sin(p) for p in positions]
+
+    def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
+        return self.transformer.embed_start(condition)
+
+    def embed_inputs(self, inputs_BLd, scale_index_L):
+        dtype = self.transformer.word_embed.weight.dtype
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
+
+    def rope_cos_sin(self, scale_indices):
+        tables = [self._rope[si] for si in scale_indices]
+        return tables[0] if len(tables) == 1 else torch.cat(tables, dim=3)
+
+    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
+        return self.transformer(hidden_RLC, condition, context)
+
+    def select_condition_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
+        return condition.select_rows(rows)
+
+    def guided_logits(self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size):
+        B = batch_size
+        if guidance_scale != 1:
+            raw = self.transformer.head_logits(hidden_RLC, condition.cond_RC)
+            scaled = raw.mul(1 / temperature)
+            return guidance_scale * scaled[:B] + (1 - guidance_scale) * scaled[B:], raw
+        raw = self.transformer.head_logits(hidden_RLC[:B], condition.cond_RC[:B])
+        return raw.mul(1 / temperature), raw
+
+    def sample(self, logits_BLV, scale_index, generator):
+        return sample_bits(logits_BLV, self.top_k, self.top_p, generator)
+
+    def tokens_to_codes(self, tokens, scale_index):
+        _, h, w = (1, *self.scale_schedule[scale_index][-2:])
+        bits = tokens.reshape(tokens.shape[0], h, w, -1)
+        return self.vae.bits_to_codes(bits)
+
+    def add_codes(self, f_hat, codes, scale_index):
+        return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
+
+    def next_inputs(self, f_hat, scale_index):
+        return self.vae.next_scale_input(f_hat, tuple(self.scale_schedule[scale_index][-2:]))
+
+
+class InfinityPipeline(DiffusionPipeline):
+    r"""Text-to-image generation with Infinity (arXiv:2412.04431).
+
+    Args:
+        transformer ([`InfinityTransformer`]): the bitwise next-scale transformer.
+        vae ([`InfinityBSQVAE`]): the BSQ tokenizer; its decoder turns the summed codes into pixels.
+        text_encoder ([`~transformers.T5EncoderModel`], *optional*): flan-t5-xl's encoder for the real model.
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`], *optional*): the T5 tokenizer.
+
+    Without a text encoder the pipeline still runs from ``prompt_embeds``.
+    """
+
+    model_cpu_offload_seq = "text_encoder->transformer->vae"
+    _optional_components = ["text_encoder", "tokenizer"]
+    _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
+
+    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder=None, tokenizer=None):
+        super().__init__()
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=INFINITY_PATCH_SIZE, do_resize=False)
+        self._interrupt = False
+
+    # 1. text -----------------------------------------------------------------------------------------------------
+    def encode_prompt(
+        self,
+        prompt: Union[str, List[str]],
+        device: Optional[torch.device] = None,
+        num_images_per_prompt: int = 1,
+        max_sequence_length: Optional[int] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """T5 features of the prompts, padded to the longest: ``(embeds (B, T, D), attention_mask (B, T))``.
+
+        Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()`` tokens per prompt).
+        """
+        if self.text_encoder is None or self.tokenizer is None:
+            raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
+        device = device or self._execution_device
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        max_len = max_sequence_length or min(self.transformer.config.text_maxlen, getattr(self.tokenizer, "model_max_length", 512) or 512)
+        tokens = self.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
+        input_ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
+        embeds = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
+        mask = mask.repeat_interleave(num_images_per_prompt, dim=0)
+        return embeds, mask.bool()
+
+    # 2. checks ---------------------------------------------------------------------------------------------------
+    def check_inputs(self, prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
+                     guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs):
+        if (prompt is None) == (prompt_embeds is None):
+            raise ValueError("pass exactly one of prompt or prompt_embeds")
+        if prompt is not None and not isinstance(prompt, (str, list)):
+            raise ValueError(f"prompt must be a str or a list of str, not {type(prompt).__name__}")
+        if prompt_embeds is not None and prompt_embeds.ndim != 3:
+            raise ValueError(f"prompt_embeds must be (batch, tokens, channels); got shape {tuple(prompt_embeds.shape)}")
+        if prompt_attention_mask is not None and prompt_embeds is not None and prompt_attention_mask.shape != prompt_embeds.shape[:2]:
+            raise ValueError(f"prompt_attention_mask shape {tuple(prompt_attention_mask.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
+        if negative_prompt is not None and negative_prompt_embeds is not None:
+            raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
+        if cfg_list is not None and len(cfg_list) != num_scales:
+            raise ValueError(f"cfg_list has {len(cfg_list)} values; the {height}x{width} schedule has {num_scales} scales (one value per scale)")
+        if tau_list is not None and len(tau_list) != num_scales:
+            raise ValueError(f"tau_list has {len(tau_list)} values; the {height}x{width} schedule has {num_scales} scales (one value per scale)")
+        for t in (tau_list if tau_list is not None else [tau]):
+            if not t > 0:
+                raise ValueError(f"temperature tau must be > 0, got {t}")
+        if top_p is not None and not (0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k is not None and (int(top_k) != top_k or top_k < 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k}")
+        bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
+        if bad:
+            raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
+
+    # 3. properties -----------------------------------------------------------------------------------------------
+    @property
+    def guidance_scale(self):
+        return self._guidance_scale
+
+    @property
+    def num_timesteps(self):
+        return self._num_timesteps
+
+    @property
+    def interrupt(self):
+        return self._interrupt
+
+    # 4. call -----------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    @replace_example_docstring(EXAMPLE_DOC_STRING)
+    def __call__(
+        self,
+        prompt: Union[str, List[str], None] = None,
+        negative_prompt: Union[str, List[str], None] = None,
+        height: int = 1024,
+        width: int = 1024,
+        guidance_scale: float = 4.0,
+        cfg_list: Optional[Sequence[float]] = None,
+        tau: float = 0.5,
+        tau_list: Optional[Sequence[float]] = None,
+        top_k: int = 900,
+        top_p: Optional[float] = 0.97,
+        num_images_per_prompt: int = 1,
+        generator: Union[torch.Generator, List[torch.Generator], None] = None,
+        prompt_embeds: Optional[torch.Tensor] = None,
+        prompt_attention_mask: Optional[torch.Tensor] = None,
+        negative_prompt_embeds: Optional[torch.Tensor] = None,
+        negative_prompt_attention_mask: Optional[torch.Tensor] = None,
+        teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Optional[Callable[["InfinityPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]] = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
+        max_sequence_length: Optional[int] = None,
+    ):
+        r"""Generate images from text.
+
+        Args:
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            negative_prompt (`str` or `List[str]`, *optional*): T5 features of this text replace the learned
+                unconditional embedding in the CFG rows.
+            height (`int`, *optional*, defaults to 1024) / width (`int`, *optional*, defaults to 1024): one of the
+                official sizes (15 aspect ratios x 4 pixel budgets); others raise an error that lists them.
+            guidance_scale (`float`, *optional*, defaults to 4.0): CFG scale for every scale (1 disables CFG).
+            cfg_list (`List[float]`, *optional*): one guidance scale per scale; overrides `guidance_scale`.
+            tau (`float`, *optional*, defaults to 0.5) / tau_list (`List[float]`, *optional*): sampling temperature.
+            top_k (`int`, *optional*, defaults to 900): top-k over the 2 classes of each bit (1 = greedy, 0 = off).
+            top_p (`float`, *optional*, defaults to 0.97): nucleus threshold in (0, 1]; `None` disables it.
+            num_images_per_prompt (`int`, *optional*, defaults to 1): images per prompt.
+            generator (`torch.Generator` or `List[torch.Generator]`, *optional*): one generator samples the whole
+                batch in one draw per scale (as the official code); a list (one per image) makes each image
+                independent of the batch it is in.
+            prompt_embeds (`torch.Tensor`, *optional*): T5 features (B, T, D) bypassing the text encoder, with
+                `prompt_attention_mask` (B, T) marking the valid tokens (all valid when omitted).
+            negative_prompt_embeds / negative_prompt_attention_mask (`torch.Tensor`, *optional*): likewise.
+            teacher_tokens (`List[torch.Tensor]`, *optional*): bits (B, 1, h, w, d) used instead of sampling at the
+                first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`).
+            output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (the
+                summed codes, (B, d, h, w)).
+            return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
+            callback_on_step_end (`Callable`, *optional*): called after each scale as
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+            callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
+            max_sequence_length (`int`, *optional*): T5 token limit (default: the transformer's `text_maxlen`).
+
+        Examples:
+
+        Returns:
+            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`.
+        """
+        # 1. Schedule and input checks
+        scale_schedule, template = schedule_for_size(height, width)
+        num_scales = len(scale_schedule)
+        self.check_inputs(prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
+                          guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs)
+        cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
+        taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
+        self._guidance_scale, self._num_timesteps, self._interrupt = cfg, num_scales, False
+        device = self._execution_device
+
+        # 2. Text conditioning: conditional rows, then unconditional rows when any scale is guided
+        if prompt_embeds is None:
+            prompt_embeds, prompt_attention_mask = self.encode_prompt(prompt, device, num_images_per_prompt, max_sequence_length)
+        else:
+            prompt_embeds = prompt_embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
+            if prompt_attention_mask is None:
+                prompt_attention_mask = torch.ones(prompt_embeds.shape[:2], dtype=torch.bool, device=device)
+            prompt_attention_mask = prompt_attention_mask.to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
+        batch_size = prompt_embeds.shape[0]
+        if isinstance(generator, list) and len(generator) != batch_size:
+            raise ValueError(f"got {len(generator)} generators for {batch_size} images; pass one per image or a single one")
+        text, mask = prompt_embeds, prompt_attention_mask
+        if any(c != 1 for c in cfg):
+            if negative_prompt is not None:
+                negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
+                if len(negatives) * num_images_per_prompt != batch_size:
+                    raise ValueError(f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts")
+                neg, neg_mask = self.encode_prompt(negatives, device, num_images_per_prompt, max_sequence_length)
+            elif negative_prompt_embeds is not None:
+                neg = negative_prompt_embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
+                neg_mask = (negative_prompt_attention_mask if negative_prompt_attention_mask is not None
+                            else torch.ones(negative_prompt_embeds.shape[:2], dtype=torch.bool)).to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
+                if neg.shape[0] != batch_size:
+                    raise ValueError(f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts")
+            else:
+                neg, neg_mask = self.transformer.null_text_embeds(mask).to(text.dtype), mask
+            text, mask = _concat_padded((text, mask), (neg, neg_mask))
+        condition = self.transformer.encode_condition(text, mask)
+
+        # 3. The next-scale loop
+        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, rope_grid_hw(template), top_k, top_p)
+        if teacher_tokens is not None:
+            teacher_tokens = [t.to(device).reshape(t.shape[0], -1, t.shape[-1]).long() for t in teacher_tokens]
+        progress = self.progress_bar(total=num_scales)
+
+        def on_scale_end(si, state):
+            if callback_on_step_end is not None:
+                values = {"latents": state.f_hat, "tokens": state.tokens.get(si), "logits": state.logits.get(si), "prompt_embeds": prompt_embeds}
+                kwargs = {k: values[k] for k in callback_on_step_end_tensor_inputs}
+                out = callback_on_step_end(self, si, tuple(scale_schedule[si]), kwargs) or {}
+                if "latents" in out:
+                    state.f_hat = out["latents"]
+            progress.update()
+
+        with progress:
+            state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, None,
+                                        teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt)
+        latents = state.f_hat
+
+        # 4. Decode
+        if output_type == "latent":
+            image = latents
+        else:
+            image = self.vae.decode(latents.to(self.vae.dtype))
+            image = self.image_processor.postprocess(image, output_type=output_type)
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (image,)
+        return ImagePipelineOutput(images=image)
+
+
+def _concat_padded(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Stack two (embeds, mask) row sets padded to a common token count (padding is masked out)."""
+    T = max(a[0].shape[1], b[0].shape[1])
+
+    def pad(embeds, mask):
+        extra = T - embeds.shape[1]
+        if extra == 0:
+            return embeds, mask
+        return (torch.nn.functional.pad(embeds, (0, 0, 0, extra)), torch.nn.functional.pad(mask, (0, extra), value=False))
+
+    (e1, m1), (e2, m2) = pad(*a), pad(*b)
+    return torch.cat((e1, e2.to(e1.dtype))), torch.cat((m1, m2))

@@ -1,0 +1,208 @@
+"""The one next-scale loop shared by Infinity and HART (VAR's ``autoregressive_infer_cfg``, with extension points).
+
+Per transformer pass (a :class:`~diffusers_var_accel.schedulers.ScalePlan`): build the inputs of its scales from the
+summed latent ``f_hat``, run the blocks with the per-call KV cache, compute logits, apply guidance, sample, turn the
+tokens into codes and add them to ``f_hat``. What differs between model families (how inputs are embedded, how
+tokens are sampled and become codes) lives in a :class:`ScaleModelFamily` adapter next to each model's pipeline;
+what an acceleration method changes is decided by the scheduler (``plan_scales``, ``before_scale``,
+``token_router``, ``after_scale``) and carried out here and in the blocks.
+
+Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first), ``L`` tokens, ``C`` width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..models.cache import ScaleKVCache
+from ..models.forward_context import VARForwardContext
+from ..schedulers.scheduling_var_base import IdentityScheduler, ScalePlan, VARAccelScheduler, validate_plans
+
+
+class ScaleModelFamily:
+    """What the loop needs from one model family (Infinity, HART). Each method is one step of the official sampler."""
+
+    #: Name used to check that a scheduler was made for this family.
+    family: str = ""
+    num_layers: int = 0
+
+    def start_tokens(self, condition) -> torch.Tensor:
+        """Embedded tokens of scale 0, (R, L0, C)."""
+        raise NotImplementedError
+
+    def embed_inputs(self, inputs_RLd: torch.Tensor, scale_index_L: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens of later scales from their interpolated latent inputs."""
+        raise NotImplementedError
+
+    def rope_cos_sin(self, scale_indices: Sequence[int]) -> torch.Tensor:
+        """Positional tables of the tokens of these scales, concatenated."""
+        raise NotImplementedError
+
+    def run_blocks(self, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def select_condition_rows(self, condition, rows: slice):
+        raise NotImplementedError
+
+    def guided_logits(self, hidden_RLC: torch.Tensor, condition, scale_index: int, guidance_scale: float, temperature: float, batch_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(logits to sample from, raw head output)`` at one scale: temperature and guidance applied to the first."""
+        raise NotImplementedError
+
+    def sample(self, logits_BLV: torch.Tensor, scale_index: int, generator) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tokens_to_codes(self, tokens: torch.Tensor, scale_index: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def add_codes(self, f_hat: Optional[torch.Tensor], codes: torch.Tensor, scale_index: int) -> torch.Tensor:
+        """The tokenizer's f_hat update (each tokenizer owns it, as VAR's quantiser does)."""
+        raise NotImplementedError
+
+    def next_inputs(self, f_hat: torch.Tensor, scale_index: int) -> torch.Tensor:
+        """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
+        raise NotImplementedError
+
+
+@dataclass
+class NextScaleState:
+    """Everything that lives for one call of the loop; dropped when the call returns.
+
+    Schedulers read it in their hooks and may keep their own per-call data in ``scheduler_data``.
+    """
+
+    scale_schedule: Tuple[Tuple[int, ...], ...]
+    batch_size: int
+    rows: int
+    kv_cache: ScaleKVCache
+    f_hat: Optional[torch.Tensor] = None
+    tokens: Dict[int, torch.Tensor] = field(default_factory=dict)
+    logits: Dict[int, torch.Tensor] = field(default_factory=dict)
+    attention_maps: Dict[int, torch.Tensor] = field(default_factory=dict)
+    scheduler_data: Dict[str, Any] = field(default_factory=dict)
+    scale_index: int = 0
+
+    @property
+    def num_scales(self) -> int:
+        return len(self.scale_schedule)
+
+
+def block_causal_mask(cache_length: int, scale_lengths: Sequence[int], device) -> torch.Tensor:
+    """Boolean ``(L, cache_length + L)`` mask for a group of scales: all cached keys, plus own and earlier scales."""
+    L = sum(scale_lengths)
+    scale_of_token = torch.repeat_interleave(torch.arange(len(scale_lengths), device=device), torch.tensor(scale_lengths, device=device))
+    within = scale_of_token[None, :] <= scale_of_token[:, None]
+    return torch.cat((torch.ones(L, cache_length, dtype=torch.bool, device=device), within), dim=1)
+
+
+def run_next_scale_loop(
+    family: ScaleModelFamily,
+    condition,
+    scale_schedule: Sequence[Tuple[int, ...]],
+    batch_size: int,
+    guidance_scales: Sequence[float],
+    temperatures: Sequence[float],
+    generator=None,
+    scheduler: Optional[VARAccelScheduler] = None,
+    teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
+    on_scale_end: Optional[Callable[[int, NextScaleState], None]] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> NextScaleState:
+    """Generate the summed latent of ``batch_size`` images, scale by scale.
+
+    Args:
+        family: the model-family adapter (transformer + tokenizer steps).
+        condition: the family's text conditioning for all rows (conditional rows first, unconditional after when
+            any guidance scale is not 1).
+        scale_schedule: ``(1, h, w)`` (or ``(h, w)``) per scale.
+        batch_size: number of images B.
+        guidance_scales / temperatures: one value per scale.
+        generator: ``torch.Generator`` or one per image.
+        scheduler: the acceleration scheduler; ``None`` is :class:`IdentityScheduler`.
+        teacher_tokens: tokens to use instead of sampling at the first ``len(teacher_tokens)`` scales.
+        on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).
+        should_stop: polled between passes; when it returns True the loop ends early (interrupt).
+
+    Returns:
+        The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
+    """
+    scheduler = scheduler if scheduler is not None else IdentityScheduler()
+    scheduler.check_model_family(family.family)
+    num_scales = len(scale_schedule)
+    if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
+        raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
+    use_cfg = any(g != 1 for g in guidance_scales)
+    rows = 2 * batch_size if use_cfg else batch_size
+    state = NextScaleState(tuple(tuple(s) for s in scale_schedule), batch_size, rows, ScaleKVCache(family.num_layers))
+    plans = scheduler.plan_scales(state.scale_schedule)
+    validate_plans(plans, num_scales)
+
+    for plan in plans:
+        if should_stop is not None and should_stop():
+            break
+        state.scale_index = plan.scale_indices[0]
+        scheduler.before_scale(state, plan)
+        if plan.skip:
+            for si in plan.scale_indices:
+                if on_scale_end is not None:
+                    on_scale_end(si, state)
+            continue
+        hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, scheduler, use_cfg)
+        halved = plan.cfg_halve and use_cfg
+        offset = 0
+        for si, length in zip(plan.scale_indices, lengths):
+            h_scale = hidden_RLC[:, offset:offset + length]
+            offset += length
+            # Under CFG halving the unconditional rows are copies of the conditional ones: guidance has no effect.
+            cfg = 1.0 if halved else guidance_scales[si]
+            logits, state.logits[si] = family.guided_logits(h_scale, pass_condition, si, cfg, temperatures[si], batch_size)
+            if teacher_tokens is not None and si < len(teacher_tokens):
+                tokens = teacher_tokens[si]
+            else:
+                tokens = family.sample(logits, si, generator)
+            state.tokens[si] = tokens
+            state.f_hat = family.add_codes(state.f_hat, family.tokens_to_codes(tokens, si), si)
+        scheduler.after_scale(state, plan, hidden_RLC)
+        state.attention_maps = {}
+        for si in plan.scale_indices:
+            if on_scale_end is not None:
+                on_scale_end(si, state)
+    return state
+
+
+def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, scheduler: VARAccelScheduler, use_cfg: bool):
+    """Embed the inputs of the plan's scales and run the blocks once.
+
+    Returns the hidden states, the token count of each scale and the condition rows the pass ran on.
+    """
+    schedule = state.scale_schedule
+    lengths = [int(schedule[si][-2] * schedule[si][-1]) for si in plan.scale_indices]
+    halve = plan.cfg_halve and use_cfg
+    cond_rows = family.select_condition_rows(condition, slice(0, state.batch_size)) if halve else condition
+    run_rows = state.batch_size if halve else state.rows
+    if plan.scale_indices[0] == 0:
+        x_RLC = family.start_tokens(cond_rows)
+    else:
+        inputs = [family.next_inputs(state.f_hat, si) for si in plan.scale_indices]
+        inputs_BLd = torch.cat(inputs, dim=1)
+        level_L = torch.repeat_interleave(
+            torch.tensor(plan.scale_indices, device=inputs_BLd.device), torch.tensor(lengths, device=inputs_BLd.device)
+        )
+        x_RLC = family.embed_inputs(inputs_BLd, level_L)
+        x_RLC = x_RLC.repeat(run_rows // state.batch_size, 1, 1)
+    mask = None
+    if len(plan.scale_indices) > 1:
+        mask = block_causal_mask(state.kv_cache.get_seq_length(0), lengths, x_RLC.device)
+    context = VARForwardContext(
+        kv_cache=state.kv_cache,
+        rope_cos_sin=family.rope_cos_sin(plan.scale_indices),
+        attn_mask=mask,
+        token_router=scheduler.token_router(state, plan),
+        record_attention_layers=set(plan.record_attention_layers),
+        cache_rows=state.rows if halve else None,
+    )
+    hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)
+    state.attention_maps = context.attention_maps
+    return hidden_RLC, lengths, cond_rows

@@ -1,0 +1,36 @@
+"""Install script for diffusers-var-accel.
+
+Install torch first on CPU-only machines (``pip install torch==2.13.0``), otherwise pip may pull a large CUDA build.
+"""
+from setuptools import find_packages, setup
+
+extras = {
+    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2"],
+    "flash": ["flash-attn>=2.6"],
+    "eval": ["torchmetrics>=1.6", "scipy>=1.11"],
+}
+
+setup(
+    name="diffusers-var-accel",
+    version="0.1.0.dev0",
+    description="Infinity and HART visual autoregressive models in the style of Diffusers, with training-free acceleration.",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["diffusers_var_accel", "diffusers_var_accel.*"]),
+    package_data={"diffusers_var_accel": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "diffusers>=0.42,<0.43",
+        "transformers>=5",
+        "safetensors>=0.4",
+        "huggingface_hub>=0.34",
+        "accelerate>=1.0",
+        "numpy",
+        "pillow",
+        "tqdm",
+    ],
+    extras_require=extras,
+    entry_points={"console_scripts": ["var-accel=diffusers_var_accel.cli:main"]},
+)

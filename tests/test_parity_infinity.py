@@ -1,0 +1,166 @@
+"""Parity with the official Infinity code (FoundationVision/Infinity), on golden fixtures recorded from it.
+
+Driven only by the fixture folder: its manifest (configs and the exact call of every run), inputs and references.
+``VAR_ACCEL_INFINITY_FIXTURE`` points the test at another folder of the same layout (other batch sizes, aspect ratios).
+Tolerances are FIXTURE.md's. A missing folder fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
+
+FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "infinity"))
+
+
+def _fixture():
+    if not (FIXTURE_DIR / "manifest.json").is_file():
+        pytest.fail(f"Infinity fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY_FIXTURE)")
+    manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
+    return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
+
+
+MANIFEST, INPUTS, REF = _fixture() if (FIXTURE_DIR / "manifest.json").is_file() else (None, None, None)
+RUNS = sorted(MANIFEST["runs"]) if MANIFEST else ["<fixture missing>"]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    _fixture()
+    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth")
+    vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
+    pipeline = InfinityPipeline(transformer=transformer, vae=vae)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def _padded_text():
+    """The fixture's varlen T5 features (kv_compact, lens) as padded embeds + attention mask."""
+    kv, lens, cu = INPUTS["text.kv_compact"], INPUTS["text.lens"].tolist(), INPUTS["text.cu_seqlens_k"].tolist()
+    embeds = torch.zeros(len(lens), max(lens), kv.shape[1])
+    mask = torch.zeros(len(lens), max(lens), dtype=torch.bool)
+    for b, n in enumerate(lens):
+        embeds[b, :n] = kv[cu[b]:cu[b + 1]]
+        mask[b, :n] = True
+    return embeds, mask
+
+
+def _replay(pipe, run):
+    """Run the pipeline with the exact call of a reference run; record head logits and bits per scale."""
+    call = MANIFEST["runs"][run]["call"]
+    num_scales = len(MANIFEST["scale_schedule"])
+    embeds, mask = _padded_text()
+    recorded = {}
+
+    def record(p, scale_index, scale, kwargs):
+        recorded[scale_index] = {k: v.clone() for k, v in kwargs.items()}
+        return {}
+
+    teacher = [INPUTS[f"teacher_bits.{i}"] for i in range(call["gt_leak"])] if call["gt_leak"] else None
+    height, width = MANIFEST["image_hw"]
+    latents = pipe(
+        prompt_embeds=embeds,
+        prompt_attention_mask=mask,
+        height=height,
+        width=width,
+        cfg_list=call["cfg_list"][:num_scales],
+        tau_list=call["tau_list"][:num_scales],
+        top_k=call["top_k"],
+        top_p=call["top_p"] if call["top_p"] > 0 else None,  # the official code treats 0 as "off"
+        generator=torch.Generator("cpu").manual_seed(call["g_seed"]),
+        teacher_tokens=teacher,
+        output_type="latent",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["logits", "tokens", "latents"],
+    ).images
+    return latents, recorded
+
+
+def test_schedule_matches_fixture():
+    _fixture()
+    schedule, _ = schedule_for_size(*MANIFEST["image_hw"])
+    assert [list(s) for s in schedule] == [list(s) for s in MANIFEST["scale_schedule"]]
+    assert INPUTS["scale_schedule"].tolist() == [list(s) for s in schedule]
+
+
+def test_condition_vector(pipe):
+    _fixture()
+    if "greedy_cfg.cond_BD" not in REF:
+        pytest.skip("fixture stores no cond_BD")
+    embeds, mask = _padded_text()
+    uncond = pipe.transformer.null_text_embeds(mask)
+    with torch.no_grad():
+        condition = pipe.transformer.encode_condition(torch.cat((embeds, uncond)), torch.cat((mask, mask)))
+    torch.testing.assert_close(condition.cond_RC, REF["greedy_cfg.cond_BD"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_reference_run(pipe, run):
+    _fixture()
+    num_scales = len(MANIFEST["scale_schedule"])
+    latents, recorded = _replay(pipe, run)
+    checked = 0
+    for si in range(num_scales):
+        key = f"{run}.head_logits.{si}"
+        if key in REF:
+            torch.testing.assert_close(recorded[si]["logits"].float(), REF[key], atol=1e-4, rtol=1e-5)
+            checked += 1
+        key = f"{run}.bits.{si}"
+        if key in REF:
+            assert torch.equal(recorded[si]["tokens"].reshape(REF[key].shape).to(torch.uint8), REF[key]), key
+            checked += 1
+        if MANIFEST["runs"][run]["call"]["gt_leak"] > si:
+            teacher = INPUTS[f"teacher_bits.{si}"]
+            assert torch.equal(recorded[si]["tokens"].reshape(teacher.shape).to(torch.uint8), teacher)
+        key = f"{run}.next_input.{si}"
+        if key in REF:
+            prev = recorded[si - 1]["latents"]
+            nxt = pipe.vae.next_scale_input(prev, tuple(MANIFEST["scale_schedule"][si][-2:]))
+            torch.testing.assert_close(nxt, REF[key], atol=1e-6, rtol=0)
+            checked += 1
+    torch.testing.assert_close(latents.float(), REF[f"{run}.summed_codes"], atol=1e-6, rtol=0)
+
+    # per-scale bit checksums from the manifest (greedy/teacher runs are also summarised there)
+    summary = MANIFEST["runs"][run]["summary"]
+    for si, frac in enumerate(summary.get("bits_ones_fraction", [])):
+        assert abs(recorded[si]["tokens"].float().mean().item() - frac) <= 1e-6 + 0.5 / recorded[si]["tokens"].numel()
+
+    # decoding
+    decoded = pipe.vae.decode(latents)
+    r0, c0 = MANIFEST["decoded_crop32_origin_rc"]
+    if f"{run}.decoded_crop32_s0" in REF:
+        torch.testing.assert_close(decoded[:1, :, r0:r0 + 32, c0:c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-3, rtol=0)
+    if f"{run}.decoded_sub4" in REF:
+        torch.testing.assert_close(decoded[:, :, ::4, ::4], REF[f"{run}.decoded_sub4"], atol=1e-3, rtol=0)
+    if "decoded_sum_per_sample" in summary:
+        for b in range(decoded.shape[0]):
+            err = abs(decoded[b].double().sum().item() - summary["decoded_sum_per_sample"][b])
+            assert err <= 1e-4 * summary["decoded_abs_sum_per_sample"][b], (run, b, err)
+    if f"{run}.img_uint8_bgr_s0" in REF:
+        img = ((decoded[:1] + 1) / 2).permute(0, 2, 3, 1).mul(255).to(torch.uint8).flip(dims=(3,))
+        diff = (img.int() - REF[f"{run}.img_uint8_bgr_s0"].int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+    assert checked > 0 or f"{run}.summed_codes" in REF
+
+
+def test_pipeline_image_output_matches_official_uint8(pipe):
+    """The user-facing image (output_type='np') is the official image up to rounding (official: truncation, BGR)."""
+    _fixture()
+    run = "greedy_cfg"
+    if f"{run}.img_uint8_bgr_s0" not in REF:
+        pytest.skip("fixture stores no uint8 image")
+    call = MANIFEST["runs"][run]["call"]
+    embeds, mask = _padded_text()
+    height, width = MANIFEST["image_hw"]
+    images = pipe(prompt_embeds=embeds, prompt_attention_mask=mask, height=height, width=width,
+                  cfg_list=call["cfg_list"], tau_list=call["tau_list"], top_k=call["top_k"], top_p=None,
+                  generator=torch.Generator().manual_seed(0), output_type="np").images
+    ours = torch.from_numpy(images[:1] * 255).flip(dims=(3,))
+    assert (ours - REF[f"{run}.img_uint8_bgr_s0"].float()).abs().max() <= 1.0 + 1e-3
