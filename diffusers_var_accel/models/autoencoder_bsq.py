@@ -33,6 +33,8 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
     "InfinityBSQVAE",
@@ -511,10 +513,7 @@ class InfinityBSQVAE(ModelMixin, ConfigMixin):
             >>> vae = InfinityBSQVAE.from_original_checkpoint("weights/infinity_vae_d32reg.pth", INFINITY_VAE_D32_CONFIG)
             ```
         """
-        if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
-        is_user_dict = isinstance(path_or_state_dict, Mapping)
-        state_dict = _read_original_state_dict(path_or_state_dict)
+        state_dict = load_original_state_dict(path_or_state_dict, entry="vae")
         if config is None:
             config = infer_infinity_vae_config(state_dict)
         else:
@@ -524,48 +523,11 @@ class InfinityBSQVAE(ModelMixin, ConfigMixin):
             unknown = sorted(set(config) - set(allowed))
             if unknown:
                 raise ValueError(f"config has unknown keys {unknown}; allowed keys are {allowed}")
-
-        with torch.device("meta"):
-            model = cls(**config)
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        converted = convert_infinity_vae_checkpoint(state_dict, expected, codebook_dim=model.config.codebook_dim)
-        _check_state_dict(converted, expected)
-
-        dtype = torch_dtype or torch.float32
-        # A user's dict is copied so that the model never shares storage with it.
-        converted = {k: v.to(dtype=dtype, copy=is_user_dict).contiguous() for k, v in converted.items()}
-        model.load_state_dict(converted, strict=True, assign=True)
-        return model.eval()
-
-
-def _read_original_state_dict(
-    path_or_state_dict: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
-) -> Dict[str, torch.Tensor]:
-    """A name -> tensor dict from an official VAE file (``.pth`` with a ``'vae'`` entry, or ``.safetensors``) or dict."""
-    if isinstance(path_or_state_dict, Mapping):
-        obj: Any = path_or_state_dict
-        source = "the given dict"
-    elif isinstance(path_or_state_dict, (str, os.PathLike)):
-        path = os.fspath(path_or_state_dict)
-        source = repr(path)
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            obj = load_file(path, device="cpu")
-        else:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(
-            f"path_or_state_dict must be a file path or a dict of tensors, got {type(path_or_state_dict).__name__}"
+        codebook_dim = int(config.get("codebook_dim", 32))
+        return build_and_load_strict(
+            cls, config, state_dict, "Infinity BSQ VAE checkpoint", torch_dtype,
+            convert=lambda sd, expected: convert_infinity_vae_checkpoint(sd, expected, codebook_dim=codebook_dim),
         )
-    if isinstance(obj, Mapping) and "vae" in obj and isinstance(obj["vae"], Mapping):
-        obj = obj["vae"]
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{source} does not hold a state dict (got {type(obj).__name__})")
-    not_tensors = sorted(str(k) for k, v in obj.items() if not isinstance(v, torch.Tensor))
-    if not_tensors:
-        raise ValueError(f"{source} is not a state dict of tensors; these entries are not tensors: {not_tensors}")
-    return dict(obj)
 
 
 def convert_infinity_vae_checkpoint(
@@ -608,28 +570,6 @@ def convert_infinity_vae_checkpoint(
         converted[new_key] = value
         source_of[new_key] = key
     return converted
-
-
-def _check_state_dict(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, Tuple[int, ...]]) -> None:
-    """Raise one ValueError listing every missing key, unexpected key and shape mismatch."""
-    missing = sorted(k for k in expected if k not in state_dict)
-    unexpected = sorted(k for k in state_dict if k not in expected)
-    mismatched = sorted(
-        k for k in state_dict if k in expected and tuple(state_dict[k].shape) != tuple(expected[k])
-    )
-    if not (missing or unexpected or mismatched):
-        return
-    lines = ["the checkpoint does not match InfinityBSQVAE:"]
-    if missing:
-        lines.append(f"missing keys ({len(missing)}):")
-        lines += [f"  {k} {tuple(expected[k])}" for k in missing]
-    if unexpected:
-        lines.append(f"unexpected keys ({len(unexpected)}):")
-        lines += [f"  {k} {tuple(state_dict[k].shape)}" for k in unexpected]
-    if mismatched:
-        lines.append(f"shape mismatches ({len(mismatched)}):")
-        lines += [f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected[k])}" for k in mismatched]
-    raise ValueError("\n".join(lines))
 
 
 def infer_infinity_vae_config(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, Any]:

@@ -7,10 +7,9 @@ never ignores a key: missing, unexpected and mis-shaped keys are all listed in o
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterable, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
-import torch.nn as nn
 
 
 def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:
@@ -40,34 +39,42 @@ def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[st
     return dict(state_dict)
 
 
-def _format(keys: Iterable[str], limit: int = 50) -> str:
-    keys = list(keys)
-    text = ", ".join(keys[:limit])
-    return text + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise one ``ValueError`` listing every missing, unexpected and mis-shaped key (with shapes), if any."""
+    missing = sorted(k for k in expected_shapes if k not in state_dict)
+    unexpected = sorted(k for k in state_dict if k not in expected_shapes)
+    mis_shaped = sorted(k for k in state_dict if k in expected_shapes and tuple(state_dict[k].shape) != tuple(expected_shapes[k]))
+    if not (missing or unexpected or mis_shaped):
+        return
+    lines = [f"{what} does not match the model:"]
+    if missing:
+        lines.append(f"missing keys ({len(missing)}):")
+        lines += [f"  {k} {tuple(expected_shapes[k])}" for k in missing]
+    if unexpected:
+        lines.append(f"unexpected keys ({len(unexpected)}):")
+        lines += [f"  {k} {tuple(state_dict[k].shape)}" for k in unexpected]
+    if mis_shaped:
+        lines.append(f"mis-shaped keys ({len(mis_shaped)}):")
+        lines += [f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected_shapes[k])}" for k in mis_shaped]
+    raise ValueError("\n".join(lines))
 
 
-def check_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], what: str = "checkpoint") -> None:
-    """Raise a ``ValueError`` listing every missing, unexpected and mis-shaped key of ``state_dict`` for ``model``."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    mis_shaped = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in expected
-        if k in state_dict and tuple(state_dict[k].shape) != tuple(expected[k].shape)
-    ]
-    if missing or unexpected or mis_shaped:
-        parts = [f"{what} does not match the model ({type(model).__name__}):"]
-        if missing:
-            parts.append(f"missing keys ({len(missing)}): {_format(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys ({len(unexpected)}): {_format(unexpected)}")
-        if mis_shaped:
-            parts.append(f"mis-shaped keys ({len(mis_shaped)}): {_format(mis_shaped)}")
-        raise ValueError("\n  ".join(parts))
+def build_and_load_strict(cls, config: Dict[str, Any], state_dict: Dict[str, torch.Tensor], what: str,
+                          torch_dtype: Optional[torch.dtype] = None, convert=None):
+    """Build ``cls(**config)`` without initialising weights (meta device), then load ``state_dict`` strictly.
 
-
-def strict_load(model: nn.Module, state_dict: Dict[str, torch.Tensor], what: str = "checkpoint") -> None:
-    """:func:`check_state_dict`, then copy every tensor into the model (dtype converted to the model's)."""
-    check_state_dict(model, state_dict, what)
-    model.load_state_dict(state_dict, strict=True)
+    ``convert(state_dict, expected_shapes)`` renames official keys first. Tensors of the given dict are copied, so the
+    model never shares storage with the caller's dict.
+    """
+    if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
+    with torch.device("meta"):
+        model = cls(**config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if convert is not None:
+        state_dict = convert(state_dict, expected)
+    check_state_dict(expected, state_dict, what)
+    dtype = torch_dtype or torch.float32
+    loaded = {k: v.to(dtype=dtype if v.is_floating_point() else v.dtype, copy=True).contiguous() for k, v in state_dict.items()}
+    model.load_state_dict(loaded, strict=True, assign=True)
+    return model.eval()

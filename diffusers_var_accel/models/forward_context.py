@@ -34,9 +34,15 @@ class TokenRouter(Protocol):
         """
 
     def restore(
-        self, layer_idx: int, sublayer: str, update_RKC: torch.Tensor, index_RK: torch.Tensor, hidden_states_RLC: torch.Tensor
+        self, layer_idx: int, sublayer: str, computed_RKC: torch.Tensor, index_RK: torch.Tensor, hidden_states_RLC: torch.Tensor
     ) -> torch.Tensor:
-        """The full ``(R, L, C)`` residual update, given the update computed for the kept tokens."""
+        """Fill in the tokens that were not computed.
+
+        For a sublayer, ``computed_RKC`` is its residual update of the kept tokens and the return value is the full
+        ``(R, L, C)`` update (added to ``hidden_states_RLC``). For ``"block"``, ``computed_RKC`` is the block's output
+        of the kept tokens and the return value is the block's full output (so "keep the input" and "overwrite with
+        a cached canvas" are both exact).
+        """
 
 
 @dataclass

@@ -23,15 +23,22 @@ from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention_processor import VARAttnProcessor
+from .checkpoint_utils import build_and_load_strict, load_original_state_dict
 from .forward_context import VARForwardContext, gather_rope, gather_tokens
 
-#: Official Infinity configurations (``scripts/infer.sh``); ``block_chunks`` only shapes the official key names.
+#: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
+#: The 8B head predicts 2x2 patches of a d14 VAE's bits (``apply_spatial_patchify=1``, 56 bits per token); generating
+#: with it needs the patchify step in the loop, which is not implemented yet (the config serves FLOP counting).
 INFINITY_CONFIGS: Dict[str, Dict] = {
     "infinity-2b": dict(depth=32, embed_dim=2048, num_heads=16, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
                         codebook_dim=32, block_chunks=8),
     "infinity-8b": dict(depth=40, embed_dim=3584, num_heads=28, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
                         codebook_dim=56, block_chunks=8),
 }
+
+
+#: log(100) as the official code computes it (fp32 tensor -> float): the clamp of the learned attention scale.
+_MAX_SCALE_MUL = torch.log(torch.tensor(100.0)).item()
 
 
 def ffn_hidden_size(embed_dim: int, mlp_ratio: float) -> int:
@@ -74,7 +81,7 @@ class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim, self.layer_idx = num_heads, embed_dim // num_heads, layer_idx
         self.is_cross_attention = False
-        self.max_scale_mul = torch.log(torch.tensor(100.0)).item()
+        self.max_scale_mul = _MAX_SCALE_MUL
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, num_heads, 1, 1), 4.0).log())
         self.mat_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(embed_dim))
@@ -200,7 +207,7 @@ class InfinityBlock(nn.Module):
             if index_RK is not None:
                 x_RKC = gather_tokens(x_RLC, index_RK)
                 out_RKC = self._sublayers(x_RKC, condition, context, gather_rope(context.rope_cos_sin, index_RK), route=False)
-                return x_RLC + router.restore(self.layer_idx, "block", out_RKC - x_RKC, index_RK, x_RLC)
+                return router.restore(self.layer_idx, "block", out_RKC, index_RK, x_RLC)
         return self._sublayers(x_RLC, condition, context, context.rope_cos_sin, route=router is not None)
 
     def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, rope, route: bool):
@@ -304,11 +311,6 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         self.blocks = nn.ModuleList([InfinityBlock(C, num_heads, hidden, i, norm_eps) for i in range(depth)])
         self.head_nm = InfinityHeadNorm(C, norm_eps)
         self.head = nn.Linear(C, 2 * codebook_dim)
-        # RoPE inverse frequencies (fp32, not a parameter): c/4 values for rows, the same for columns.
-        head_dim = C // num_heads
-        half = head_dim // 2
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, half, 2, dtype=torch.int64).float() / half))
-        self.register_buffer("rope_inv_freq", inv_freq, persistent=False)
 
     # -- conditioning ------------------------------------------------------------------------------------------------
     def null_text_embeds(self, encoder_attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -342,7 +344,10 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
 
     def rope_cos_sin(self, positions_L2: torch.Tensor) -> torch.Tensor:
         """cos/sin ``(2, 1, 1, L, c/2)`` for tokens at (row, col) on the RoPE grid: rows use the first c/4 pairs."""
-        inv_freq = self.rope_inv_freq.float()
+        # inverse frequencies in fp32, c/4 values shared by rows and columns (official rope2d, base 10000)
+        half = (self.config.embed_dim // self.config.num_heads) // 2
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, half, 2, dtype=torch.int64).float() / half))
+        inv_freq = inv_freq.to(self.pos_start.device)
         pos = positions_L2.to(inv_freq.device, torch.float32)
         angles = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)
         return torch.stack((angles.cos(), angles.sin()), dim=0)[:, None, None]
@@ -383,20 +388,14 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         Raises:
             ValueError: missing, unexpected or mis-shaped keys (all of them listed).
         """
-        from .checkpoint_utils import load_original_state_dict, strict_load
-
         state_dict = load_original_state_dict(path_or_state_dict)
         if isinstance(config, str):
             if config not in INFINITY_CONFIGS:
                 raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)}")
             config = INFINITY_CONFIGS[config]
-        config = dict(config) if config is not None else infer_infinity_config(state_dict)
-        model = cls(**config)
-        converted = convert_infinity_checkpoint(state_dict)
-        strict_load(model, converted, what="Infinity transformer checkpoint")
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
-        return model.eval()
+        config = {k: v for k, v in dict(config).items() if not k.startswith("_")} if config is not None else infer_infinity_config(state_dict)
+        return build_and_load_strict(cls, config, state_dict, "Infinity transformer checkpoint", torch_dtype,
+                                     convert=lambda sd, expected: convert_infinity_checkpoint(sd))
 
 
 _CHUNK_KEY = re.compile(r"^block_chunks\.(\d+)\.module\.(\d+)\.(.*)$")

@@ -1,0 +1,95 @@
+"""``var-accel``: the command line of diffusers-var-accel.
+
+``var-accel generate "a red fox in the snow"`` generates with a converted pipeline folder (``--model``) or, with no
+model given, with a tiny random-weight Infinity pipeline built on the spot (no download; the image is noise-like until
+a trained embedded model ships).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+
+def _load_pipeline(model: Optional[str], device: str, dtype: str):
+    import torch
+
+    from .pipelines.infinity import InfinityPipeline
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    if model is None:
+        from .utils.tiny import build_tiny_infinity_pipeline
+
+        print("No --model given: using a tiny Infinity pipeline with RANDOM weights (built locally, no download). "
+              "Its images are noise-like; pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
+        pipe = build_tiny_infinity_pipeline(seed=0)
+    else:
+        pipe = InfinityPipeline.from_pretrained(model, torch_dtype=torch_dtype)
+    return pipe.to(device)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    pipe = _load_pipeline(args.model, args.device, args.dtype)
+    prompts: List[str] = list(args.prompt)
+    if args.prompts_file:
+        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
+    if not prompts:
+        print("error: give a prompt or --prompts-file", file=sys.stderr)
+        return 2
+    height = args.height or (256 if args.model is None else 1024)
+    width = args.width or height
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i, prompt in enumerate(prompts):
+        generator = torch.Generator("cpu").manual_seed(args.seed + i)
+        start = time.perf_counter()
+        try:
+            image = pipe(prompt, height=height, width=width, guidance_scale=args.guidance_scale, tau=args.tau,
+                         top_k=args.top_k, top_p=args.top_p, generator=generator).images[0]
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        seconds = time.perf_counter() - start
+        path = out_dir / f"{i:04d}.png"
+        image.save(path)
+        records.append({"prompt": prompt, "seed": args.seed + i, "file": path.name, "seconds": round(seconds, 3)})
+        print(f"{path}  ({seconds:.2f} s)  {prompt}")
+    (out_dir / "generations.json").write_text(json.dumps({"height": height, "width": width, "images": records}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="var-accel", description="Infinity / HART next-scale generation with training-free acceleration.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate images from prompts")
+    gen.add_argument("prompt", nargs="*", help="prompt(s)")
+    gen.add_argument("--prompts-file", help="a text file with one prompt per line")
+    gen.add_argument("--model", help="a pipeline folder (see scripts/convert_infinity_original.py); default: tiny random weights")
+    gen.add_argument("--height", type=int, help="image height (an official size; default 256 for the tiny model, 1024 otherwise)")
+    gen.add_argument("--width", type=int, help="image width (default: the height)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
+    gen.add_argument("--guidance-scale", type=float, default=4.0)
+    gen.add_argument("--tau", type=float, default=0.5, help="sampling temperature")
+    gen.add_argument("--top-k", type=int, default=900)
+    gen.add_argument("--top-p", type=float, default=0.97)
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--output", default="outputs", help="output folder (PNG files + generations.json)")
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The shared next-scale loop's extension points, exercised with small test schedulers on the official tiny model.
+
+Each test compares an extension point's effect with what it must be: routing every token is bit-identical to the
+dense path, a grouped pass leaves its first scale unchanged (block-causal mask), CFG halving equals guidance 1 at
+that scale, recorded attention maps are probability rows, skipped scales add no codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusers_var_accel import IdentityScheduler, InfinityBSQVAE, InfinityTransformer, ScalePlan, VARAccelScheduler, run_next_scale_loop
+from diffusers_var_accel.models.forward_context import scatter_tokens
+from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
+from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
+from diffusers_var_accel.schedulers.scheduling_var_base import validate_plans
+
+FIXTURE = Path(__file__).parent / "fixtures" / "infinity"
+HEIGHT = WIDTH = 256
+SCHEDULE, TEMPLATE = schedule_for_size(HEIGHT, WIDTH)
+S = len(SCHEDULE)
+
+
+@pytest.fixture(scope="module")
+def models():
+    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE / "infinity_tiny.pth")
+    vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE / "vae_tiny.pth")
+    return transformer, vae
+
+
+def _condition(transformer, batch=2, guided=True):
+    g = torch.Generator().manual_seed(3)
+    text = torch.randn(batch, 6, transformer.config.text_channels, generator=g)
+    mask = torch.ones(batch, 6, dtype=torch.bool)
+    mask[1:, 4:] = False  # a padded row
+    if guided:
+        text, mask = torch.cat((text, transformer.null_text_embeds(mask))), torch.cat((mask, mask))
+    return transformer.encode_condition(text, mask)
+
+
+def _run(models, scheduler=None, cfg=3.0, cfg_list=None, teacher=None, batch=2, top_k=1):
+    transformer, vae = models
+    family = InfinityScaleFamily(transformer, vae, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=top_k, top_p=None)
+    cfgs = list(cfg_list) if cfg_list is not None else [cfg] * S
+    with torch.no_grad():
+        return run_next_scale_loop(family, _condition(transformer, batch, any(c != 1 for c in cfgs)), SCHEDULE, batch,
+                                   cfgs, [0.5] * S, torch.Generator().manual_seed(0), scheduler, teacher)
+
+
+def _teacher(batch=2, d=8):
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(0, 2, (batch, h * w, d), generator=g) for _, h, w in SCHEDULE]
+
+
+class _Router:
+    def __init__(self, keep):
+        self.keep, self.calls = keep, []
+
+    def select(self, layer_idx, sublayer, x):
+        self.calls.append((layer_idx, sublayer))
+        return self.keep(layer_idx, sublayer, x)
+
+    def restore(self, layer_idx, sublayer, computed, index, x):
+        # sublayers: zero update for the others; block: the others keep their input (an identity layer for them)
+        return scatter_tokens(x if sublayer == "block" else torch.zeros_like(x), index, computed)
+
+
+class _PlanScheduler(VARAccelScheduler):
+    """Test scheduler: fixed plans, an optional router for chosen scales, and a log of after_scale calls."""
+
+    def __init__(self, plans=None, router_at=None, router=None):
+        super().__init__()
+        self._plans, self.router_at, self.router, self.after = plans, router_at or set(), router, []
+
+    def plan_scales(self, scale_schedule):
+        return self._plans if self._plans is not None else super().plan_scales(scale_schedule)
+
+    def token_router(self, state, plan):
+        return self.router if plan.scale_indices[0] in self.router_at else None
+
+    def after_scale(self, state, plan, hidden):
+        self.after.append((plan.scale_indices, hidden.shape, state.kv_cache.get_seq_length(0), dict(state.attention_maps)))
+
+
+def test_identity_scheduler_is_the_default(models):
+    a, b = _run(models), _run(models, IdentityScheduler())
+    assert torch.equal(a.f_hat, b.f_hat)
+    assert all(torch.equal(a.logits[i], b.logits[i]) for i in range(S))
+
+
+def test_routing_every_token_is_bit_identical_to_dense(models):
+    everything = lambda layer, kind, x: torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    for kinds in ({"block"}, {"self_attn", "cross_attn", "ffn"}):
+        router = _Router(lambda l, k, x, kinds=kinds: everything(l, k, x) if k in kinds else None)
+        routed = _run(models, _PlanScheduler(router_at=set(range(1, S)), router=router))
+        dense = _run(models)
+        assert torch.equal(routed.f_hat, dense.f_hat)
+        assert all(torch.equal(routed.logits[i], dense.logits[i]) for i in range(S))
+        assert {k for _, k in router.calls} >= kinds
+
+
+def test_routing_a_subset_caches_only_kept_tokens_and_changes_the_output(models):
+    keep = 5
+    router = _Router(lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1) if k == "block" else None)
+    sched = _PlanScheduler(router_at={S - 1}, router=router)
+    out = _run(models, sched)
+    dense = _run(models)
+    before = sum(h * w for _, h, w in SCHEDULE[:-1])
+    assert sched.after[-1][2] == before + keep  # the last scale appended only the kept tokens' K/V
+    assert not torch.equal(out.f_hat, dense.f_hat)
+    torch.testing.assert_close(out.logits[S - 2], dense.logits[S - 2], atol=0, rtol=0)
+
+
+def test_grouped_scales_use_a_block_causal_mask(models):
+    teacher = _teacher()
+    plans = [ScalePlan((i,)) for i in range(S - 2)] + [ScalePlan((S - 2, S - 1))]
+    grouped = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
+    sequential = _run(models, teacher=teacher)
+    # the first scale of the group sees the cache and itself only: same logits as the sequential loop
+    torch.testing.assert_close(grouped.logits[S - 2], sequential.logits[S - 2], atol=1e-5, rtol=1e-5)
+    # the second scale's input is approximated from f_hat before the group, so it differs
+    assert not torch.allclose(grouped.logits[S - 1], sequential.logits[S - 1], atol=1e-3)
+    assert torch.equal(grouped.f_hat, sequential.f_hat)  # teacher-forced codes: same summed latent
+
+
+def test_cfg_halving_equals_guidance_one_at_that_scale(models):
+    plans = [ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1,), cfg_halve=True)]
+    halved = _run(models, _PlanScheduler(plans=plans))
+    reference = _run(models, cfg_list=[3.0] * (S - 1) + [1.0])
+    assert halved.logits[S - 1].shape[0] == 2  # only the conditional rows went through the blocks and head
+    torch.testing.assert_close(halved.logits[S - 1], reference.logits[S - 1], atol=1e-6, rtol=0)
+    assert torch.equal(halved.f_hat, reference.f_hat)
+
+
+def test_recorded_attention_maps_are_probabilities(models):
+    plans = [ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset()) for i in range(S)]
+    sched = _PlanScheduler(plans=plans)
+    out = _run(models, sched)
+    dense = _run(models)
+    maps = {idx: m for idx, _, _, m in sched.after}
+    probs = maps[(3,)][0]
+    L = SCHEDULE[3][1] * SCHEDULE[3][2]
+    kv = sum(h * w for _, h, w in SCHEDULE[:4])
+    assert probs.shape == (4, transformer_heads(models), L, kv)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5, rtol=0)
+    assert all(m == {} for idx, _, _, m in sched.after if idx != (3,))
+    torch.testing.assert_close(out.logits[3], dense.logits[3], atol=1e-4, rtol=1e-5)
+
+
+def transformer_heads(models):
+    return models[0].config.num_heads
+
+
+def test_skipped_scales_add_no_codes(models):
+    teacher = _teacher()
+    plans = [ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1,), skip=True)]
+    skipped = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
+    full = _run(models, teacher=teacher)
+    assert S - 1 not in skipped.tokens
+    last_codes = models[1].add_scale_codes(None, models[1].bits_to_codes(teacher[-1].reshape(2, 16, 16, -1)), (16, 16), True)
+    torch.testing.assert_close(skipped.f_hat + last_codes, full.f_hat, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "plans, message",
+    [
+        ([ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1, S))], "crosses the last scale"),
+        ([ScalePlan((0,)), ScalePlan((2,))], "out of order"),
+        ([ScalePlan((0, 1))], "scale 0"),
+        ([ScalePlan((i,)) for i in range(S - 1)], "schedule has"),
+    ],
+)
+def test_invalid_plans_are_rejected(plans, message):
+    with pytest.raises(ValueError, match=message):
+        validate_plans(plans, S)
+
+
+def test_scheduler_for_another_model_family_is_rejected(models):
+    class HartOnly(VARAccelScheduler):
+        supported_model_families = ("hart",)
+
+    with pytest.raises(ValueError, match="infinity"):
+        _run(models, HartOnly())
+
+
+def test_no_tensor_state_survives_a_call(models):
+    _run(models)
+    for module in list(models[0].modules()) + list(models[1].modules()):
+        for name, value in vars(module).items():
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} holds a tensor"
