@@ -42,8 +42,8 @@ _MAX_SCALE_MUL = torch.log(torch.tensor(100.0)).item()
 
 
 def ffn_hidden_size(embed_dim: int, mlp_ratio: float) -> int:
-    """The official FFN width: ``round(C * mlp_ratio / 256) * 256`` (Python rounding, half to even)."""
-    return round(embed_dim * mlp_ratio / 256) * 256
+    """The official FFN width: ``round(C * mlp_ratio / 256) * 256`` (Python rounding), or C when that rounds to 0."""
+    return round(embed_dim * mlp_ratio / 256) * 256 or embed_dim
 
 
 def ada_layer_norm(x_RLC: torch.Tensor, scale_R1C: torch.Tensor, shift_R1C: torch.Tensor, eps: float) -> torch.Tensor:
