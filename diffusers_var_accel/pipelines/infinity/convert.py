@@ -1,0 +1,103 @@
+"""Official Infinity checkpoints -> an :class:`InfinityPipeline` (and, through ``save_pretrained``, a diffusers folder).
+
+The command-line wrapper is ``scripts/convert_infinity_original.py``. Loading is strict: a checkpoint whose keys or
+shapes do not match the model raises a ``ValueError`` that lists every offending key.
+
+Examples:
+    ```py
+    >>> import torch
+    >>> from diffusers_var_accel.pipelines.infinity.convert import convert_infinity_original
+
+    >>> pipe = convert_infinity_original(
+    ...     "weights/infinity_2b_reg.pth", "weights/infinity_vae_d32reg.pth", text_encoder_path="weights/flan-t5-xl",
+    ...     config="infinity-2b", torch_dtype=torch.bfloat16,
+    ... )
+    >>> pipe.save_pretrained("infinity-2b-diffusers")
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+import torch
+
+from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
+from .pipeline_infinity import InfinityPipeline
+
+PathLike = Union[str, os.PathLike]
+
+
+def convert_infinity_original(
+    transformer_path: PathLike,
+    vae_path: PathLike,
+    text_encoder_path: Optional[PathLike] = None,
+    tokenizer_path: Optional[PathLike] = None,
+    config: Optional[str] = None,
+    torch_dtype: Optional[torch.dtype] = None,
+) -> InfinityPipeline:
+    """Build an :class:`InfinityPipeline` from the official checkpoint files, loading every weight strictly.
+
+    Args:
+        transformer_path (`str` or `os.PathLike`): the official transformer (``infinity_2b_reg.pth``, a plain state
+            dict read with ``torch.load(..., weights_only=True)``), or a ``.safetensors`` copy with the same keys.
+        vae_path (`str` or `os.PathLike`): the official VAE (``.pth`` holding ``{'vae': state_dict}`` or a plain state
+            dict, wrapped or plain key names), or a ``.safetensors`` copy; its config is read from the shapes.
+        text_encoder_path (`str` or `os.PathLike`, *optional*): a local folder of a transformers T5 encoder (e.g.
+            flan-t5-xl), loaded with ``T5EncoderModel.from_pretrained`` offline. Without it the pipeline has no text
+            encoder and runs from ``prompt_embeds``.
+        tokenizer_path (`str` or `os.PathLike`, *optional*): a local tokenizer folder; defaults to
+            ``text_encoder_path``. Ignored without a text encoder.
+        config (`str`, *optional*): a name from ``INFINITY_CONFIGS`` (``"infinity-2b"``, ``"infinity-8b"``); inferred
+            from the transformer's tensor shapes when omitted.
+        torch_dtype (`torch.dtype`, *optional*): cast every component to this dtype (float32 when omitted).
+
+    Returns:
+        [`InfinityPipeline`]: the assembled pipeline, on the CPU, in eval mode.
+
+    Raises:
+        ValueError: an unknown config name; checkpoint keys or shapes that do not match (all listed); components that
+            do not fit together (text width, bits per token).
+        FileNotFoundError: a checkpoint file or folder that does not exist.
+    """
+    if config is not None and config not in INFINITY_CONFIGS:
+        raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)")
+    if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
+    for name, path in (("transformer", transformer_path), ("vae", vae_path)):
+        if not os.path.isfile(os.fspath(path)):
+            raise FileNotFoundError(f"{name} checkpoint not found: {os.fspath(path)}")
+
+    # 1. Transformer and VAE, strictly
+    transformer = InfinityTransformer.from_original_checkpoint(os.fspath(transformer_path), config=config, torch_dtype=torch_dtype)
+    vae = InfinityBSQVAE.from_original_checkpoint(os.fspath(vae_path), torch_dtype=torch_dtype)
+    if transformer.config.codebook_dim != vae.config.codebook_dim:
+        raise ValueError(
+            f"the transformer predicts {transformer.config.codebook_dim} bits per token but the VAE has "
+            f"codebook_dim={vae.config.codebook_dim}; pass the VAE that belongs to this transformer"
+        )
+
+    # 2. Text encoder and tokenizer (optional)
+    text_encoder = tokenizer = None
+    if text_encoder_path is not None:
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        text_encoder_path = os.fspath(text_encoder_path)
+        tokenizer_path = os.fspath(tokenizer_path) if tokenizer_path is not None else text_encoder_path
+        for name, path in (("text encoder", text_encoder_path), ("tokenizer", tokenizer_path)):
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"{name} folder not found: {path} (a local transformers folder is expected)")
+        kwargs = {"local_files_only": True}
+        if torch_dtype is not None:
+            kwargs["dtype"] = torch_dtype
+        text_encoder = T5EncoderModel.from_pretrained(text_encoder_path, **kwargs).eval()
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        if text_encoder.config.d_model != transformer.config.text_channels:
+            raise ValueError(
+                f"the text encoder writes {text_encoder.config.d_model}-channel features but the transformer expects "
+                f"text_channels={transformer.config.text_channels}; pass the T5 encoder the model was trained with"
+            )
+
+    return InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
