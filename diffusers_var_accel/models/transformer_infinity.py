@@ -219,7 +219,9 @@ class InfinityBlock(nn.Module):
             return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), context, rope_sub).mul_(gamma1)
 
         def cross_attn(x_sub, index):
-            return self.ca(self.ca_norm(x_sub), condition.text_RTC, condition.text_mask_R11T).float()
+            norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
+            x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
+            return self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T).float()
 
         def ffn(x_sub, index):
             return self.ffn(ada_layer_norm(x_sub, scale2, shift2, eps)).mul(gamma2)

@@ -307,7 +307,11 @@ class InfinityPipeline(DiffusionPipeline):
             else:
                 neg, neg_mask = self.transformer.null_text_embeds(mask).to(text.dtype), mask
             text, mask = _concat_padded((text, mask), (neg, neg_mask))
-        condition = self.transformer.encode_condition(text, mask)
+        # Half-precision weights run under autocast, as the official bf16 inference does (norms and AdaLN in fp32).
+        dtype = self.transformer.dtype
+        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype in (torch.float16, torch.bfloat16))
+        with autocast:
+            condition = self.transformer.encode_condition(text, mask)
 
         # 3. The next-scale loop
         family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, rope_grid_hw(template), top_k, top_p)
@@ -324,7 +328,7 @@ class InfinityPipeline(DiffusionPipeline):
                     state.f_hat = out["latents"]
             progress.update()
 
-        with progress:
+        with progress, autocast:
             state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, None,
                                         teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt)
         latents = state.f_hat
