@@ -1,4 +1,4 @@
-"""The acceleration-scheduler protocol of the next-scale loop, and the identity scheduler (no acceleration).
+"""The acceleration-scheduler protocol of the next-scale loop, the identity scheduler and composition.
 
 A scheduler decides; the loop, the transformer's token-routing seam and the attention processors carry the
 decision out. The loop consults a scheduler at these named extension points:
@@ -13,21 +13,29 @@ decision out. The loop consults a scheduler at these named extension points:
 * :meth:`VARAccelScheduler.after_scale` - called after the pass, with its last hidden states and the recorded
   attention maps, before the next plan.
 
-Plans are keyed by scale index, never by width. All per-call data lives in the loop's ``NextScaleState``.
+Plans are keyed by scale index, never by width; configurations may count scales from the end (``-1`` is the last
+scale) so that one preset fits every pixel budget of a model. All per-call data lives in the loop's
+``NextScaleState``. Schedulers are ``ConfigMixin`` objects saved as ``acceleration_config.json``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, FrozenSet, List, Optional, Sequence, Tuple
+import inspect
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.utils import PushToHubMixin
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..models.forward_context import TokenRouter
     from ..pipelines.next_scale import NextScaleState
+
+#: Model families the library knows; a scheduler's ``model_family`` must be one of them (or ``None`` = any).
+MODEL_FAMILIES = ("infinity", "hart")
+
+_SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
 
 
 @dataclass(frozen=True)
@@ -73,23 +81,100 @@ def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
         raise ValueError(f"plans cover scales 0..{expected - 1} but the schedule has {num_scales} scales")
 
 
-class VARAccelScheduler(ConfigMixin, PushToHubMixin):
+def resolve_scale_index(index: int, num_scales: int, what: str = "scale index") -> int:
+    """A scale index of a schedule with ``num_scales`` scales; negative values count from the end (-1 = last).
+
+    Raises:
+        ValueError: the index is outside ``[-num_scales, num_scales)``.
+    """
+    if not -num_scales <= int(index) < num_scales:
+        raise ValueError(f"{what} {index} is outside the schedule's {num_scales} scales (allowed: {-num_scales}..{num_scales - 1})")
+    return int(index) % num_scales
+
+
+def check_ratio(value: float, name: str) -> float:
+    """A ratio in [0, 1], or a ``ValueError`` naming it."""
+    if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     """Base class of the acceleration schedulers; the default behaviour of every hook is "no acceleration".
 
-    Subclasses override only the extension points they need and declare the model families they support.
+    Subclasses register their configuration with ``@register_to_config`` (always including ``model_family``),
+    override only the extension points they need, and may ship ``presets``: ``{model_family: constructor kwargs}``.
+
+    Saving and loading follow diffusers' schedulers: ``save_pretrained(dir)`` writes ``acceleration_config.json``;
+    ``from_pretrained(path_or_repo, subfolder=..., **overrides)`` reads it back, keyword arguments overriding the
+    stored values (an unknown keyword raises).
     """
 
     config_name = "acceleration_config.json"
-    #: Model families (``"infinity"``, ``"hart"``) this scheduler's configuration was made for.
-    supported_model_families: Tuple[str, ...] = ("infinity", "hart")
+    _compatibles: List[str] = []
+    #: Per model family, the constructor arguments of the method's published setting.
+    presets: Dict[str, Dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _SCHEDULER_CLASSES[cls.__name__] = cls
+
+    # -- identity of the configuration -------------------------------------------------------------------------------
+    @property
+    def model_family(self) -> Optional[str]:
+        return self.config.get("model_family") if hasattr(self, "config") else None
 
     def check_model_family(self, family: str) -> None:
-        """Raise if this scheduler was not built for ``family``."""
-        if family not in self.supported_model_families:
+        """Raise if this scheduler was configured for another model family than ``family``."""
+        if self.model_family is not None and self.model_family != family:
             raise ValueError(
-                f"{type(self).__name__} supports model families {list(self.supported_model_families)}, not {family!r}"
+                f"{type(self).__name__} was built for model family {self.model_family!r}, not {family!r}; "
+                f"use {type(self).__name__}.from_preset({family!r}) or set model_family={family!r}"
             )
 
+    @staticmethod
+    def _check_family_name(model_family: Optional[str]) -> None:
+        if model_family is not None and model_family not in MODEL_FAMILIES:
+            raise ValueError(f"model_family must be one of {list(MODEL_FAMILIES)} or None, got {model_family!r}")
+
+    # -- construction -------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, model_family: str, **overrides) -> "VARAccelScheduler":
+        """The method's published setting for ``model_family``, with keyword overrides."""
+        if model_family not in cls.presets:
+            raise ValueError(f"{cls.__name__} has no preset for {model_family!r}; presets exist for {sorted(cls.presets)}")
+        cls._check_overrides(overrides)
+        return cls(**{**cls.presets[model_family], **overrides})
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path=None, subfolder: Optional[str] = None, return_unused_kwargs=False, **kwargs):
+        """Load ``acceleration_config.json`` from a folder or Hub repo (``subfolder`` inside it); kwargs override it."""
+        hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
+        overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
+        hub_kwargs = {k: v for k, v in kwargs.items() if k in hub_keys}
+        config = cls.load_config(pretrained_model_name_or_path, subfolder=subfolder, **hub_kwargs)
+        stored = config.get("_class_name")
+        target = cls
+        if stored and stored != cls.__name__:
+            if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
+                raise ValueError(f"{pretrained_model_name_or_path} holds a {stored} configuration, not a {cls.__name__}")
+            target = _SCHEDULER_CLASSES.get(stored, cls)
+        target._check_overrides(overrides)
+        scheduler = target.from_config({**config, **overrides})
+        return (scheduler, {}) if return_unused_kwargs else scheduler
+
+    @classmethod
+    def _check_overrides(cls, overrides: Dict[str, Any]) -> None:
+        allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+        unknown = sorted(set(overrides) - set(allowed))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no setting(s) {unknown}; allowed: {allowed}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The configuration with the class name (what ``acceleration_config.json`` holds)."""
+        return {"_class_name": type(self).__name__, **{k: v for k, v in dict(self.config).items() if not k.startswith("_")}}
+
+    # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
         """One plan per transformer pass; the default decodes every scale alone and in full."""
         return [ScalePlan((i,)) for i in range(len(scale_schedule))]
@@ -104,10 +189,103 @@ class VARAccelScheduler(ConfigMixin, PushToHubMixin):
     def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC: torch.Tensor) -> None:
         """Hook after a pass and its sampling, before the next plan (default: nothing)."""
 
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "_class_name")
+        return f"{type(self).__name__}({settings})"
+
 
 class IdentityScheduler(VARAccelScheduler):
-    """No acceleration: the baseline is the same loop run with this scheduler."""
+    """No acceleration: the baseline is the same loop run with this scheduler. Fits every model family."""
 
     @register_to_config
-    def __init__(self):
+    def __init__(self, model_family: Optional[str] = None):
         super().__init__()
+        self._check_family_name(model_family)
+
+
+def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
+    """Rebuild a scheduler from ``to_dict()`` output (``_class_name`` + settings)."""
+    name = config.get("_class_name")
+    if name not in _SCHEDULER_CLASSES:
+        raise ValueError(f"unknown acceleration scheduler {name!r}; known: {sorted(_SCHEDULER_CLASSES)}")
+    cls = _SCHEDULER_CLASSES[name]
+    settings = {k: v for k, v in config.items() if not k.startswith("_")}
+    cls._check_overrides(settings)
+    return cls(**settings)
+
+
+class ComposedScheduler(VARAccelScheduler):
+    """Several methods in one schedule: composition is configuration (a list of scheduler configs).
+
+    Merge rules, per pass: at most one member may group scales (its plans define the passes); a pass is skipped if a
+    member skips its scales (members must agree on the passes that contain skipped scales), CFG-halved if any member
+    halves any of its scales, and records the union of the requested attention layers. ``before_scale`` and
+    ``after_scale`` call every member in order. At most one member may route the tokens of a pass.
+
+    Args:
+        schedulers (`list[dict | VARAccelScheduler]`): the members, as instances or as ``to_dict()`` configs.
+        model_family (`str`, *optional*): the family all members must fit.
+    """
+
+    @register_to_config
+    def __init__(self, schedulers: Sequence[Union[Dict[str, Any], VARAccelScheduler]] = (), model_family: Optional[str] = None):
+        super().__init__()
+        self._check_family_name(model_family)
+        members = [s if isinstance(s, VARAccelScheduler) else scheduler_from_dict(dict(s)) for s in schedulers]
+        if not members:
+            raise ValueError("ComposedScheduler needs at least one member scheduler")
+        for m in members:
+            if model_family is not None and m.model_family not in (None, model_family):
+                raise ValueError(f"member {type(m).__name__} is for {m.model_family!r}, the composition for {model_family!r}")
+        self.members = members
+        # the stored configuration holds plain dicts, so JSON round-trips it
+        self.register_to_config(schedulers=[m.to_dict() for m in members])
+
+    @property
+    def model_family(self) -> Optional[str]:
+        families = {m.model_family for m in self.members} - {None}
+        return self.config.get("model_family") or (families.pop() if len(families) == 1 else None)
+
+    def check_model_family(self, family: str) -> None:
+        super().check_model_family(family)
+        for m in self.members:
+            m.check_model_family(family)
+
+    def plan_scales(self, scale_schedule):
+        num_scales = len(scale_schedule)
+        member_plans = [m.plan_scales(scale_schedule) for m in self.members]
+        for plans in member_plans:
+            validate_plans(plans, num_scales)
+        groupers = [p for p in member_plans if any(len(x.scale_indices) > 1 for x in p)]
+        if len(groupers) > 1:
+            raise ValueError("more than one member scheduler groups scales; a composition allows one grouping")
+        base = groupers[0] if groupers else member_plans[0]
+        merged = []
+        for plan in base:
+            scales = set(plan.scale_indices)
+            overlapping = [x for plans in member_plans for x in plans if scales & set(x.scale_indices)]
+            skips = {x.skip for x in overlapping}
+            if len(skips) > 1:
+                raise ValueError(f"member schedulers disagree on skipping scales {sorted(scales)}")
+            merged.append(replace(
+                plan,
+                skip=skips.pop(),
+                cfg_halve=any(x.cfg_halve for x in overlapping),
+                record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
+            ))
+        return merged
+
+    def before_scale(self, state, plan):
+        for m in self.members:
+            m.before_scale(state, plan)
+
+    def token_router(self, state, plan):
+        routers = [(m, r) for m in self.members if (r := m.token_router(state, plan)) is not None]
+        if len(routers) > 1:
+            names = [type(m).__name__ for m, _ in routers]
+            raise ValueError(f"members {names} both route the tokens of scales {plan.scale_indices}; compose them on different scales")
+        return routers[0][1] if routers else None
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        for m in self.members:
+            m.after_scale(state, plan, hidden_states_RLC)

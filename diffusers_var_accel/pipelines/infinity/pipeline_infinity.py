@@ -13,6 +13,8 @@ from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...models.forward_context import VARForwardContext
 from ...models.infinity_resolutions import INFINITY_PATCH_SIZE, rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
+from ...schedulers.scheduling_var_base import VARAccelScheduler
+from ..acceleration_mixin import VARAccelerationMixin
 from ..next_scale import ScaleModelFamily, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -120,7 +122,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.vae.next_scale_input(f_hat, tuple(self.scale_schedule[scale_index][-2:]))
 
 
-class InfinityPipeline(DiffusionPipeline):
+class InfinityPipeline(DiffusionPipeline, VARAccelerationMixin):
     r"""Text-to-image generation with Infinity (arXiv:2412.04431).
 
     Args:
@@ -128,17 +130,24 @@ class InfinityPipeline(DiffusionPipeline):
         vae ([`InfinityBSQVAE`]): the BSQ tokenizer; its decoder turns the summed codes into pixels.
         text_encoder ([`~transformers.T5EncoderModel`], *optional*): flan-t5-xl's encoder for the real model.
         tokenizer ([`~transformers.PreTrainedTokenizerBase`], *optional*): the T5 tokenizer.
+        acceleration ([`VARAccelScheduler`], *optional*): an acceleration scheduler used by every call (see
+            `enable_acceleration`); saved in `acceleration/`.
 
     Without a text encoder the pipeline still runs from ``prompt_embeds``.
     """
 
+    model_family = "infinity"
     model_cpu_offload_seq = "text_encoder->transformer->vae"
-    _optional_components = ["text_encoder", "tokenizer"]
+    _optional_components = ["text_encoder", "tokenizer", "acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
-    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder=None, tokenizer=None):
+    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder=None, tokenizer=None,
+                 acceleration: Optional[VARAccelScheduler] = None):
         super().__init__()
-        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+        if acceleration is not None:
+            acceleration.check_model_family(self.model_family)
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              acceleration=acceleration)
         self.image_processor = VaeImageProcessor(vae_scale_factor=INFINITY_PATCH_SIZE, do_resize=False)
         self._interrupt = False
 
@@ -229,6 +238,7 @@ class InfinityPipeline(DiffusionPipeline):
         negative_prompt_embeds: Optional[torch.Tensor] = None,
         negative_prompt_attention_mask: Optional[torch.Tensor] = None,
         teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
+        acceleration: Optional[VARAccelScheduler] = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end: Optional[Callable[["InfinityPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]] = None,
@@ -257,6 +267,7 @@ class InfinityPipeline(DiffusionPipeline):
             negative_prompt_embeds / negative_prompt_attention_mask (`torch.Tensor`, *optional*): likewise.
             teacher_tokens (`List[torch.Tensor]`, *optional*): bits (B, 1, h, w, d) used instead of sampling at the
                 first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`).
+            acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (the
                 summed codes, (B, d, h, w)).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
@@ -278,6 +289,7 @@ class InfinityPipeline(DiffusionPipeline):
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
         self._guidance_scale, self._num_timesteps, self._interrupt = cfg, num_scales, False
+        scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
         # 2. Text conditioning: conditional rows, then unconditional rows when any scale is guided
@@ -329,7 +341,7 @@ class InfinityPipeline(DiffusionPipeline):
             progress.update()
 
         with progress, autocast:
-            state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, None,
+            state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, scheduler,
                                         teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt)
         latents = state.f_hat
 
