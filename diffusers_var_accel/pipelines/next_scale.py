@@ -92,7 +92,9 @@ class NextScaleState:
 def block_causal_mask(cache_length: int, scale_lengths: Sequence[int], device) -> torch.Tensor:
     """Boolean ``(L, cache_length + L)`` mask for a group of scales: all cached keys, plus own and earlier scales."""
     L = sum(scale_lengths)
-    scale_of_token = torch.repeat_interleave(torch.arange(len(scale_lengths), device=device), torch.tensor(scale_lengths, device=device))
+    scale_of_token = torch.repeat_interleave(
+        torch.arange(len(scale_lengths), device=device), torch.tensor(scale_lengths, device=device), output_size=L
+    )
     within = scale_of_token[None, :] <= scale_of_token[:, None]
     return torch.cat((torch.ones(L, cache_length, dtype=torch.bool, device=device), within), dim=1)
 
@@ -188,7 +190,8 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, schedul
         inputs = [family.next_inputs(state.f_hat, si) for si in plan.scale_indices]
         inputs_BLd = torch.cat(inputs, dim=1)
         level_L = torch.repeat_interleave(
-            torch.tensor(plan.scale_indices, device=inputs_BLd.device), torch.tensor(lengths, device=inputs_BLd.device)
+            torch.tensor(plan.scale_indices, device=inputs_BLd.device), torch.tensor(lengths, device=inputs_BLd.device),
+            output_size=sum(lengths),
         )
         x_RLC = family.embed_inputs(inputs_BLd, level_L)
         x_RLC = x_RLC.repeat(run_rows // state.batch_size, 1, 1)

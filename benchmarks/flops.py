@@ -1,0 +1,452 @@
+"""FLOPs of one Infinity text-to-image generation, counted on the real code path without allocating any weight.
+
+The transformer and the BSQ VAE are built on the ``meta`` device from their real configurations and driven exactly as
+:class:`~diffusers_var_accel.pipelines.infinity.InfinityPipeline` drives them: ``encode_condition`` on the text
+features, :func:`~diffusers_var_accel.pipelines.next_scale.run_next_scale_loop` with an
+:class:`~diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityScaleFamily` (teacher tokens replace the
+sampling, which is the only step that needs values), then ``vae.decode``. ``torch.utils.flop_counter.FlopCounterMode``
+counts every matmul, linear, convolution and attention kernel by its shape; on meta tensors scaled-dot-product
+attention decomposes into ``bmm`` and is counted too (checked against the analytic count in ``tests/test_flops.py``).
+
+Counting convention (``FlopCounterMode``'s): **FLOPs = 2 x multiply-accumulates** of matmuls, linear layers,
+convolutions and attention (QK^T and PV). Element-wise work (norms, softmax, GELU, RoPE, interpolation, sampling) is
+not counted (estimated below 1 % of the total). The T5 text encoder is not part of the total (see ``--t5-tokens``).
+
+Usage::
+
+    python benchmarks/flops.py --model infinity-2b --height 1024 --width 1024 [--json] [--no-cfg]
+                               [--text-tokens 32] [--batch-size 1] [--t5-tokens 512]
+
+Importable API: :func:`count_infinity_flops` (a model name) and :func:`count_generation_flops` (any models, e.g. a tiny
+config on meta or CPU tensors), :func:`count_t5_encoder_flops`, :func:`format_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, InfinityBSQVAE
+from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
+from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
+from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
+
+#: Default text length: a typical prompt of ~25 words is ~32 flan-t5 tokens. The count depends on it only through the
+#: text projections (once per call) and the cross-attention K/V projections and QK^T/PV (every block, every scale).
+DEFAULT_TEXT_TOKENS = 32
+
+#: Guidance value used for the CFG count (any value != 1 gives the same FLOPs); 1.0 disables CFG.
+DEFAULT_GUIDANCE_SCALE = 4.0
+
+#: The 8B model's VAE (``infinity_vae_d56_f8_14_patchify.pth``): the official runner loads it with ``vae_type=14``,
+#: ``apply_spatial_patchify=1``, which sets codebook_dim 14, patch_size 8 and ch_mult [1, 2, 4, 4] (base_ch 128 and
+#: 2 ResBlocks are fixed in ``vae_model``). A transformer token is a 2x2 patch of 14-bit latents (56 bits, "d56").
+INFINITY_VAE_D14_PATCHIFY_CONFIG: Dict[str, Any] = {
+    "codebook_dim": 14,
+    "base_ch": 128,
+    "encoder_ch_mult": [1, 2, 4, 4],
+    "decoder_ch_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "patch_size": 8,
+    "in_channels": 3,
+    "out_channels": 3,
+    "encoder_double_z": False,
+}
+
+
+@dataclass(frozen=True)
+class InfinityFlopSpec:
+    """The transformer config, the decoding VAE config and whether tokens are 2x2 patches of the VAE latent."""
+
+    transformer: Dict[str, Any]
+    vae: Dict[str, Any]
+    spatial_patchify: bool
+
+
+MODEL_SPECS: Dict[str, InfinityFlopSpec] = {
+    "infinity-2b": InfinityFlopSpec(INFINITY_CONFIGS["infinity-2b"], INFINITY_VAE_D32_CONFIG, spatial_patchify=False),
+    "infinity-8b": InfinityFlopSpec(INFINITY_CONFIGS["infinity-8b"], INFINITY_VAE_D14_PATCHIFY_CONFIG, spatial_patchify=True),
+}
+
+#: Published totals of the unaccelerated model, keyed by (model, height, width).
+PAPER_REFERENCES: Dict[Tuple[str, int, int], Tuple[str, float]] = {
+    ("infinity-2b", 1024, 1024): ("LazyVAR (CVPR 2026), Infinity-2B 1024x1024 baseline", 101.58),
+}
+
+#: flan-t5-xl encoder (Infinity's text encoder), for the optional T5 count.
+FLAN_T5_XL_ENCODER_CONFIG: Dict[str, Any] = dict(
+    vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_heads=32, feed_forward_proj="gated-gelu",
+    relative_attention_num_buckets=32, relative_attention_max_distance=128, is_encoder_decoder=False, use_cache=False,
+)
+
+_ATTENTION_OPS = ("bmm", "baddbmm", "scaled_dot_product", "flash_attention", "efficient_attention")
+_BLOCK_MODULE = re.compile(r"(?:^|\.)blocks\.\d+\.(sa|ca|ffn)(?:\.(\w+))?$")
+_TERA = 1e12
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# counter and model construction
+# ---------------------------------------------------------------------------------------------------------------------
+def _cpu_flash_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """CPU SDPA has no formula in torch: count it like the CUDA kernels (QK^T and PV, 2 FLOPs per MAC)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def make_flop_counter() -> FlopCounterMode:
+    """A silent ``FlopCounterMode`` that also counts CPU SDPA (on meta tensors SDPA is already counted as ``bmm``)."""
+    mapping = {}
+    if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_flash_sdpa_flop
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+def build_on_meta(cls, **config) -> torch.nn.Module:
+    """``cls(**config)`` with every parameter and buffer on the meta device (nothing is allocated).
+
+    ``InfinityTransformer.__init__`` calls ``.item()`` on a freshly built tensor, which fails under
+    ``with torch.device("meta")``; so parameters are moved to meta as they are registered (accelerate's
+    ``init_empty_weights``) and the few small buffers afterwards.
+    """
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = cls(**config)
+    return model.to("meta").eval()
+
+
+def _is_attention_op(op) -> bool:
+    name = str(op)
+    return any(key in name for key in _ATTENTION_OPS)
+
+
+class _Meter:
+    """Reads the running totals of a ``FlopCounterMode``: all FLOPs, and the attention-kernel part."""
+
+    def __init__(self, mode: FlopCounterMode):
+        self.mode = mode
+
+    def read(self) -> Tuple[int, int]:
+        ops = self.mode.get_flop_counts().get("Global", {})
+        return sum(ops.values()), sum(v for op, v in ops.items() if _is_attention_op(op))
+
+
+class _MeteredFamily(InfinityScaleFamily):
+    """Infinity's loop steps, unchanged, with the FLOPs of each step added to the current scale's record."""
+
+    _PARTS = {"start_tokens": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
+              "tokens_to_codes": "codes", "add_codes": "codes", "next_inputs": "codes"}
+
+    def __init__(self, *args, meter: _Meter, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = meter
+        self.current: Dict[str, int] = defaultdict(int)
+
+    def _metered(self, name: str, *args):
+        before, _ = self.meter.read()
+        out = getattr(super(), name)(*args)
+        self.current[self._PARTS[name]] += self.meter.read()[0] - before
+        return out
+
+    def start_tokens(self, *a):
+        return self._metered("start_tokens", *a)
+
+    def embed_inputs(self, inputs_BLd, scale_index_L):
+        # The loop's code bookkeeping runs on small real tensors when the transformer is on meta (see
+        # count_generation_flops); the transformer takes its inputs on its own device.
+        device = self.transformer.word_embed.weight.device
+        return self._metered("embed_inputs", inputs_BLd.to(device), scale_index_L.to(device))
+
+    def run_blocks(self, *a):
+        return self._metered("run_blocks", *a)
+
+    def guided_logits(self, *a):
+        return self._metered("guided_logits", *a)
+
+    def tokens_to_codes(self, *a):
+        return self._metered("tokens_to_codes", *a)
+
+    def add_codes(self, *a):
+        return self._metered("add_codes", *a)
+
+    def next_inputs(self, *a):
+        return self._metered("next_inputs", *a)
+
+
+def _block_breakdown(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
+    """FLOPs of the blocks' sublayers, summed over blocks, from the counter's per-module table."""
+    per = defaultdict(lambda: defaultdict(int))  # (sublayer, child) -> {"linear", "attention"}
+    for name, ops in flop_counts.items():
+        m = _BLOCK_MODULE.search(name)
+        if m is None:
+            continue
+        key = (m.group(1), m.group(2))
+        for op, v in ops.items():
+            per[key]["attention" if _is_attention_op(op) else "linear"] += v
+    sa, ca, ffn = per[("sa", None)], per[("ca", None)], per[("ffn", None)]
+    ca_q_out = per[("ca", "mat_q")]["linear"] + per[("ca", "proj")]["linear"]
+    return {
+        "self_attn_qkv_proj": sa["linear"],
+        "self_attn_core": sa["attention"],
+        "cross_attn_q_proj": ca_q_out,
+        "cross_attn_text_kv": ca["linear"] - ca_q_out,
+        "cross_attn_core": ca["attention"],
+        "ffn": ffn["linear"] + ffn["attention"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# counting
+# ---------------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def count_generation_flops(
+    transformer: InfinityTransformer,
+    vae: InfinityBSQVAE,
+    scale_schedule: Sequence[Tuple[int, ...]],
+    grid_hw: Tuple[int, int],
+    cfg: bool = True,
+    batch_size: int = 1,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    decode_vae: Optional[InfinityBSQVAE] = None,
+    spatial_patchify: bool = False,
+) -> Dict[str, Any]:
+    """FLOPs of one generation with these (meta or real) models, split into text conditioning, scales and decode.
+
+    Args:
+        transformer / vae: the models; ``vae`` supplies the code bookkeeping of the loop (its ``codebook_dim`` must be
+            the transformer's) and, unless ``decode_vae`` is given, the decoder.
+        scale_schedule / grid_hw: the ``(1, h, w)`` schedule and its RoPE grid (``schedule_for_size``, ``rope_grid_hw``).
+        cfg: classifier-free guidance (2B rows: conditional + learned unconditional text) or not (B rows).
+        batch_size: images B.
+        text_tokens: T5 tokens per prompt (the unconditional rows use as many ``cfg_uncond`` rows, as the pipeline).
+        decode_vae: a different decoder (the 8B VAE decodes 14-bit latents at twice the token resolution).
+        spatial_patchify: decode ``pixel_shuffle(f_hat, 2)`` (a token is a 2x2 patch of latents).
+
+    Returns:
+        ``dict`` with integer FLOPs: ``text_flops``, ``transformer_flops``, ``vae_flops``, ``total_flops``,
+        ``per_scale`` (one dict per scale: scale_index, h, w, tokens, kv_tokens, flops, blocks/head/embed/attention
+        FLOPs), ``transformer_breakdown`` (per sublayer kind, summed over blocks and scales), ``rows``.
+    """
+    device = transformer.pos_start.device
+    decode_vae = vae if decode_vae is None else decode_vae
+    D, d = transformer.config.text_channels, transformer.config.codebook_dim
+    if vae.config.codebook_dim != d:
+        raise ValueError(f"the loop's vae has codebook_dim={vae.config.codebook_dim}, the transformer predicts {d} bits")
+    num_scales = len(scale_schedule)
+    guidance = [DEFAULT_GUIDANCE_SCALE if cfg else 1.0] * num_scales
+    B = batch_size
+
+    mode = make_flop_counter()
+    meter = _Meter(mode)
+    family = _MeteredFamily(transformer, vae, scale_schedule, grid_hw, top_k=900, top_p=0.97, meter=meter)
+    per_scale: List[Dict[str, Any]] = []
+    with mode:
+        # 1. Text conditioning, as InfinityPipeline.__call__: prompt rows, then cfg_uncond[:T] rows under CFG.
+        #    (A full attention mask is turned into ``None`` by encode_condition; padding would not change the FLOPs.)
+        text_BTD = torch.zeros(B, text_tokens, D, device=device)
+        if cfg:
+            text_BTD = torch.cat((text_BTD, transformer.null_text_embeds(torch.ones(B, text_tokens, dtype=torch.bool))))
+        condition = transformer.encode_condition(text_BTD, None)
+        text_flops, _ = meter.read()
+
+        # 2. The next-scale loop, sampling replaced by teacher tokens (all zero bits). With meta models the tokens and
+        #    the summed codes f_hat live on the CPU (a few MB; interpolation has no counted FLOPs): the loop builds
+        #    the level index with repeat_interleave, which meta tensors do not support.
+        codes_device = torch.device("cpu") if device.type == "meta" else device
+        teacher = [torch.zeros(B, 1, s[-2], s[-1], d, device=codes_device) for s in scale_schedule]
+        mark = list(meter.read())
+        kv_tokens = 0
+
+        def on_scale_end(si, state):
+            nonlocal kv_tokens
+            total, attention = meter.read()
+            h, w = int(scale_schedule[si][-2]), int(scale_schedule[si][-1])
+            kv_tokens += h * w
+            parts = dict(family.current)
+            family.current.clear()
+            per_scale.append(dict(
+                scale_index=si, h=h, w=w, tokens=h * w, kv_tokens=kv_tokens, flops=total - mark[0],
+                blocks_flops=parts.get("blocks", 0), head_flops=parts.get("head", 0), embed_flops=parts.get("embed", 0),
+                attention_flops=attention - mark[1],
+            ))
+            mark[:] = [total, attention]
+
+        state = run_next_scale_loop(family, condition, scale_schedule, B, guidance, [0.5] * num_scales,
+                                    teacher_tokens=teacher, on_scale_end=on_scale_end)
+        after_loop, _ = meter.read()
+
+        # 3. Decode the summed codes.
+        latent = F.pixel_shuffle(state.f_hat, 2) if spatial_patchify else state.f_hat
+        decode_vae.decode(latent.to(decode_vae.device, decode_vae.dtype))
+        total_flops, _ = meter.read()
+
+    transformer_flops = after_loop - text_flops
+    if sum(s["flops"] for s in per_scale) != transformer_flops:  # pragma: no cover - loop bookkeeping guard
+        raise RuntimeError("per-scale FLOPs do not add up to the loop's FLOPs")
+    breakdown = _block_breakdown(mode.get_flop_counts())
+    breakdown["head"] = sum(s["head_flops"] for s in per_scale)
+    breakdown["embed"] = sum(s["embed_flops"] for s in per_scale)
+    return dict(
+        rows=2 * B if cfg else B,
+        text_flops=text_flops,
+        transformer_flops=transformer_flops,
+        vae_flops=total_flops - after_loop,
+        total_flops=total_flops,
+        attention_core_flops=sum(s["attention_flops"] for s in per_scale),
+        per_scale=per_scale,
+        transformer_breakdown=breakdown,
+    )
+
+
+def count_infinity_flops(
+    model_name: str = "infinity-2b",
+    height: int = 1024,
+    width: int = 1024,
+    cfg: bool = True,
+    batch_size: int = 1,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+) -> Dict[str, Any]:
+    """FLOPs of one generation of ``batch_size`` images with a released Infinity model, on meta tensors.
+
+    Returns the dict of :func:`count_generation_flops` plus TFLOPs fields (``total_tflops``, ``transformer_tflops``,
+    ``vae_tflops``, ``text_tflops``; ``tflops`` and ``percent`` in every ``per_scale`` entry), the arguments, and
+    ``reference`` (a published total for this model and size, with our ratio to it, or ``None``).
+
+    Raises:
+        ValueError: unknown model, or a size that is not an official Infinity resolution (the message lists them).
+    """
+    if model_name not in MODEL_SPECS:
+        raise ValueError(f"unknown model {model_name!r}; choose one of {sorted(MODEL_SPECS)}")
+    if batch_size < 1 or text_tokens < 1:
+        raise ValueError(f"batch_size and text_tokens must be >= 1, got {batch_size} and {text_tokens}")
+    schedule, template = schedule_for_size(height, width)
+    spec = MODEL_SPECS[model_name]
+    transformer = build_on_meta(InfinityTransformer, **spec.transformer)
+    decode_vae = build_on_meta(InfinityBSQVAE, **spec.vae)
+    loop_vae = decode_vae
+    if spec.spatial_patchify:
+        # Only the loop's code bookkeeping (bits -> codes, interpolation; no counted FLOPs) runs on 56-bit tokens.
+        loop_vae = build_on_meta(InfinityBSQVAE, **{**INFINITY_VAE_D32_CONFIG, "codebook_dim": spec.transformer["codebook_dim"]})
+    result = count_generation_flops(transformer, loop_vae, schedule, rope_grid_hw(template), cfg=cfg, batch_size=batch_size,
+                                    text_tokens=text_tokens, decode_vae=decode_vae, spatial_patchify=spec.spatial_patchify)
+    for key in ("text", "transformer", "vae", "total", "attention_core"):
+        result[f"{key}_tflops"] = result[f"{key}_flops"] / _TERA
+    for s in result["per_scale"]:
+        s["tflops"] = s["flops"] / _TERA
+        s["percent"] = 100.0 * s["flops"] / result["total_flops"]
+    result["transformer_breakdown_tflops"] = {k: v / _TERA for k, v in result.pop("transformer_breakdown").items()}
+    reference = PAPER_REFERENCES.get((model_name, height, width))
+    result.update(
+        model=model_name, height=height, width=width, cfg=cfg, batch_size=batch_size, text_tokens=text_tokens,
+        scale_schedule=[[int(s[-2]), int(s[-1])] for s in schedule],
+        total_macs_tera=result["total_flops"] / 2 / _TERA,
+        counting="torch.utils.flop_counter.FlopCounterMode on meta tensors: FLOPs = 2 x MACs of matmul/linear/conv/"
+                 "attention; element-wise ops not counted; T5 encoder not included",
+        vae_note=("8B: official VAE infinity_vae_d56_f8_14_patchify (codebook_dim 14, patch 8, ch_mult [1,2,4,4]) decoding "
+                  "pixel_shuffle(f_hat, 2)" if spec.spatial_patchify else "released d32 VAE (INFINITY_VAE_D32_CONFIG)"),
+        reference=None if reference is None else dict(
+            source=reference[0], total_tflops=reference[1], ratio=result["total_flops"] / _TERA / reference[1]),
+    )
+    return result
+
+
+@torch.no_grad()
+def count_t5_encoder_flops(num_tokens: int, batch_size: int = 1) -> int:
+    """FLOPs of the flan-t5-xl encoder on ``batch_size`` prompts of ``num_tokens`` tokens (meta tensors).
+
+    The official runner pads every prompt to 512 tokens before T5 (and keeps only the real tokens afterwards); our
+    pipeline pads to the longest prompt. Only the prompts go through T5 (the unconditional rows are learned).
+    """
+    from transformers import T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        model = T5EncoderModel(T5Config(**FLAN_T5_XL_ENCODER_CONFIG)).eval()
+        ids = torch.zeros(batch_size, num_tokens, dtype=torch.long)
+    with make_flop_counter() as mode:
+        model(input_ids=ids)
+    return mode.get_total_flops()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------------------------
+def format_report(result: Dict[str, Any]) -> str:
+    """The per-scale table and the totals, as printed by the script."""
+    rows = result["rows"]
+    cfg_text = f"CFG on ({rows} rows: {result['batch_size']} cond + {result['batch_size']} uncond)" if result["cfg"] \
+        else f"CFG off ({rows} rows)"
+    lines = [
+        f"{result['model']}  {result['height']}x{result['width']}  batch {result['batch_size']}  {cfg_text}  "
+        f"text tokens {result['text_tokens']}",
+        "FLOPs = 2 x MAC (torch.utils.flop_counter, meta tensors); element-wise ops and the T5 encoder not counted",
+        "",
+        f"{'scale':>5} | {'h x w':>9} | {'tokens':>6} | {'kv tokens':>9} | {'transformer TFLOPs':>18} | {'attn core':>9} | {'% of total':>10}",
+        f"{'-' * 5}-+-{'-' * 9}-+-{'-' * 6}-+-{'-' * 9}-+-{'-' * 18}-+-{'-' * 9}-+-{'-' * 10}",
+    ]
+    for s in result["per_scale"]:
+        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | {s['tokens']:>6} | {s['kv_tokens']:>9} | "
+                     f"{s['tflops']:>18.3f} | {s['attention_flops'] / _TERA:>9.3f} | {s['percent']:>9.2f}%")
+    total_tokens = sum(s["tokens"] for s in result["per_scale"])
+    lines.append(f"{'sum':>5} | {'':>9} | {total_tokens:>6} | {'':>9} | {result['transformer_tflops']:>18.3f} | "
+                 f"{result['attention_core_tflops']:>9.3f} | {100 * result['transformer_flops'] / result['total_flops']:>9.2f}%")
+    lines += ["", "totals (TFLOPs):"]
+    for label, key in (("transformer (blocks + head + embed)", "transformer"), ("VAE decode", "vae"),
+                       ("text conditioning", "text"), ("total", "total")):
+        tf = result[f"{key}_tflops"]
+        lines.append(f"  {label:<36} {tf:>9.3f}  ({100 * tf / result['total_tflops']:5.2f}%)")
+    lines.append(f"  {'total in MACs (tera)':<36} {result['total_macs_tera']:>9.3f}")
+    if "t5_encoder_tflops" in result:
+        lines.append(f"  {'T5 encoder (not in total), ' + str(result['t5_tokens']) + ' tok':<36} {result['t5_encoder_tflops']:>9.3f}")
+    lines += ["", "transformer by sublayer (TFLOPs, all blocks and scales):"]
+    for name, tf in result["transformer_breakdown_tflops"].items():
+        lines.append(f"  {name:<36} {tf:>9.3f}")
+    ref = result.get("reference")
+    if ref is not None:
+        lines += ["", f"{ref['source']}: {ref['total_tflops']:.2f} TFLOPs; ours {result['total_tflops']:.2f} TFLOPs; "
+                      f"ours / paper = {ref['ratio']:.3f}"]
+    lines.append(f"VAE: {result['vae_note']}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="infinity-2b", choices=sorted(MODEL_SPECS))
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--text-tokens", type=int, default=DEFAULT_TEXT_TOKENS,
+                        help=f"T5 tokens per prompt (default {DEFAULT_TEXT_TOKENS}, a typical prompt)")
+    parser.add_argument("--no-cfg", action="store_true", help="guidance 1: only the conditional rows run")
+    parser.add_argument("--t5-tokens", type=int, default=0,
+                        help="also count the flan-t5-xl encoder on this many tokens per prompt (not in the total; "
+                             "the official runner pads to 512)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+    try:
+        result = count_infinity_flops(args.model, args.height, args.width, cfg=not args.no_cfg,
+                                      batch_size=args.batch_size, text_tokens=args.text_tokens)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.t5_tokens > 0:
+        result["t5_tokens"] = args.t5_tokens
+        result["t5_encoder_tflops"] = count_t5_encoder_flops(args.t5_tokens, args.batch_size) / _TERA
+    print(json.dumps(result) if args.json else format_report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
