@@ -126,6 +126,33 @@ def test_grouped_scales_use_a_block_causal_mask(models):
     assert torch.equal(grouped.f_hat, sequential.f_hat)  # teacher-forced codes: same summed latent
 
 
+def test_routing_every_token_of_a_grouped_pass_is_bit_identical(models):
+    """Routed tokens of a grouped pass get the gathered block-causal mask (one per row)."""
+    teacher = _teacher()
+    plans = [ScalePlan((i,)) for i in range(S - 3)] + [ScalePlan((S - 3, S - 2, S - 1))]
+    # rows keep all tokens, in a row-dependent order, so the per-row mask gather is exercised
+    def keep(layer, kind, x):
+        index = torch.arange(x.shape[1]).expand(x.shape[0], -1).clone()
+        index[1::2] = index[1::2].flip(-1)
+        return index if kind == "block" else None
+    routed = _run(models, _PlanScheduler(plans=plans, router_at={S - 3}, router=_Router(keep)), teacher=teacher)
+    dense = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
+    for si in range(S - 3, S):
+        torch.testing.assert_close(routed.logits[si], dense.logits[si], atol=1e-5, rtol=1e-5)
+
+
+def test_restore_codes_hook_feeds_f_hat(models):
+    class ZeroLastCodes(_PlanScheduler):
+        def restore_codes(self, state, scale_index, codes):
+            return torch.zeros_like(codes) if scale_index == S - 1 else codes
+
+    teacher = _teacher()
+    zeroed = _run(models, ZeroLastCodes(), teacher=teacher)
+    plans = [ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1,), skip=True)]
+    skipped = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
+    torch.testing.assert_close(zeroed.f_hat, skipped.f_hat, atol=0, rtol=0)
+
+
 def test_cfg_halving_equals_guidance_one_at_that_scale(models):
     plans = [ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1,), cfg_halve=True)]
     halved = _run(models, _PlanScheduler(plans=plans))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from .forward_context import VARForwardContext
+from .forward_context import VARForwardContext, block_causal_mask
 
 _FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 
@@ -66,11 +66,12 @@ class VARAttnProcessor:
         hidden_states: torch.Tensor,
         context: Optional[VARForwardContext] = None,
         rope_cos_sin: Optional[torch.Tensor] = None,
+        scale_ids: Optional[torch.Tensor] = None,
         encoder_hidden_states: Optional[torch.Tensor] = None,
         encoder_attention_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         if encoder_hidden_states is None:
-            return self._self_attention(attn, hidden_states, context, rope_cos_sin)
+            return self._self_attention(attn, hidden_states, context, rope_cos_sin, scale_ids)
         return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask)
 
     # -- self-attention -------------------------------------------------------------------------------------------
@@ -87,11 +88,16 @@ class VARAttnProcessor:
         k = apply_rope_2d(k, rope_cos_sin)
         return q, k, v.contiguous()
 
-    def _self_attention(self, attn, hidden_states_RLC, context: VARForwardContext, rope_cos_sin):
+    def _self_attention(self, attn, hidden_states_RLC, context: VARForwardContext, rope_cos_sin, scale_ids):
+        """``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a router selected them)."""
         R, L, C = hidden_states_RLC.shape
         rope = context.rope_cos_sin if rope_cos_sin is None else rope_cos_sin
+        scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
         q, k, v = self.project_qkv(attn, hidden_states_RLC, rope)
         k_all, v_all = k, v
+        mask = None
+        if scale_ids is not None:  # several scales in one pass: block-causal over this layer's cache + the pass
+            mask = block_causal_mask(context.kv_cache.get_seq_length(attn.layer_idx) if context.kv_cache else 0, scale_ids)
         if context.kv_cache is not None:
             if context.cache_rows is not None and context.cache_rows != R:
                 # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
@@ -100,7 +106,6 @@ class VARAttnProcessor:
                 k_all, v_all = k_all[:R], v_all[:R]
             else:
                 k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
-        mask = context.attn_mask
         if attn.layer_idx in context.record_attention_layers:
             out, probs = _explicit_attention(q, k_all, v_all, 1.0, mask)
             context.attention_maps[attn.layer_idx] = probs

@@ -52,8 +52,9 @@ class VARForwardContext:
     Args:
         kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
         rope_cos_sin (`torch.Tensor`): ``(2, 1, 1, L, c/2)`` cosines and sines of the RoPE angles of this pass's tokens.
-        attn_mask (`torch.Tensor`, *optional*): boolean ``(L, L_cache + L)`` mask (True = visible) when several scales
-            are decoded in one pass (block-causal); ``None`` when all keys are visible.
+        token_scale_ids (`torch.Tensor`, *optional*): ``(L,)`` scale index of every token when several scales are
+            decoded in one pass; self-attention then applies the block-causal mask (a token sees the cache, and the
+            tokens of its own and earlier scales). ``None`` for a single scale (all keys visible).
         token_router (`TokenRouter`, *optional*): sparse computation; ``None`` computes every token.
         record_attention_layers (`set[int]`): layers whose self-attention probabilities are stored in
             ``attention_maps`` (explicit softmax instead of the fused kernel).
@@ -63,7 +64,7 @@ class VARForwardContext:
 
     kv_cache: Optional[ScaleKVCache]
     rope_cos_sin: torch.Tensor
-    attn_mask: Optional[torch.Tensor] = None
+    token_scale_ids: Optional[torch.Tensor] = None
     token_router: Optional[TokenRouter] = None
     record_attention_layers: Set[int] = field(default_factory=set)
     attention_maps: Dict[int, torch.Tensor] = field(default_factory=dict)
@@ -86,3 +87,20 @@ def gather_rope(rope_cos_sin: torch.Tensor, index_RK: torch.Tensor) -> torch.Ten
     R, K = index_RK.shape
     gathered = table_LD[:, index_RK.reshape(-1)]  # (2, R*K, d)
     return gathered.view(2, R, 1, K, table_LD.shape[-1])
+
+
+def gather_scale_ids(token_scale_ids: Optional[torch.Tensor], index_RK: torch.Tensor) -> Optional[torch.Tensor]:
+    """Scale ids of the kept tokens, ``(R, K)``, or ``None`` for a single-scale pass."""
+    return None if token_scale_ids is None else token_scale_ids[index_RK]
+
+
+def block_causal_mask(cache_length: int, scale_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (True = visible) of a grouped pass: every cached key, plus keys of the same or earlier scales.
+
+    ``scale_ids`` is ``(L,)`` for all tokens of the pass (mask ``(L, cache + L)``) or ``(R, K)`` for routed tokens
+    (mask ``(R, 1, K, cache + K)``, one per row since rows may keep different tokens).
+    """
+    within = scale_ids.unsqueeze(-1) >= scale_ids.unsqueeze(-2)  # query scale >= key scale
+    cache = torch.ones(*within.shape[:-1], cache_length, dtype=torch.bool, device=scale_ids.device)
+    mask = torch.cat((cache, within), dim=-1)
+    return mask if scale_ids.dim() == 1 else mask.unsqueeze(1)

@@ -24,7 +24,7 @@ from diffusers.models.modeling_utils import ModelMixin
 
 from .attention_processor import VARAttnProcessor
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
-from .forward_context import VARForwardContext, gather_rope, gather_tokens
+from .forward_context import VARForwardContext, gather_rope, gather_scale_ids, gather_tokens
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
 #: The 8B head predicts 2x2 patches of a d14 VAE's bits (``apply_spatial_patchify=1``, 56 bits per token); generating
@@ -90,8 +90,9 @@ class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_processor(VARAttnProcessor())
 
-    def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None):
-        return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin)
+    def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None,
+                scale_ids: Optional[torch.Tensor] = None):
+        return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin, scale_ids=scale_ids)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, head_dim={self.head_dim}, layer_idx={self.layer_idx}"
@@ -206,17 +207,20 @@ class InfinityBlock(nn.Module):
             index_RK = router.select(self.layer_idx, "block", x_RLC)
             if index_RK is not None:
                 x_RKC = gather_tokens(x_RLC, index_RK)
-                out_RKC = self._sublayers(x_RKC, condition, context, gather_rope(context.rope_cos_sin, index_RK), route=False)
+                out_RKC = self._sublayers(x_RKC, condition, context, index_RK, route=False)
                 return router.restore(self.layer_idx, "block", out_RKC, index_RK, x_RLC)
-        return self._sublayers(x_RLC, condition, context, context.rope_cos_sin, route=router is not None)
+        return self._sublayers(x_RLC, condition, context, None, route=router is not None)
 
-    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, rope, route: bool):
+    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, block_index, route: bool):
+        """The three sublayers on ``x``: all tokens of the pass, or the tokens ``block_index`` a block router kept."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + condition.ada_R16C).unbind(2)
         eps = self.norm_eps
 
         def self_attn(x_sub, index):
-            rope_sub = rope if index is None else gather_rope(context.rope_cos_sin, index)
-            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), context, rope_sub).mul_(gamma1)
+            index = block_index if index is None else index
+            rope = None if index is None else gather_rope(context.rope_cos_sin, index)
+            scale_ids = None if index is None else gather_scale_ids(context.token_scale_ids, index)
+            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), context, rope, scale_ids).mul_(gamma1)
 
         def cross_attn(x_sub, index):
             norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)

@@ -89,16 +89,6 @@ class NextScaleState:
         return len(self.scale_schedule)
 
 
-def block_causal_mask(cache_length: int, scale_lengths: Sequence[int], device) -> torch.Tensor:
-    """Boolean ``(L, cache_length + L)`` mask for a group of scales: all cached keys, plus own and earlier scales."""
-    L = sum(scale_lengths)
-    scale_of_token = torch.repeat_interleave(
-        torch.arange(len(scale_lengths), device=device), torch.tensor(scale_lengths, device=device), output_size=L
-    )
-    within = scale_of_token[None, :] <= scale_of_token[:, None]
-    return torch.cat((torch.ones(L, cache_length, dtype=torch.bool, device=device), within), dim=1)
-
-
 def run_next_scale_loop(
     family: ScaleModelFamily,
     condition,
@@ -165,7 +155,8 @@ def run_next_scale_loop(
             else:
                 tokens = family.sample(logits, si, generator)
             state.tokens[si] = tokens
-            state.f_hat = family.add_codes(state.f_hat, family.tokens_to_codes(tokens, si), si)
+            codes = scheduler.restore_codes(state, si, family.tokens_to_codes(tokens, si))
+            state.f_hat = family.add_codes(state.f_hat, codes, si)
         scheduler.after_scale(state, plan, hidden_RLC)
         state.attention_maps = {}
         for si in plan.scale_indices:
@@ -195,13 +186,16 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, schedul
         )
         x_RLC = family.embed_inputs(inputs_BLd, level_L)
         x_RLC = x_RLC.repeat(run_rows // state.batch_size, 1, 1)
-    mask = None
+    scale_ids = None
     if len(plan.scale_indices) > 1:
-        mask = block_causal_mask(state.kv_cache.get_seq_length(0), lengths, x_RLC.device)
+        scale_ids = torch.repeat_interleave(
+            torch.tensor(plan.scale_indices, device=x_RLC.device), torch.tensor(lengths, device=x_RLC.device),
+            output_size=sum(lengths),
+        )
     context = VARForwardContext(
         kv_cache=state.kv_cache,
         rope_cos_sin=family.rope_cos_sin(plan.scale_indices),
-        attn_mask=mask,
+        token_scale_ids=scale_ids,
         token_router=scheduler.token_router(state, plan),
         record_attention_layers=set(plan.record_attention_layers),
         cache_rows=state.rows if halve else None,

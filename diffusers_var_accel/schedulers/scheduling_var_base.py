@@ -10,6 +10,8 @@ decision out. The loop consults a scheduler at these named extension points:
 * :meth:`VARAccelScheduler.token_router` - a :class:`~diffusers_var_accel.models.forward_context.TokenRouter` for the
   pass: which tokens each block / sublayer computes (``select``) and how the others are restored (``restore``);
   per-token layer masks are a router that selects, per layer, the tokens that run it.
+* :meth:`VARAccelScheduler.restore_codes` - the codes of each scale before they enter ``f_hat`` (e.g. a zero
+  residual at pruned positions).
 * :meth:`VARAccelScheduler.after_scale` - called after the pass, with its last hidden states and the recorded
   attention maps, before the next plan.
 
@@ -186,6 +188,13 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         """The token router of a pass, or ``None`` to compute every token (default)."""
         return None
 
+    def restore_codes(self, state: "NextScaleState", scale_index: int, codes_Bdhw: torch.Tensor) -> torch.Tensor:
+        """The codes of a scale before they are added to ``f_hat`` (default: unchanged).
+
+        A method that prunes positions can give them a zero residual here (LazyVAR), so they leave ``f_hat`` as is.
+        """
+        return codes_Bdhw
+
     def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC: torch.Tensor) -> None:
         """Hook after a pass and its sampling, before the next plan (default: nothing)."""
 
@@ -285,6 +294,11 @@ class ComposedScheduler(VARAccelScheduler):
             names = [type(m).__name__ for m, _ in routers]
             raise ValueError(f"members {names} both route the tokens of scales {plan.scale_indices}; compose them on different scales")
         return routers[0][1] if routers else None
+
+    def restore_codes(self, state, scale_index, codes_Bdhw):
+        for m in self.members:
+            codes_Bdhw = m.restore_codes(state, scale_index, codes_Bdhw)
+        return codes_Bdhw
 
     def after_scale(self, state, plan, hidden_states_RLC):
         for m in self.members:
