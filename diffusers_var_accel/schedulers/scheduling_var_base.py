@@ -303,3 +303,50 @@ class ComposedScheduler(VARAccelScheduler):
     def after_scale(self, state, plan, hidden_states_RLC):
         for m in self.members:
             m.after_scale(state, plan, hidden_states_RLC)
+
+
+def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAccelScheduler]:
+    """A scheduler from a short spec, for command lines and benchmarks.
+
+    * ``"baseline"`` / ``"none"`` / ``None``: no acceleration (``None``);
+    * ``"<method>"`` (``fastvar``, ``lazyvar``, ...): the method's preset for ``model_family``;
+    * ``"<method>:key=value,key=value"``: the preset with overrides (values parsed as JSON, e.g.
+      ``fastvar:skip_last_scales=false``, ``lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]``);
+    * a folder or an ``acceleration_config.json`` file: :meth:`VARAccelScheduler.from_pretrained`.
+    """
+    import json
+    import os
+
+    if spec is None or spec.lower() in ("baseline", "none"):
+        return None
+    if os.path.isdir(spec) or spec.endswith(".json"):
+        path = (os.path.dirname(spec) or ".") if spec.endswith(".json") else spec
+        return VARAccelScheduler.from_pretrained(path)
+    name, _, overrides_text = spec.partition(":")
+    by_method = {cls.__name__.lower()[: -len("scheduler")]: cls for cls in _SCHEDULER_CLASSES.values() if cls.presets}
+    if name.lower() not in by_method:
+        raise ValueError(f"unknown acceleration {name!r}; known: {sorted(by_method) + ['baseline']} or a config folder/JSON file")
+    overrides = {}
+    for item in _split_top_level(overrides_text):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"override {item!r} in {spec!r} is not key=value")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value
+    return by_method[name.lower()].from_preset(model_family, **overrides)
+
+
+def _split_top_level(text: str) -> List[str]:
+    """Split ``a=1,b=[1,2]`` on the commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return parts + ([current] if current else [])
