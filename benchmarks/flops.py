@@ -44,6 +44,7 @@ from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedu
 from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
+from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 
 #: Default text length: a typical prompt of ~25 words is ~32 flan-t5 tokens. The count depends on it only through the
 #: text projections (once per call) and the cross-attention K/V projections and QK^T/PV (every block, every scale).
@@ -222,8 +223,12 @@ def count_generation_flops(
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     decode_vae: Optional[InfinityBSQVAE] = None,
     spatial_patchify: bool = False,
+    scheduler=None,
 ) -> Dict[str, Any]:
     """FLOPs of one generation with these (meta or real) models, split into text conditioning, scales and decode.
+
+    With an acceleration ``scheduler`` the loop runs its plans: skipped scales count 0, and a grouped pass is counted
+    on the first scale of its group.
 
     Args:
         transformer / vae: the models; ``vae`` supplies the code bookkeeping of the loop (its ``codebook_dim`` must be
@@ -265,7 +270,7 @@ def count_generation_flops(
         # 2. The next-scale loop, sampling replaced by teacher tokens (all zero bits). With meta models the tokens and
         #    the summed codes f_hat live on the CPU (a few MB; interpolation has no counted FLOPs): the loop builds
         #    the level index with repeat_interleave, which meta tensors do not support.
-        codes_device = torch.device("cpu") if device.type == "meta" else device
+        codes_device = device
         teacher = [torch.zeros(B, 1, s[-2], s[-1], d, device=codes_device) for s in scale_schedule]
         mark = list(meter.read())
         kv_tokens = 0
@@ -285,7 +290,7 @@ def count_generation_flops(
             mark[:] = [total, attention]
 
         state = run_next_scale_loop(family, condition, scale_schedule, B, guidance, [0.5] * num_scales,
-                                    teacher_tokens=teacher, on_scale_end=on_scale_end)
+                                    scheduler=scheduler, teacher_tokens=teacher, on_scale_end=on_scale_end)
         after_loop, _ = meter.read()
 
         # 3. Decode the summed codes.
@@ -318,8 +323,12 @@ def count_infinity_flops(
     cfg: bool = True,
     batch_size: int = 1,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
+    accel: Optional[str] = None,
 ) -> Dict[str, Any]:
     """FLOPs of one generation of ``batch_size`` images with a released Infinity model, on meta tensors.
+
+    ``accel`` is an acceleration spec for :func:`~diffusers_var_accel.schedulers.scheduling_var_base.load_acceleration`
+    (``None``/``"baseline"``, ``"fastvar"``, ``"lazyvar"``, ``"fastvar:skip_last_scales=false"``, a config folder).
 
     Returns the dict of :func:`count_generation_flops` plus TFLOPs fields (``total_tflops``, ``transformer_tflops``,
     ``vae_tflops``, ``text_tflops``; ``tflops`` and ``percent`` in every ``per_scale`` entry), the arguments, and
@@ -340,8 +349,11 @@ def count_infinity_flops(
     if spec.spatial_patchify:
         # Only the loop's code bookkeeping (bits -> codes, interpolation; no counted FLOPs) runs on 56-bit tokens.
         loop_vae = build_on_meta(InfinityBSQVAE, **{**INFINITY_VAE_D32_CONFIG, "codebook_dim": spec.transformer["codebook_dim"]})
+    scheduler = load_acceleration(accel, "infinity")
     result = count_generation_flops(transformer, loop_vae, schedule, rope_grid_hw(template), cfg=cfg, batch_size=batch_size,
-                                    text_tokens=text_tokens, decode_vae=decode_vae, spatial_patchify=spec.spatial_patchify)
+                                    text_tokens=text_tokens, decode_vae=decode_vae, spatial_patchify=spec.spatial_patchify,
+                                    scheduler=scheduler)
+    result["accel"] = accel or "baseline"
     for key in ("text", "transformer", "vae", "total", "attention_core"):
         result[f"{key}_tflops"] = result[f"{key}_flops"] / _TERA
     for s in result["per_scale"]:
@@ -421,6 +433,45 @@ def format_report(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Published TFLOPs of accelerated Infinity-2B at 1024x1024 (LazyVAR paper's table; baseline 101.58).
+PAPER_METHOD_TFLOPS = {("infinity-2b", 1024, 1024): {"fastvar": 44.15, "lazyvar": 34.32}}
+
+
+def compare_methods(baseline: Dict[str, Any], accelerated: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """Baseline vs methods: totals, ratios (ours and the papers' where published) and per-scale transformer TFLOPs."""
+    key = (baseline["model"], baseline["height"], baseline["width"])
+    paper = PAPER_METHOD_TFLOPS.get(key, {})
+    paper_base = (baseline.get("reference") or {}).get("total_tflops")
+    summary = [{"method": "baseline", "total_tflops": baseline["total_tflops"], "transformer_tflops": baseline["transformer_tflops"],
+                "ratio": 1.0, "paper_tflops": paper_base, "paper_ratio": 1.0 if paper_base else None}]
+    for name, r in accelerated.items():
+        base_name = name.split(":")[0].lower()
+        p = paper.get(base_name) if base_name == name.lower() else None
+        summary.append({"method": name, "total_tflops": r["total_tflops"], "transformer_tflops": r["transformer_tflops"],
+                        "ratio": baseline["total_tflops"] / r["total_tflops"],
+                        "paper_tflops": p, "paper_ratio": (paper_base / p) if (p and paper_base) else None})
+    per_scale = [{"scale_index": s["scale_index"], "h": s["h"], "w": s["w"], "baseline": s["tflops"],
+                  **{name: r["per_scale"][i]["tflops"] for name, r in accelerated.items()}}
+                 for i, s in enumerate(baseline["per_scale"])]
+    return {"model": baseline["model"], "height": baseline["height"], "width": baseline["width"], "cfg": baseline["cfg"],
+            "summary": summary, "per_scale": per_scale}
+
+
+def format_comparison(comparison: Dict[str, Any]) -> str:
+    names = [row["method"] for row in comparison["summary"]]
+    lines = [f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation",
+             f"{'method':<32} {'total':>9} {'transformer':>12} {'ratio':>7} {'paper':>8} {'paper ratio':>12}"]
+    for row in comparison["summary"]:
+        paper = f"{row['paper_tflops']:.2f}" if row["paper_tflops"] else "-"
+        paper_ratio = f"{row['paper_ratio']:.2f}x" if row["paper_ratio"] else "-"
+        lines.append(f"{row['method']:<32} {row['total_tflops']:>9.2f} {row['transformer_tflops']:>12.2f} {row['ratio']:>6.2f}x {paper:>8} {paper_ratio:>12}")
+    lines += ["", "transformer TFLOPs per scale (a grouped pass is counted on its first scale; skipped scales are 0):",
+              "scale |     h x w | " + " | ".join(f"{n[:14]:>14}" for n in names)]
+    for s in comparison["per_scale"]:
+        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | " + " | ".join(f"{s[n]:>14.3f}" for n in names))
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="infinity-2b", choices=sorted(MODEL_SPECS))
@@ -433,14 +484,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--t5-tokens", type=int, default=0,
                         help="also count the flan-t5-xl encoder on this many tokens per prompt (not in the total; "
                              "the official runner pads to 512)")
+    parser.add_argument("--accel", default=None,
+                        help="comma-separated acceleration methods to compare with the baseline (fastvar, lazyvar, "
+                             "name:key=value, a config folder)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     try:
         result = count_infinity_flops(args.model, args.height, args.width, cfg=not args.no_cfg,
                                       batch_size=args.batch_size, text_tokens=args.text_tokens)
+        methods = [m.strip() for m in (args.accel or "").split(",") if m.strip()]
+        accelerated = {m: count_infinity_flops(args.model, args.height, args.width, cfg=not args.no_cfg,
+                                               batch_size=args.batch_size, text_tokens=args.text_tokens, accel=m)
+                       for m in methods}
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if methods:
+        comparison = compare_methods(result, accelerated)
+        print(json.dumps(comparison) if args.json else format_comparison(comparison))
+        return 0
     if args.t5_tokens > 0:
         result["t5_tokens"] = args.t5_tokens
         result["t5_encoder_tflops"] = count_t5_encoder_flops(args.t5_tokens, args.batch_size) / _TERA
