@@ -1,0 +1,274 @@
+"""FastVAR: pivotal token selection and cached token restoration (arXiv:2503.23367, code: csguoh/FastVAR).
+
+The late scales of a next-scale model hold most tokens but change the image little. FastVAR computes only the
+*pivotal* tokens of those scales and restores the others from a cached earlier scale:
+
+* **PTS (pivotal token selection).** Before every sublayer (self-attention, cross-attention, FFN) of a pruned layer,
+  score each token of the residual stream ``x`` (before the sublayer's norm) by its squared distance to the mean
+  token of its row, ``s_i = sum_c (x_ic - mean_j x_jc)^2``, and keep the ``K = L - int(L * r)`` highest-scoring
+  tokens per row (conditional and unconditional CFG rows choose independently).
+* **CTR (cached token restoration).** At the cache scale every layer runs dense and its sublayer updates (after the
+  gain) are kept. At a pruned scale a sublayer runs on the ``K`` kept tokens only; its update of the others is the
+  cached update, area-interpolated to ``h x w``; the fresh updates overwrite the kept positions. Only the kept
+  tokens' keys/values enter the KV cache. The cache is not refreshed at pruned scales.
+* **Scale skipping.** The official Infinity setting drops the last two scales entirely: no pass, no codes, the image
+  is decoded from the earlier ones (``skip_last_scales=False`` keeps them, to tell the two gains apart).
+
+Unlike the official code (keyed on scale *width*, 1:1 at 1M pixels, batch 1, caches left on the modules), scales are
+chosen by index (negative = from the end) so one preset fits every aspect ratio and pixel budget, any batch works
+(rows are independent), and the cache lives in the call's ``NextScaleState.scheduler_data``.
+
+Kept indices are returned in position order (the official code keeps descending-score order; only the set matters,
+and with ``r = 0`` the routed pass is then bit-identical to the dense one). To observe the decisions, wrap
+:meth:`FastVARScheduler.token_router` (every ``select`` returns the kept indices of one layer / sublayer).
+
+Shape legend: ``R`` rows (``2B`` under CFG), ``L`` tokens of the scale, ``K`` kept tokens, ``C`` width,
+``l`` tokens of the cache scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import register_to_config
+
+from ..models.forward_context import scatter_tokens
+from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
+
+#: The sublayers PTS prunes (the router is also asked about ``"block"``, which FastVAR never routes).
+PRUNED_SUBLAYERS = ("self_attn", "cross_attn", "ffn")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PTS and CTR
+# ---------------------------------------------------------------------------------------------------------------------
+def num_kept_tokens(num_tokens: int, ratio: float) -> int:
+    """``K = L - int(L * r)``: the tokens a scale of ``L`` tokens keeps at prune ratio ``r`` (official rounding)."""
+    return num_tokens - int(num_tokens * float(ratio))
+
+
+def pivotal_token_scores(x_RLC: torch.Tensor) -> torch.Tensor:
+    """PTS scores ``s_i = sum_c (x_ic - mean_j x_jc)^2`` per row, in fp32, shape (R, L)."""
+    x = x_RLC.float()
+    return (x - x.mean(dim=1, keepdim=True)).square().sum(dim=-1)
+
+
+def pivotal_tokens(x_RLC: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Indices (R, K) of the ``K = L - int(L * r)`` highest-scoring tokens of every row, in position order."""
+    keep = num_kept_tokens(x_RLC.shape[1], ratio)
+    return pivotal_token_scores(x_RLC).topk(keep, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+
+def restore_from_cache(cached_RlC: torch.Tensor, cached_hw: Tuple[int, int], hw: Tuple[int, int], index_RK: torch.Tensor,
+                       computed_RKC: torch.Tensor) -> torch.Tensor:
+    """CTR: the cached update area-interpolated from ``cached_hw`` to ``hw``, with the kept rows overwritten."""
+    R, _, C = cached_RlC.shape
+    canvas = cached_RlC.reshape(R, *cached_hw, C).permute(0, 3, 1, 2)
+    canvas = F.interpolate(canvas, size=tuple(hw), mode="area").permute(0, 2, 3, 1).reshape(R, hw[0] * hw[1], C)
+    return scatter_tokens(canvas, index_RK, computed_RKC)
+
+
+class _CacheWriter:
+    """Router of the cache scale: every token of the pruned layers is "kept", and each sublayer's update is stored."""
+
+    def __init__(self, layers, cache: Dict[Tuple[int, str], torch.Tensor]):
+        self.layers, self.cache = layers, cache
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        if sublayer not in PRUNED_SUBLAYERS or layer_idx not in self.layers:
+            return None
+        return torch.arange(x_RLC.shape[1], device=x_RLC.device).expand(x_RLC.shape[0], -1)
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        self.cache[(layer_idx, sublayer)] = computed_RKC  # all tokens, in order: the full update
+        return computed_RKC
+
+
+class _PrunedRouter:
+    """Router of a pruned scale: PTS before every sublayer of the pruned layers, CTR for the other tokens."""
+
+    def __init__(self, layers, ratio: float, hw, cache, cached_hw, scale_index: int, cache_scale: int):
+        self.layers, self.ratio, self.hw = layers, ratio, hw
+        self.cache, self.cached_hw, self.scale_index, self.cache_scale = cache, cached_hw, scale_index, cache_scale
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        if sublayer not in PRUNED_SUBLAYERS or layer_idx not in self.layers:
+            return None
+        return pivotal_tokens(x_RLC, self.ratio)
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        cached = self.cache.get((layer_idx, sublayer))
+        if cached is None:
+            raise RuntimeError(
+                f"FastVAR has no cached {sublayer} update of layer {layer_idx} for scale {self.scale_index}: the cache "
+                f"scale {self.cache_scale} did not run dense in this call (skipped or routed by another scheduler?)"
+            )
+        if cached.shape[0] < x_RLC.shape[0]:
+            raise RuntimeError(f"the FastVAR cache holds {cached.shape[0]} rows, scale {self.scale_index} runs {x_RLC.shape[0]}")
+        return restore_from_cache(cached[: x_RLC.shape[0]], self.cached_hw, self.hw, index_RK, computed_RKC)
+
+
+@dataclass(frozen=True)
+class FastVARScales:
+    """A FastVAR configuration resolved against one scale schedule (non-negative scale indices).
+
+    Args:
+        prune_ratios: ratio ``r`` per pruned scale index.
+        cache_scale: the scale whose updates are cached (``None`` when nothing is pruned).
+        skipped: the scales that run no pass.
+    """
+
+    prune_ratios: Dict[int, float]
+    cache_scale: Optional[int]
+    skipped: FrozenSet[int]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# scheduler
+# ---------------------------------------------------------------------------------------------------------------------
+class FastVARScheduler(VARAccelScheduler):
+    r"""FastVAR (arXiv:2503.23367): prune late scales by PTS, restore the rest by CTR, optionally skip the last scales.
+
+    Scale indices may be negative (``-1`` is the last scale of the schedule), so one setting fits every aspect ratio
+    and pixel budget. Presets (``FastVARScheduler.from_preset(family)``): ``"infinity"`` prunes the 4th/3rd scales
+    from the end (sides 32 / 40 of the 1M schedule) at r = 0.4 / 0.5 in layers 3..27, caches the 5th from the end
+    (24x24) and skips the last two; ``"hart"`` prunes the last two (48 / 64) at r = 0.5 / 0.75 in all layers, caches
+    36x36 (``-3``) and skips nothing.
+
+    Args:
+        prune_scales (`tuple[int]`, defaults to `(-4, -3)`): the scales PTS prunes (index; negative from the end).
+        prune_ratios (`tuple[float]`, defaults to `(0.4, 0.5)`): ratio ``r`` in [0, 1) of each pruned scale; it keeps
+            ``L - int(L * r)`` tokens (to drop a whole scale, skip it).
+        pruned_layers (`tuple[int, int]`, *optional*, defaults to `(3, 28)`): the layers ``[start, end)`` that prune;
+            other layers run dense. `None` prunes every layer; ``end`` may exceed the model's depth.
+        cache_scale (`int`, defaults to `-5`): the scale whose sublayer updates CTR restores from; before every pruned
+            scale.
+        skip_last_scales (`bool`, defaults to `True`): skip ``skipped_scales`` (no pass, no codes); `False` gives the
+            prune-only variant.
+        skipped_scales (`tuple[int]`, defaults to `(-2, -1)`): the scales skipped when ``skip_last_scales``.
+        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+
+    Examples:
+        ```py
+        >>> from diffusers_var_accel import FastVARScheduler
+        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+        >>> pipe = build_tiny_infinity_pipeline(depth=8)
+        >>> fastvar = FastVARScheduler.from_preset("infinity", skip_last_scales=False, pruned_layers=None)
+        >>> image = pipe("a red fox in the snow", height=512, width=512, acceleration=fastvar).images[0]
+        ```
+    """
+
+    presets = {
+        "infinity": dict(prune_scales=(-4, -3), prune_ratios=(0.4, 0.5), pruned_layers=(3, 28), cache_scale=-5,
+                         skip_last_scales=True, skipped_scales=(-2, -1), model_family="infinity"),
+        "hart": dict(prune_scales=(-2, -1), prune_ratios=(0.5, 0.75), pruned_layers=None, cache_scale=-3,
+                     skip_last_scales=False, skipped_scales=(), model_family="hart"),
+    }
+
+    @register_to_config
+    def __init__(
+        self,
+        prune_scales: Sequence[int] = (-4, -3),
+        prune_ratios: Sequence[float] = (0.4, 0.5),
+        pruned_layers: Optional[Sequence[int]] = (3, 28),
+        cache_scale: int = -5,
+        skip_last_scales: bool = True,
+        skipped_scales: Sequence[int] = (-2, -1),
+        model_family: Optional[str] = "infinity",
+    ):
+        super().__init__()
+        self._check_family_name(model_family)
+        prune_scales, skipped_scales = _scale_list(prune_scales, "prune_scales"), _scale_list(skipped_scales, "skipped_scales")
+        prune_ratios = [check_ratio(r, "every prune ratio") for r in prune_ratios]
+        if 1.0 in prune_ratios:
+            raise ValueError(f"prune ratio 1 keeps no token of a scale (prune_ratios={prune_ratios}); use a ratio < 1, or skip the scale (skipped_scales)")
+        if len(prune_ratios) != len(prune_scales):
+            raise ValueError(f"prune_ratios has {len(prune_ratios)} values for {len(prune_scales)} prune_scales; give one ratio per pruned scale")
+        if not _is_index(cache_scale):
+            raise ValueError(f"cache_scale must be an integer scale index, got {cache_scale!r}")
+        same_side = [s for s in prune_scales if (s < 0) == (cache_scale < 0)]
+        if same_side and cache_scale >= min(same_side):
+            raise ValueError(f"cache_scale {cache_scale} must come before every pruned scale {prune_scales}")
+        if pruned_layers is not None:
+            pruned_layers = list(pruned_layers)
+            if len(pruned_layers) != 2 or not all(_is_index(v) for v in pruned_layers) or not 0 <= pruned_layers[0] < pruned_layers[1]:
+                raise ValueError(f"pruned_layers must be a layer range [start, end) with 0 <= start < end, or None for all layers; got {pruned_layers!r}")
+        if not isinstance(skip_last_scales, bool):
+            raise ValueError(f"skip_last_scales must be a bool, got {skip_last_scales!r}")
+        if skip_last_scales and set(skipped_scales) & set(prune_scales):
+            raise ValueError(f"scales {sorted(set(skipped_scales) & set(prune_scales))} are both pruned and skipped")
+        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        self.register_to_config(prune_scales=prune_scales, prune_ratios=prune_ratios, pruned_layers=pruned_layers,
+                                skipped_scales=skipped_scales)
+
+    # -- the setting on one schedule ------------------------------------------------------------------------------------
+    def resolve(self, scale_schedule: Sequence[Tuple[int, ...]]) -> FastVARScales:
+        """The pruned, cache and skipped scales of ``scale_schedule`` as non-negative indices.
+
+        Raises:
+            ValueError: an index outside the schedule, two settings for one scale, a cache scale not before every
+                pruned scale, a skipped cache scale, or a scale both pruned and skipped.
+        """
+        n, cfg = len(scale_schedule), self.config
+        prune = {resolve_scale_index(s, n, "prune scale"): r for s, r in zip(cfg.prune_scales, cfg.prune_ratios)}
+        if len(prune) != len(cfg.prune_scales):
+            raise ValueError(f"prune_scales {list(cfg.prune_scales)} name one scale twice in a schedule of {n} scales")
+        skipped = frozenset(resolve_scale_index(s, n, "skipped scale") for s in cfg.skipped_scales) if cfg.skip_last_scales else frozenset()
+        if skipped & set(prune):
+            raise ValueError(f"scales {sorted(skipped & set(prune))} of the {n}-scale schedule are both pruned and skipped")
+        cache = None
+        if prune:
+            cache = resolve_scale_index(cfg.cache_scale, n, "cache_scale")
+            if cache >= min(prune):
+                raise ValueError(f"cache scale {cache} is not before the pruned scales {sorted(prune)} of the {n}-scale schedule")
+            if cache in skipped:
+                raise ValueError(f"cache scale {cache} is skipped: it must run to fill the cache")
+        return FastVARScales(prune, cache, skipped)
+
+    def _layers(self, num_layers: int) -> range:
+        if self.config.pruned_layers is None:
+            return range(num_layers)
+        start, end = self.config.pruned_layers
+        if start >= num_layers:
+            raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
+        return range(start, min(end, num_layers))
+
+    def _cache(self, state) -> Dict[Tuple[int, str], torch.Tensor]:
+        """The cached sublayer updates of this call (per call: they live in the loop's state)."""
+        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {})
+
+    # -- extension points ---------------------------------------------------------------------------------------------
+    def plan_scales(self, scale_schedule):
+        skipped = self.resolve(scale_schedule).skipped
+        return [ScalePlan((i,), skip=i in skipped) for i in range(len(scale_schedule))]
+
+    def token_router(self, state, plan):
+        scales = self.resolve(state.scale_schedule)
+        routed = [k for k in plan.scale_indices if k in scales.prune_ratios or k == scales.cache_scale]
+        if not routed:
+            return None
+        if len(plan.scale_indices) > 1:
+            raise ValueError(f"FastVAR routes single-scale passes; scale {routed[0]} is decoded in the group {plan.scale_indices}")
+        k, schedule = routed[0], state.scale_schedule
+        layers = self._layers(state.kv_cache.num_layers)
+        if k == scales.cache_scale:
+            return _CacheWriter(layers, self._cache(state))
+        cached_hw = tuple(schedule[scales.cache_scale][-2:])
+        return _PrunedRouter(layers, scales.prune_ratios[k], tuple(schedule[k][-2:]), self._cache(state), cached_hw, k, scales.cache_scale)
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _scale_list(values, name: str):
+    values = list(values)
+    if not all(_is_index(v) for v in values):
+        raise ValueError(f"{name} must be integer scale indices (negative = from the end), got {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} names a scale twice: {values!r}")
+    return values

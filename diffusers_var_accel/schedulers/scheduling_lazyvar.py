@@ -1,0 +1,275 @@
+"""LazyVAR (CVPR 2026): update-index token pruning and parallel group decoding of the last scales.
+
+Notation as in the paper (and ``docs/methods.md``): scales ``k`` with token maps ``h_k x w_k``; the aggregated latent
+``f_hat_k = f_hat_{k-1} + Interpolate(r_k, (h_K, w_K))`` lives at the final resolution ``(H, W) = (h_K, w_K)``.
+
+1. **Update index** (UIGTP): ``u_k = 1 - cos(f_hat_{k-1}, f_hat_k)`` per position, the cosine taken over the ``d``
+   code channels at the final resolution; ``u_k`` is in ``[0, 2]`` and small where scale ``k`` barely changed the
+   latent. ``f_hat_{-1} := 0``, and the cosine with a zero vector is 0, so ``u_0 = 1`` everywhere (every position is
+   new). The index after scale ``k-1`` decides which tokens scale ``k`` computes: ``u_{k-1}`` is area-interpolated
+   (averaged) to ``(h_k, w_k)`` and the top ``n_k = ceil(rho_k * h_k * w_k)`` tokens are kept (a positive keep ratio
+   ``rho_k`` keeps at least one token; 0 keeps none). Pruned positions get a **zero residual**: their codes are
+   zeroed before they enter ``f_hat`` (:meth:`LazyVARScheduler.restore_codes`).
+2. **Parallel group decoding** (PGD): the group ``i .. i+p-1`` runs in one pass; every input is interpolated from
+   ``f_hat_{i-1}`` (``r~'_{i+m} = Interpolate(f_hat_{i-1}, (h_{i+m}, w_{i+m}))``, done by the loop for a grouped plan)
+   and the block-causal mask lets a scale see the cache, earlier scales of the group and itself. All scales of the
+   group are pruned with the same index ``u_{i-1}``. The kept tokens run every block (``"block"`` routing); pruned
+   tokens keep their input and their keys/values never enter the KV cache.
+3. **Cumulative retained index**: scales of a group must not update the same positions; the highest-update tokens go
+   to the largest scale. The paper sorts the downsampled index of scale ``i+m`` descending, skips the first ``cum``
+   tokens and keeps the next ``n_{i+m}``, with ``cum_{i+m} = sum_{k > i+m in the group} n_k (h_K w_K) / (h_k w_k)``:
+   the area claimed by the larger scales, counted at the final resolution ``K``; at the resolution of scale ``i+m``
+   that is ``cum_{i+m} h_{i+m} w_{i+m} / (h_K w_K)`` tokens (``cumulative_index="count"``, rounded to the nearest
+   integer). The count equals the claimed positions only when the rankings at the different resolutions nest, so the
+   default (``"claimed"``) skips the claimed tokens themselves: a token of scale ``j`` covers the final positions
+   ``(Y, X)`` with ``(Y h_j // H, X w_j // W)`` equal to its own ``(y, x)``; a token covering a position kept by a
+   larger scale is ranked after every free one. Scales are then disjoint at the final resolution whenever a scale
+   has at least ``n`` free tokens (always with the presets; a heavy setting whose kept positions reach most tokens of
+   a smaller scale overlaps there, as the paper's count would).
+
+Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG), ``d`` code channels, ``H W`` the final latent, ``h w`` one
+scale, ``l = h*w`` its tokens, ``n`` kept tokens of one scale, ``K`` kept tokens of one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import register_to_config
+
+from ..models.forward_context import scatter_tokens
+from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
+
+CUMULATIVE_INDEX_MODES = ("claimed", "count", None)
+
+
+def update_index(f_hat_prev_BdHW: Optional[torch.Tensor], f_hat_BdHW: torch.Tensor) -> torch.Tensor:
+    """``u = 1 - cos(f_hat_prev, f_hat)`` over the channels, per position: ``(B, H, W)``; ``None`` = a zero latent."""
+    f_hat_BdHW = f_hat_BdHW.float()
+    prev_BdHW = torch.zeros_like(f_hat_BdHW) if f_hat_prev_BdHW is None else f_hat_prev_BdHW.float()
+    return 1 - F.cosine_similarity(prev_BdHW, f_hat_BdHW, dim=1)
+
+
+def num_kept_tokens(keep_ratio: float, num_tokens: int) -> int:
+    """``n = ceil(rho * l)`` (with a rounding guard: ``0.2 * 1600`` is 320, not 321), in ``[0, l]``."""
+    return min(num_tokens, max(0, math.ceil(keep_ratio * num_tokens - 1e-6)))
+
+
+def _cell_of_position(hw: Tuple[int, int], final_hw: Tuple[int, int], device) -> torch.Tensor:
+    """``(H*W,)``: the flat index of the token of an ``h x w`` map that covers each final position (nearest)."""
+    (h, w), (H, W) = hw, final_hw
+    rows = torch.arange(H, device=device) * h // H
+    cols = torch.arange(W, device=device) * w // W
+    return (rows[:, None] * w + cols[None, :]).flatten()
+
+
+def lazyvar_keep_indices(
+    update_index_BHW: torch.Tensor,
+    scale_hws: Sequence[Tuple[int, int]],
+    keep_ratios: Sequence[float],
+    cumulative_index: Optional[str] = "claimed",
+) -> List[torch.Tensor]:
+    """The tokens that each scale of a group computes, chosen by one update index (steps 1 and 3 of the method).
+
+    Args:
+        update_index_BHW (`torch.Tensor`): the update index after the scale before the group, ``(B, H, W)``.
+        scale_hws (`list[tuple[int, int]]`): ``(h, w)`` of the group's scales, smallest first.
+        keep_ratios (`list[float]`): ``rho`` per scale.
+        cumulative_index (`str`, *optional*, defaults to `"claimed"`): ``"claimed"`` (skip tokens over positions
+            kept by larger scales), ``"count"`` (skip the paper's count ``cum`` of the first tokens) or ``None``
+            (every scale keeps its own top ``n``: the paper's "without cumulative index").
+
+    Returns:
+        `list[torch.Tensor]`: per scale, ``(B, n)`` flat token indices in ascending order (the same ``n`` per row).
+    """
+    B, H, W = update_index_BHW.shape
+    u_B1HW = update_index_BHW.unsqueeze(1).float()
+    areas = [h * w for h, w in scale_hws]
+    counts = [num_kept_tokens(r, l) for r, l in zip(keep_ratios, areas)]
+    claimed_BP = torch.zeros(B, H * W, dtype=torch.bool, device=u_B1HW.device)
+    kept: List[Optional[torch.Tensor]] = [None] * len(scale_hws)
+    for m in reversed(range(len(scale_hws))):  # the largest scale takes the highest-update tokens
+        (h, w), n, l = scale_hws[m], counts[m], areas[m]
+        u_Bl = F.interpolate(u_B1HW, size=(h, w), mode="area").flatten(1)
+        skip = 0
+        if cumulative_index == "claimed":
+            cell_P = _cell_of_position((h, w), (H, W), u_Bl.device).expand(B, -1)
+            taken_Bl = torch.zeros(B, l, device=u_Bl.device).scatter_reduce(1, cell_P, claimed_BP.float(), "amax") > 0
+            u_Bl = u_Bl - 3.0 * taken_Bl  # u is in [0, 2]: every claimed token sorts after every free one
+        elif cumulative_index == "count":
+            cum_final = sum(counts[k] * (H * W) / areas[k] for k in range(m + 1, len(scale_hws)))
+            skip = min(l, round(cum_final * l / (H * W)))
+        order_Bl = torch.sort(u_Bl, dim=1, descending=True, stable=True).indices
+        kept[m] = order_Bl[:, skip:skip + n].sort(dim=1).values
+        if cumulative_index == "claimed":
+            kept_Bl = torch.zeros(B, l, dtype=torch.bool, device=u_Bl.device).scatter_(1, kept[m], True)
+            claimed_BP |= kept_Bl.gather(1, cell_P)
+    return kept
+
+
+class _KeptTokenRouter:
+    """Block routing of a LazyVAR pass: the kept tokens run every block, the others keep their input."""
+
+    def __init__(self, index_BK: torch.Tensor):
+        self.index_BK = index_BK
+        self._per_rows: Dict[int, torch.Tensor] = {}
+
+    def select(self, layer_idx, sublayer, hidden_states_RLC):
+        if sublayer != "block":
+            return None
+        R = hidden_states_RLC.shape[0]
+        if R not in self._per_rows:  # rows [cond_0..cond_{B-1}, uncond_0..]: image b's choice for both of its rows
+            self._per_rows[R] = self.index_BK.repeat(R // self.index_BK.shape[0], 1)
+        return self._per_rows[R]
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, hidden_states_RLC):
+        return scatter_tokens(hidden_states_RLC, index_RK, computed_RKC)
+
+
+class LazyVARScheduler(VARAccelScheduler):
+    r"""LazyVAR: prune the last scales by their update index and decode them in one parallel group.
+
+    Scales before the group run in full; the group's scales run in one pass (or, without parallel decoding, one after
+    another, each pruned by the index after the previous scale: the paper's "without PGD" ablation).
+
+    Presets: ``"infinity"`` is the paper's setting on Infinity's 13 scales: scales 1-9 in full, group {10, 11, 12,
+    13} (sides 32, 40, 48, 64 at 1M pixels) with keep ratios 20%, 10%, 5%, 1%. Counted from the end, the same group
+    is the last four scales of every aspect ratio and pixel budget. ``"hart"`` takes the last four of HART's 14
+    scales (sides 27, 36, 48, 64) with the same ratios: those scales hold 89% of HART's tokens (Infinity's four: 86%)
+    and the scales before them 11% (Infinity: 14%), so the pass keeps about the same share of the work: 15% of the
+    tokens of a generation (Infinity: 19%). HART's residual diffusion head still runs on every token of the last
+    scale (this scheduler does not prune it), one reason the paper's HART speed-up (1.67x) is below Infinity's.
+
+    Args:
+        group_scales (`tuple[int]`, *optional*, defaults to `(-4, -3, -2, -1)`): consecutive scale indices of the
+            group (negative = from the end); scale 0 cannot be in it.
+        keep_ratios (`tuple[float]`, *optional*, defaults to `(0.20, 0.10, 0.05, 0.01)`): ``rho`` per scale of the
+            group, in [0, 1]; ``n = ceil(rho * h * w)`` tokens are computed.
+        cumulative_index (`str`, *optional*, defaults to `"claimed"`): how a group's scales avoid the positions of
+            larger scales: ``"claimed"``, ``"count"`` (the paper's count) or ``None`` (no cumulative index). Only a
+            parallel group uses it.
+        parallel_decoding (`bool`, *optional*, defaults to `True`): decode the group in one pass (PGD).
+        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is meant for.
+
+    Examples:
+        ```py
+        >>> from diffusers_var_accel.schedulers import LazyVARScheduler
+        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+        >>> pipe = build_tiny_infinity_pipeline(seed=0)
+        >>> lazyvar = LazyVARScheduler.from_preset("infinity", keep_ratios=(0.4, 0.2, 0.1, 0.02))
+        >>> image = pipe("a red fox in the snow", height=256, width=256, acceleration=lazyvar).images[0]
+        ```
+    """
+
+    presets = {
+        "infinity": dict(group_scales=(-4, -3, -2, -1), keep_ratios=(0.20, 0.10, 0.05, 0.01), model_family="infinity"),
+        "hart": dict(group_scales=(-4, -3, -2, -1), keep_ratios=(0.20, 0.10, 0.05, 0.01), model_family="hart"),
+    }
+
+    @register_to_config
+    def __init__(
+        self,
+        group_scales: Sequence[int] = (-4, -3, -2, -1),
+        keep_ratios: Sequence[float] = (0.20, 0.10, 0.05, 0.01),
+        cumulative_index: Optional[str] = "claimed",
+        parallel_decoding: bool = True,
+        model_family: Optional[str] = "infinity",
+    ):
+        super().__init__()
+        self._check_family_name(model_family)
+        group = tuple(group_scales)
+        if not group or not all(isinstance(s, int) and not isinstance(s, bool) for s in group):
+            raise ValueError(f"group_scales must be a non-empty list of scale indices, got {group_scales!r}")
+        if len(keep_ratios) != len(group):
+            raise ValueError(f"need one keep ratio per scale of the group: {len(group)} scales, {len(keep_ratios)} ratios")
+        for i, r in enumerate(keep_ratios):
+            check_ratio(r, f"keep_ratios[{i}]")
+        if 0 in group:
+            raise ValueError(f"group_scales {group} contains scale 0; the start token always runs alone and in full")
+        if len({s < 0 for s in group}) == 1 and group != tuple(range(group[0], group[0] + len(group))):
+            raise ValueError(f"group_scales {group} must be consecutive and ascending, e.g. (-4, -3, -2, -1)")
+        if cumulative_index not in CUMULATIVE_INDEX_MODES:
+            raise ValueError(f"cumulative_index must be one of {list(CUMULATIVE_INDEX_MODES)}, got {cumulative_index!r}")
+        if not isinstance(parallel_decoding, bool):
+            raise ValueError(f"parallel_decoding must be True or False, got {parallel_decoding!r}")
+
+    # -- the group on a schedule -------------------------------------------------------------------------------------
+    def group(self, num_scales: int) -> Tuple[int, ...]:
+        """The group's scale indices on a schedule of ``num_scales`` scales.
+
+        Raises:
+            ValueError: an index is outside the schedule, the resolved group is not consecutive, or it holds scale 0.
+        """
+        given = tuple(self.config.group_scales)
+        group = tuple(resolve_scale_index(s, num_scales, "LazyVAR group scale") for s in given)
+        if group != tuple(range(group[0], group[0] + len(group))):
+            raise ValueError(f"group_scales {given} resolve to {group} on {num_scales} scales: not consecutive")
+        if group[0] == 0:
+            raise ValueError(f"group_scales {given} include scale 0 on {num_scales} scales; it runs alone and in full")
+        return group
+
+    def _indexed_scales(self, group: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The scales whose update index is read: the one before the group (and, without PGD, the group's own)."""
+        return tuple(range(group[0] - 1, group[-1] if not self.config.parallel_decoding else group[0]))
+
+    def kept_tokens(self, state) -> Dict[int, torch.Tensor]:
+        """The tokens each pruned scale computed in the call of ``state``: ``{scale: (B, n) flat indices}``."""
+        return self._data(state)["kept"]
+
+    def _data(self, state) -> dict:
+        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"kept": {}})
+
+    # -- extension points ---------------------------------------------------------------------------------------------
+    def plan_scales(self, scale_schedule):
+        num_scales = len(scale_schedule)
+        group, ratios = self.group(num_scales), [float(r) for r in self.config.keep_ratios]
+        plans = [ScalePlan((k,)) for k in range(group[0])]
+        if self.config.parallel_decoding:
+            plans.append(ScalePlan(group, skip=not any(ratios)))
+        else:
+            # a scale that keeps nothing is skipped; the next one reads the index before it (after_scale is not called)
+            plans += [ScalePlan((k,), skip=r == 0) for k, r in zip(group, ratios)]
+        return plans + [ScalePlan((k,)) for k in range(group[-1] + 1, num_scales)]
+
+    def before_scale(self, state, plan):
+        group = self.group(state.num_scales)
+        data = self._data(state)
+        if plan.scale_indices[-1] in self._indexed_scales(group):
+            data["f_hat_before"] = state.f_hat
+        if plan.scale_indices[0] not in group or plan.skip:
+            return
+        hws = [tuple(state.scale_schedule[k][-2:]) for k in plan.scale_indices]
+        ratios = [self.config.keep_ratios[k - group[0]] for k in plan.scale_indices]
+        mode = self.config.cumulative_index if self.config.parallel_decoding else None
+        if "update_index" not in data:
+            raise ValueError(f"LazyVAR needs the update index of scale {plan.scale_indices[0] - 1}, which did not run")
+        kept = lazyvar_keep_indices(data["update_index"], hws, ratios, mode)
+        data["kept"].update(zip(plan.scale_indices, kept))
+
+    def token_router(self, state, plan):
+        kept = self._data(state)["kept"]
+        if plan.scale_indices[0] not in kept:
+            return None
+        schedule, offset, parts = state.scale_schedule, 0, []
+        for k in plan.scale_indices:
+            parts.append(kept[k] + offset)
+            offset += schedule[k][-2] * schedule[k][-1]
+        index_BK = torch.cat(parts, dim=1)
+        return None if index_BK.shape[1] == offset else _KeptTokenRouter(index_BK)
+
+    def restore_codes(self, state, scale_index, codes_Bdhw):
+        kept = self._data(state)["kept"].get(scale_index)
+        if kept is None:
+            return codes_Bdhw
+        B, _, h, w = codes_Bdhw.shape
+        keep_Bl = torch.zeros(B, h * w, dtype=torch.bool, device=codes_Bdhw.device).scatter_(1, kept, True)
+        return codes_Bdhw.masked_fill(~keep_Bl.view(B, 1, h, w), 0)  # zero residual at the pruned positions
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        data = self._data(state)
+        if plan.scale_indices[-1] in self._indexed_scales(self.group(state.num_scales)):
+            data["update_index"] = update_index(data.pop("f_hat_before"), state.f_hat)

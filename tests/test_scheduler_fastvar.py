@@ -1,0 +1,320 @@
+"""FastVARScheduler mechanics on hand-built tensors and the tiny random-weight pipeline (CPU, offline, fast).
+
+PTS picks the tokens farthest from the mean, ``K = L - int(L * r)``, CTR is the area-interpolated cache with the kept
+rows overwritten, ratio 0 routes every token bit-identically to the baseline, the preset fits every aspect ratio and
+pixel budget, rows are independent, nothing survives a call, and bad settings raise. Faithfulness to the official
+code is ``test_parity_fastvar.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diffusers_var_accel import FastVARScheduler, IdentityScheduler, VARAccelScheduler, schedule_for_size, supported_sizes
+from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores, pivotal_tokens, restore_from_cache
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+PROMPT = "a red fox in the snow"
+PROMPTS = ["a red fox in the snow", "two cats"]
+DEPTH = 6  # the Infinity preset prunes layers 3..27: layers 3, 4, 5 of this model
+
+
+def gen(seed):
+    return torch.Generator("cpu").manual_seed(seed)
+
+
+def size_of(template, budget):
+    return next(hw for hw, tb in supported_sizes().items() if tb == (template, budget))
+
+
+SQUARE = size_of(1.0, "0.06M")  # 7 scales: the preset's -5..-1 are scales 2..6
+WIDE = size_of(0.5, "0.06M")  # h:w = 1:2; caches 2x4, restores to 3x6 and 5x10
+SMALL = size_of(0.75, "0.06M")
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = build_tiny_infinity_pipeline(seed=0, depth=DEPTH)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+class _Recording(FastVARScheduler):
+    """FastVAR whose routers are wrapped to record what they do (test only)."""
+
+    def token_router(self, state, plan):
+        router = super().token_router(state, plan)
+        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+
+
+class _Spy:
+    def __init__(self, router, scale_index, log):
+        self.router, self.scale_index, self.log = router, scale_index, log
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        index = self.router.select(layer_idx, sublayer, x_RLC)
+        self.log.setdefault("select", []).append((self.scale_index, layer_idx, sublayer, x_RLC.shape, None if index is None else index.clone()))
+        return index
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        out = self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
+        self.log.setdefault("restore", {})[(self.scale_index, layer_idx, sublayer)] = (computed_RKC.clone(), index_RK.clone(), out.clone())
+        return out
+
+
+def recording(**settings):
+    scheduler = _Recording(**{**FastVARScheduler.presets["infinity"], **settings})
+    scheduler.log = {}
+    return scheduler
+
+
+def run(pipe, size, acceleration=None, prompt=PROMPT, generator=None, **kwargs):
+    return pipe(prompt, height=size[0], width=size[1], generator=generator if generator is not None else gen(0),
+                acceleration=acceleration, output_type="latent", **kwargs).images
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PTS and CTR on hand-built tensors
+# ---------------------------------------------------------------------------------------------------------------------
+def test_pts_keeps_the_tokens_farthest_from_the_mean():
+    g = torch.Generator().manual_seed(0)
+    x = 0.01 * torch.randn(2, 10, 8, generator=g)
+    outliers = {0: [2, 7, 9], 1: [0, 4, 5]}  # rows choose independently
+    for row, positions in outliers.items():
+        for j, p in enumerate(positions):
+            x[row, p] += (3.0 + j) * torch.linspace(-1, 1, 8)
+    assert num_kept_tokens(10, 0.7) == 3
+    kept = pivotal_tokens(x, 0.7)
+    assert kept.tolist() == [outliers[0], outliers[1]]  # position order
+    expected = ((x - x.mean(dim=1, keepdim=True)) ** 2).sum(-1)
+    torch.testing.assert_close(pivotal_token_scores(x), expected)
+
+
+@pytest.mark.parametrize("L, r, K", [(1024, 0.4, 615), (1600, 0.5, 800), (2304, 0.5, 1152), (4096, 0.75, 1024),
+                                     (100, 0.29, 72), (10, 0.0, 10), (1, 0.5, 1), (7, 0.99, 1)])
+def test_kept_count(L, r, K):
+    assert num_kept_tokens(L, r) == K == L - int(L * r)
+    assert pivotal_tokens(torch.randn(3, L, 4), r).shape == (3, K)
+
+
+def test_restoration_is_the_area_interpolated_cache_with_kept_rows_overwritten():
+    cache = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)  # (R, 2x2, C)
+    index = torch.tensor([[0, 5, 15], [3, 6, 9]])
+    computed = -torch.ones(2, 3, 3)
+    out = restore_from_cache(cache, (2, 2), (4, 4), index, computed)
+    # up-sizing 2x2 -> 4x4 by area: every cached token covers a 2x2 block
+    canvas = cache.reshape(2, 2, 1, 2, 1, 3).expand(2, 2, 2, 2, 2, 3).reshape(2, 16, 3).clone()
+    for r in range(2):
+        canvas[r, index[r]] = -1
+    assert torch.equal(out, canvas)
+    # down-sizing 4x4 -> 2x2 by area: block means; a non-integer ratio is adaptive average pooling
+    big = torch.randn(2, 16, 3)
+    out = restore_from_cache(big, (4, 4), (2, 2), torch.tensor([[1], [2]]), torch.zeros(2, 1, 3))
+    means = big.reshape(2, 2, 2, 2, 2, 3).mean(dim=(2, 4)).reshape(2, 4, 3)
+    means[0, 1] = means[1, 2] = 0
+    torch.testing.assert_close(out, means)
+    odd = restore_from_cache(big, (4, 4), (3, 5), torch.tensor([[0], [0]]), big[:, :1])
+    pooled = F.adaptive_avg_pool2d(big.reshape(2, 4, 4, 3).permute(0, 3, 1, 2), (3, 5)).permute(0, 2, 3, 1).reshape(2, 15, 3)
+    torch.testing.assert_close(odd[:, 1:], pooled[:, 1:])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# on the pipeline
+# ---------------------------------------------------------------------------------------------------------------------
+def test_ratio_zero_without_skipping_is_bit_identical_to_the_baseline(pipe):
+    scheduler = recording(prune_ratios=(0.0, 0.0), skip_last_scales=False, pruned_layers=None)
+    routed = run(pipe, WIDE, scheduler)
+    assert torch.equal(routed, run(pipe, WIDE))
+    scales = scheduler.resolve(schedule_for_size(*WIDE)[0])
+    restored = scheduler.log["restore"]
+    for k in scales.prune_ratios:  # the restore path ran for every layer and sublayer, with every token kept
+        for layer in range(DEPTH):
+            for kind in ("self_attn", "cross_attn", "ffn"):
+                computed, index, out = restored[(k, layer, kind)]
+                assert index.shape[1] == out.shape[1] and torch.equal(out, computed)
+
+
+def test_pruned_scales_restore_the_cache_scale_update(pipe):
+    scheduler = recording()
+    schedule = schedule_for_size(*WIDE)[0]
+    scales = scheduler.resolve(schedule)
+    run(pipe, WIDE, scheduler)
+    log = scheduler.log
+    c = scales.cache_scale
+    for k, ratio in scales.prune_ratios.items():
+        h, w = schedule[k][-2:]
+        for layer in range(3, DEPTH):
+            for kind in ("self_attn", "cross_attn", "ffn"):
+                computed, index, out = log["restore"][(k, layer, kind)]
+                assert index.shape == (2, num_kept_tokens(h * w, ratio))  # CFG: cond and uncond rows
+                cached = log["restore"][(c, layer, kind)][2]
+                canvas = F.interpolate(cached.reshape(2, *schedule[c][-2:], -1).permute(0, 3, 1, 2), size=(h, w), mode="area")
+                expected = canvas.permute(0, 2, 3, 1).reshape(2, h * w, -1).scatter(1, index[..., None].expand_as(computed), computed)
+                assert torch.equal(out, expected)
+    # layers outside pruned_layers run dense; "block" is never routed; nothing routed at other scales
+    selected = [(k, layer, kind) for k, layer, kind, _, index in log["select"] if index is not None]
+    assert {k for k, _, _ in selected} == {c, *scales.prune_ratios}
+    assert {layer for _, layer, _ in selected} == {3, 4, 5} and {kind for _, _, kind in selected} == {"self_attn", "cross_attn", "ffn"}
+
+
+@pytest.mark.parametrize("size", [WIDE, SMALL, size_of(1.333, "0.25M")])
+def test_preset_fits_every_aspect_ratio_and_pixel_budget(pipe, size):
+    schedule = schedule_for_size(*size)[0]
+    scheduler = FastVARScheduler.from_preset("infinity")
+    scales = scheduler.resolve(schedule)
+    n = len(schedule)
+    assert sorted(scales.prune_ratios) == [n - 4, n - 3] and scales.cache_scale == n - 5 and scales.skipped == {n - 2, n - 1}
+    seen = []
+    out = pipe(PROMPT, height=size[0], width=size[1], generator=gen(0), acceleration=scheduler, output_type="latent",
+               callback_on_step_end=lambda p, si, s, kw: seen.append((si, kw["tokens"] is None)) or {},
+               callback_on_step_end_tensor_inputs=["tokens"]).images
+    assert out.shape == (1, 8, *schedule[-1][-2:])
+    assert seen == [(si, si in scales.skipped) for si in range(n)]
+
+
+def test_batch_with_one_generator_per_image_equals_single_runs(pipe):
+    scheduler = FastVARScheduler.from_preset("infinity")
+    batch = run(pipe, WIDE, scheduler, prompt=PROMPTS, generator=[gen(11), gen(22)])
+    for i, (prompt, seed) in enumerate(zip(PROMPTS, (11, 22))):
+        assert torch.equal(batch[i], run(pipe, WIDE, scheduler, prompt=prompt, generator=[gen(seed)])[0]), prompt
+
+
+def test_skip_only_and_prune_only_variants(pipe):
+    baseline = run(pipe, SQUARE)
+    skip_only = FastVARScheduler(prune_scales=(), prune_ratios=())
+    schedule = schedule_for_size(*SQUARE)[0]
+    plans = skip_only.plan_scales(schedule)
+    assert [p.skip for p in plans] == [False] * (len(schedule) - 2) + [True, True]
+    assert not torch.equal(run(pipe, SQUARE, skip_only), baseline)
+    prune_only = FastVARScheduler.from_preset("infinity", skip_last_scales=False)
+    assert not any(p.skip for p in prune_only.plan_scales(schedule))
+    assert not torch.equal(run(pipe, SQUARE, prune_only), baseline)
+
+
+def test_enable_then_disable_is_bit_identical_to_never_enabling(pipe):
+    never = run(pipe, SQUARE)
+    scheduler = pipe.enable_fastvar()
+    try:
+        assert isinstance(scheduler, FastVARScheduler) and pipe.acceleration is scheduler
+        assert scheduler.to_dict() == FastVARScheduler.from_preset("infinity").to_dict()
+        accelerated = run(pipe, SQUARE)
+        assert not torch.equal(accelerated, never)
+        assert torch.equal(run(pipe, SQUARE), accelerated)  # the cache is per call: a second call is the same
+    finally:
+        pipe.disable_acceleration()
+    assert torch.equal(run(pipe, SQUARE), never)
+    assert pipe.enable_fastvar(skip_last_scales=False).config.skip_last_scales is False
+    pipe.disable_acceleration()
+
+
+def test_hart_preset_on_the_infinity_pipeline_raises(pipe):
+    hart = FastVARScheduler.from_preset("hart")
+    with pytest.raises(ValueError, match="hart"):
+        pipe.enable_acceleration(hart)
+    with pytest.raises(ValueError, match="hart"):
+        run(pipe, SQUARE, hart)
+    assert getattr(pipe, "acceleration", None) is None
+
+
+def test_no_tensor_left_on_the_scheduler_or_the_modules(pipe):
+    scheduler = FastVARScheduler.from_preset("infinity")
+    run(pipe, SQUARE, scheduler)
+    for name, value in vars(scheduler).items():
+        assert not isinstance(value, torch.Tensor), name
+    assert all(not isinstance(v, torch.Tensor) for v in dict(scheduler.config).values())
+    for module in pipe.transformer.modules():
+        for name, value in vars(module).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------------------------------
+def test_presets():
+    infinity = FastVARScheduler.from_preset("infinity")
+    assert infinity.to_dict() == FastVARScheduler().to_dict()
+    hart = FastVARScheduler.from_preset("hart")
+    hart_schedule = [(1, s, s) for s in (1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64)]
+    scales = hart.resolve(hart_schedule)
+    assert scales.prune_ratios == {12: 0.5, 13: 0.75} and hart_schedule[scales.cache_scale][1:] == (36, 36)
+    assert scales.skipped == frozenset() and hart.config.pruned_layers is None and hart.model_family == "hart"
+    assert FastVARScheduler.from_preset("infinity", prune_ratios=(0.3, 0.3)).config.prune_ratios == [0.3, 0.3]
+    with pytest.raises(ValueError, match="no setting"):
+        FastVARScheduler.from_preset("infinity", ratio=0.3)
+
+
+def test_json_round_trip(tmp_path):
+    scheduler = FastVARScheduler.from_preset("infinity", skip_last_scales=False)
+    scheduler.save_pretrained(tmp_path)
+    assert FastVARScheduler.from_pretrained(tmp_path).to_dict() == scheduler.to_dict()
+    generic = VARAccelScheduler.from_pretrained(tmp_path)
+    assert isinstance(generic, FastVARScheduler) and generic.to_dict() == scheduler.to_dict()
+    overridden = FastVARScheduler.from_pretrained(tmp_path, prune_ratios=[0.2, 0.3])
+    assert overridden.config.prune_ratios == [0.2, 0.3] and overridden.config.skip_last_scales is False
+    with pytest.raises(ValueError):
+        IdentityScheduler.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(prune_ratios=(0.4, 1.5)), r"\[0, 1\]"),
+        (dict(prune_ratios=(-0.1, 0.5)), r"\[0, 1\]"),
+        (dict(prune_ratios=(0.4, 1.0)), "keeps no token"),
+        (dict(prune_ratios=(0.4,)), "one ratio per pruned scale"),
+        (dict(cache_scale=-3), "before every pruned scale"),
+        (dict(prune_scales=(9, 10), cache_scale=10), "before every pruned scale"),
+        (dict(pruned_layers=(5, 3)), "layer range"),
+        (dict(pruned_layers=(-1, 3)), "layer range"),
+        (dict(pruned_layers=(1, 2, 3)), "layer range"),
+        (dict(skipped_scales=(-3, -1)), "both pruned and skipped"),
+        (dict(prune_scales=(-4, -4)), "twice"),
+        (dict(prune_scales=(-4, 2.5)), "integer"),
+        (dict(cache_scale=1.0), "integer"),
+        (dict(skip_last_scales="yes"), "bool"),
+        (dict(model_family="var"), "model_family"),
+    ],
+)
+def test_invalid_settings_raise(settings, message):
+    with pytest.raises(ValueError, match=message):
+        FastVARScheduler(**settings)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(prune_scales=(-8, -3), cache_scale=-9), "prune scale -8 is outside the schedule"),  # 7 scales
+        (dict(cache_scale=-9), "outside the schedule"),
+        (dict(skipped_scales=(-2, 7)), "outside the schedule"),
+        (dict(prune_scales=(4, -3)), "twice"),  # 4 and -3 are the same scale of 7
+        (dict(prune_scales=(3, 5), skipped_scales=(-2,)), "both pruned and skipped"),
+        (dict(prune_scales=(3, 4), cache_scale=-3), "not before"),
+        (dict(prune_scales=(3, 4), cache_scale=-5, skipped_scales=(2,)), "skipped"),
+    ],
+)
+def test_settings_resolved_against_a_schedule_raise(settings, message):
+    schedule = schedule_for_size(*SMALL)[0]
+    assert len(schedule) == 7
+    with pytest.raises(ValueError, match=message):
+        FastVARScheduler(**settings).plan_scales(schedule)
+
+
+def test_pruned_layers_beyond_the_model_raise(pipe):
+    with pytest.raises(ValueError, match="selects no layer"):
+        run(pipe, SQUARE, FastVARScheduler(pruned_layers=(DEPTH, 28)))
+
+
+def test_a_routed_scale_in_a_grouped_pass_raises():
+    """FastVAR routes single-scale passes; a composition that groups its cache or pruned scale is refused."""
+    from diffusers_var_accel import NextScaleState, ScaleKVCache, ScalePlan
+
+    scheduler = FastVARScheduler.from_preset("infinity", skip_last_scales=False)
+    schedule = schedule_for_size(*SQUARE)[0]
+    state = NextScaleState(tuple(schedule), 1, 2, ScaleKVCache(DEPTH))
+    with pytest.raises(ValueError, match="single-scale"):
+        scheduler.token_router(state, ScalePlan((3, 4)))
+    assert scheduler.token_router(state, ScalePlan((0,))) is None
+    assert scheduler.token_router(state, ScalePlan((5, 6))) is None  # nothing of FastVAR's in this group
