@@ -39,6 +39,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
+#   loadable base class up in the module named in model_index.json)
 
 from ..models.forward_context import scatter_tokens
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index

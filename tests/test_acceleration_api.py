@@ -1,0 +1,114 @@
+"""The acceleration API around the schedulers: the pipeline component, attach/detach, specs, composition, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffusers_var_accel import FastVARScheduler, IdentityScheduler, InfinityPipeline, LazyVARScheduler
+from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler, load_acceleration
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+SIZE = dict(height=256, width=256)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = build_tiny_infinity_pipeline(seed=0, depth=4)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _latents(pipe, **kwargs):
+    return pipe("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", **SIZE, **kwargs).images
+
+
+def test_acceleration_component_round_trips_through_save_and_from_pretrained(pipe, tmp_path):
+    lazy = LazyVARScheduler.from_preset("infinity", keep_ratios=[0.5, 0.3, 0.2, 0.1])
+    expected = _latents(pipe, acceleration=lazy)
+    pipe.save_pretrained(tmp_path / "plain")
+    loaded = InfinityPipeline.from_pretrained(tmp_path / "plain", acceleration=lazy)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.acceleration is lazy
+    assert torch.equal(_latents(loaded), expected)
+
+    loaded.save_pretrained(tmp_path / "accelerated")
+    config = json.loads((tmp_path / "accelerated" / "acceleration" / "acceleration_config.json").read_text())
+    assert config["_class_name"] == "LazyVARScheduler" and config["keep_ratios"] == [0.5, 0.3, 0.2, 0.1]
+    index = json.loads((tmp_path / "accelerated" / "model_index.json").read_text())
+    assert index["acceleration"][1] == "LazyVARScheduler"
+    reloaded = InfinityPipeline.from_pretrained(tmp_path / "accelerated")
+    reloaded.set_progress_bar_config(disable=True)
+    assert isinstance(reloaded.acceleration, LazyVARScheduler)
+    assert torch.equal(_latents(reloaded), expected)
+
+
+def test_enable_disable_and_per_call_acceleration(pipe):
+    baseline = _latents(pipe)
+    pipe.enable_lazyvar()
+    accelerated = _latents(pipe)
+    assert not torch.equal(accelerated, baseline)
+    # a per-call scheduler overrides the attached one, for that call only
+    assert torch.equal(_latents(pipe, acceleration=IdentityScheduler()), baseline)
+    assert torch.equal(_latents(pipe), accelerated)
+    pipe.enable_fastvar(pruned_layers=None)
+    pipe.disable_acceleration()
+    assert pipe.acceleration is None
+    assert torch.equal(_latents(pipe), baseline)
+
+
+def test_scheduler_for_another_family_is_rejected_everywhere(pipe, tmp_path):
+    hart = LazyVARScheduler.from_preset("hart")
+    with pytest.raises(ValueError, match="hart"):
+        pipe.enable_acceleration(hart)
+    with pytest.raises(ValueError, match="hart"):
+        _latents(pipe, acceleration=hart)
+    with pytest.raises(ValueError, match="VARAccelScheduler"):
+        pipe.enable_acceleration("lazyvar")
+    pipe.save_pretrained(tmp_path / "p")
+    with pytest.raises(ValueError, match="hart"):
+        InfinityPipeline.from_pretrained(tmp_path / "p", acceleration=hart)
+
+
+def test_from_pretrained_overrides_and_unknown_keys(tmp_path):
+    FastVARScheduler.from_preset("infinity").save_pretrained(tmp_path)
+    loaded = FastVARScheduler.from_pretrained(tmp_path, prune_ratios=[0.3, 0.6])
+    assert list(loaded.config.prune_ratios) == [0.3, 0.6]
+    assert isinstance(VARAccelScheduler.from_pretrained(tmp_path), FastVARScheduler)
+    with pytest.raises(ValueError, match="keep_ratio"):
+        FastVARScheduler.from_pretrained(tmp_path, keep_ratio=0.5)
+    with pytest.raises(ValueError, match="FastVARScheduler"):
+        LazyVARScheduler.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="presets exist"):
+        FastVARScheduler.from_preset("sd3")
+
+
+def test_load_acceleration_specs(tmp_path):
+    assert load_acceleration("baseline", "infinity") is None
+    fast = load_acceleration("fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "infinity")
+    assert isinstance(fast, FastVARScheduler) and fast.config.skip_last_scales is False
+    assert list(fast.config.prune_ratios) == [0.2, 0.3]
+    LazyVARScheduler().save_pretrained(tmp_path)
+    assert isinstance(load_acceleration(str(tmp_path), "infinity"), LazyVARScheduler)
+    assert isinstance(load_acceleration(str(tmp_path / "acceleration_config.json"), "infinity"), LazyVARScheduler)
+    with pytest.raises(ValueError, match="unknown acceleration"):
+        load_acceleration("turbo", "infinity")
+    with pytest.raises(ValueError, match="key=value"):
+        load_acceleration("lazyvar:oops", "infinity")
+
+
+def test_composed_scheduler_json_round_trip_and_conflicts(pipe, tmp_path):
+    composed = ComposedScheduler([LazyVARScheduler(), FastVARScheduler(prune_scales=(-5,), prune_ratios=(0.5,), cache_scale=-6,
+                                                                        skip_last_scales=False, pruned_layers=None)])
+    composed.save_pretrained(tmp_path)
+    again = VARAccelScheduler.from_pretrained(tmp_path)
+    assert isinstance(again, ComposedScheduler)
+    assert [type(m) for m in again.members] == [LazyVARScheduler, FastVARScheduler]
+    assert torch.equal(_latents(pipe, acceleration=composed), _latents(pipe, acceleration=again))
+    both_group = ComposedScheduler([LazyVARScheduler(), LazyVARScheduler(group_scales=(-2, -1), keep_ratios=(0.5, 0.5))])
+    with pytest.raises(ValueError, match="groups scales"):
+        _latents(pipe, acceleration=both_group)
+    with pytest.raises(ValueError, match="at least one"):
+        ComposedScheduler([])
