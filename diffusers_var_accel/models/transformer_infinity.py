@@ -207,7 +207,7 @@ class InfinityBlock(nn.Module):
             index_RK = router.select(self.layer_idx, "block", x_RLC)
             if index_RK is not None:
                 x_RKC = gather_tokens(x_RLC, index_RK)
-                out_RKC = self._sublayers(x_RKC, condition, context, index_RK, route=False)
+                out_RKC = self._sublayers(x_RKC, condition, context, index_RK, route=False) if index_RK.shape[1] else x_RKC
                 return router.restore(self.layer_idx, "block", out_RKC, index_RK, x_RLC)
         return self._sublayers(x_RLC, condition, context, None, route=router is not None)
 
@@ -239,7 +239,10 @@ class InfinityBlock(nn.Module):
         if route:
             index_RK = context.token_router.select(self.layer_idx, kind, x_RLC)
             if index_RK is not None:
-                update_RKC = compute(gather_tokens(x_RLC, index_RK), index_RK)
+                if index_RK.shape[1] == 0:  # nothing kept: the router restores every token
+                    update_RKC = x_RLC.new_zeros(x_RLC.shape[0], 0, x_RLC.shape[2])
+                else:
+                    update_RKC = compute(gather_tokens(x_RLC, index_RK), index_RK)
                 return x_RLC + context.token_router.restore(self.layer_idx, kind, update_RKC, index_RK, x_RLC)
         return x_RLC + compute(x_RLC, None)
 

@@ -142,8 +142,8 @@ class FastVARScheduler(VARAccelScheduler):
 
     Args:
         prune_scales (`tuple[int]`, defaults to `(-4, -3)`): the scales PTS prunes (index; negative from the end).
-        prune_ratios (`tuple[float]`, defaults to `(0.4, 0.5)`): ratio ``r`` in [0, 1) of each pruned scale; it keeps
-            ``L - int(L * r)`` tokens (to drop a whole scale, skip it).
+        prune_ratios (`tuple[float]`, defaults to `(0.4, 0.5)`): ratio ``r`` in [0, 1] of each pruned scale; it keeps
+            ``L - int(L * r)`` tokens (r = 1 restores every token from the cache; to drop a scale, skip it).
         pruned_layers (`tuple[int, int]`, *optional*, defaults to `(3, 28)`): the layers ``[start, end)`` that prune;
             other layers run dense. `None` prunes every layer; ``end`` may exceed the model's depth.
         cache_scale (`int`, defaults to `-5`): the scale whose sublayer updates CTR restores from; before every pruned
@@ -186,8 +186,6 @@ class FastVARScheduler(VARAccelScheduler):
         self._check_family_name(model_family)
         prune_scales, skipped_scales = _scale_list(prune_scales, "prune_scales"), _scale_list(skipped_scales, "skipped_scales")
         prune_ratios = [check_ratio(r, "every prune ratio") for r in prune_ratios]
-        if 1.0 in prune_ratios:
-            raise ValueError(f"prune ratio 1 keeps no token of a scale (prune_ratios={prune_ratios}); use a ratio < 1, or skip the scale (skipped_scales)")
         if len(prune_ratios) != len(prune_scales):
             raise ValueError(f"prune_ratios has {len(prune_ratios)} values for {len(prune_scales)} prune_scales; give one ratio per pruned scale")
         if not _is_index(cache_scale):
