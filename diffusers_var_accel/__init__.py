@@ -14,11 +14,15 @@ from .models.infinity_resolutions import infinity_scale_schedule, schedule_for_s
 from .models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from .pipelines.infinity.pipeline_infinity import InfinityPipeline
 from .pipelines.next_scale import NextScaleState, run_next_scale_loop
+from .schedulers.scheduling_arvar import ARVARScheduler
+from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler
 from .schedulers.scheduling_lazyvar import LazyVARScheduler
 from .schedulers.scheduling_var_base import IdentityScheduler, ScalePlan, VARAccelScheduler
 
 __all__ = [
+    "ARVARScheduler",
+    "DepthVARScheduler",
     "FastVARScheduler",
     "INFINITY_CONFIGS",
     "IdentityScheduler",

@@ -163,7 +163,8 @@ def test_cfg_halving_equals_guidance_one_at_that_scale(models):
 
 
 def test_recorded_attention_maps_are_probabilities(models):
-    plans = [ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset()) for i in range(S)]
+    plans = [ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset(), attention_map="full")
+             for i in range(S)]
     sched = _PlanScheduler(plans=plans)
     out = _run(models, sched)
     dense = _run(models)
@@ -175,6 +176,21 @@ def test_recorded_attention_maps_are_probabilities(models):
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5, rtol=0)
     assert all(m == {} for idx, _, _, m in sched.after if idx != (3,))
     torch.testing.assert_close(out.logits[3], dense.logits[3], atol=1e-4, rtol=1e-5)
+
+
+def test_recorded_attention_key_mean_is_the_reduced_full_map(models):
+    maps = {}
+    for kind in ("full", "key_mean"):
+        plans = [ScalePlan((i,), record_attention_layers=frozenset({1}) if i == 4 else frozenset(), attention_map=kind)
+                 for i in range(S)]
+        sched = _PlanScheduler(plans=plans)
+        _run(models, sched)
+        maps[kind] = {idx: m for idx, _, _, m in sched.after}[(4,)][1]
+    probs, reduced = maps["full"], maps["key_mean"]
+    assert reduced.shape == (probs.shape[0], probs.shape[-1]) and reduced.dtype == torch.float32
+    torch.testing.assert_close(reduced, probs.mean(dim=(1, 2)), atol=1e-7, rtol=1e-6)
+    with pytest.raises(ValueError, match="attention_map"):
+        ScalePlan((1,), attention_map="sum")
 
 
 def transformer_heads(models):

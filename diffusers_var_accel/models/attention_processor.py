@@ -108,7 +108,10 @@ class VARAttnProcessor:
                 k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
         if attn.layer_idx in context.record_attention_layers:
             out, probs = _explicit_attention(q, k_all, v_all, 1.0, mask)
-            context.attention_maps[attn.layer_idx] = probs
+            # reduce at once unless the full map is asked for: 32 layers of full maps at 1M pixels take gigabytes
+            context.attention_maps[attn.layer_idx] = (
+                probs if context.attention_map == "full" else probs.float().mean(dim=(1, 2))
+            )
             out = out.transpose(1, 2)
         else:
             backend = _pick_backend(self._attention_backend, q, mask is not None)

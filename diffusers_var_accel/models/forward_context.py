@@ -58,6 +58,8 @@ class VARForwardContext:
         token_router (`TokenRouter`, *optional*): sparse computation; ``None`` computes every token.
         record_attention_layers (`set[int]`): layers whose self-attention probabilities are stored in
             ``attention_maps`` (explicit softmax instead of the fused kernel).
+        attention_map (`str`): ``"key_mean"`` stores ``(R, S)``, the attention each key receives averaged over heads
+            and queries; ``"full"`` stores the ``(R, H, L, S)`` probabilities.
         cache_rows (`int`, *optional*): rows held by the KV cache when the blocks run fewer rows (CFG halving: only
             the conditional half runs, and its keys/values are copied to the unconditional rows of the cache).
     """
@@ -68,6 +70,7 @@ class VARForwardContext:
     token_router: Optional[TokenRouter] = None
     record_attention_layers: Set[int] = field(default_factory=set)
     attention_maps: Dict[int, torch.Tensor] = field(default_factory=dict)
+    attention_map: str = "key_mean"
     cache_rows: Optional[int] = None
 
 

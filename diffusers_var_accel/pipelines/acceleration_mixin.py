@@ -97,6 +97,66 @@ class VARAccelerationMixin:
 
         return self._enable_preset(LazyVARScheduler, overrides)
 
+    def enable_depthvar(self, **overrides) -> VARAccelScheduler:
+        r"""Accelerate every following call with DepthVAR (CVPR 2026 Findings), in its published setting for this model.
+
+        Every token of the late scales runs a number of layers set by its depth score (spread over the network by bit
+        reversal); skipped layers take the previous scale's upsampled layer delta, and the codes are weighted by the
+        score. The preset is the paper's R = 9 point; ``reference_scale=7`` gives its R = 7 point. See
+        [`DepthVARScheduler`] for the settings.
+
+        Args:
+            **overrides: settings of [`DepthVARScheduler`] replacing the preset's (e.g. ``reference_scale=7``,
+                ``rotation_step=0``); an unknown name raises a ``ValueError``.
+
+        Returns:
+            [`DepthVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
+
+        Examples:
+            ```py
+            >>> import torch
+            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+            >>> pipe = build_tiny_infinity_pipeline(depth=8)
+            >>> pipe.enable_depthvar(reference_scale=7)
+            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
+            >>> pipe.disable_acceleration()
+            ```
+        """
+        from ..schedulers.scheduling_depthvar import DepthVARScheduler
+
+        return self._enable_preset(DepthVARScheduler, overrides)
+
+    def enable_arvar(self, **overrides) -> VARAccelScheduler:
+        r"""Accelerate every following call with ARVAR (ECCV 2026), in its published setting for this model.
+
+        Branch halving at the second-to-last scale (only the conditional CFG rows run); attention-retrospect pruning at
+        the last scale: every layer computes the 25 % of tokens that received the most self-attention three scales
+        earlier and overwrites an upsampled copy of its output from two scales earlier. Needs CFG (a guidance scale
+        != 1) while branch halving is on. See [`ARVARScheduler`] for the settings.
+
+        Args:
+            **overrides: settings of [`ARVARScheduler`] replacing the preset's (e.g. ``prune_ratios=(0.5,)``,
+                ``branch_halving_scales=()``); an unknown name raises a ``ValueError``.
+
+        Returns:
+            [`ARVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
+
+        Examples:
+            ```py
+            >>> import torch
+            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+            >>> pipe = build_tiny_infinity_pipeline(seed=0)
+            >>> pipe.enable_arvar()
+            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
+            >>> pipe.disable_acceleration()
+            ```
+        """
+        from ..schedulers.scheduling_arvar import ARVARScheduler
+
+        return self._enable_preset(ARVARScheduler, overrides)
+
     def _enable_preset(self, scheduler_cls, overrides) -> VARAccelScheduler:
         scheduler = scheduler_cls.from_preset(self.model_family, **overrides)
         self.enable_acceleration(scheduler)

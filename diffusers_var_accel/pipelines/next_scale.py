@@ -198,6 +198,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, schedul
         token_scale_ids=scale_ids,
         token_router=scheduler.token_router(state, plan),
         record_attention_layers=set(plan.record_attention_layers),
+        attention_map=plan.attention_map,
         cache_rows=state.rows if halve else None,
     )
     hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)

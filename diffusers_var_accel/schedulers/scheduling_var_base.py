@@ -39,6 +39,9 @@ MODEL_FAMILIES = ("infinity", "hart")
 
 _SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
 
+#: What a recorded self-attention map keeps (see ``ScalePlan.attention_map``).
+ATTENTION_MAP_KINDS = ("key_mean", "full")
+
 
 @dataclass(frozen=True)
 class ScalePlan:
@@ -52,13 +55,21 @@ class ScalePlan:
         cfg_halve (`bool`, defaults to `False`): under CFG, run only the conditional rows through the blocks; their
             output stands in for the unconditional rows (the guidance difference at these scales is zero).
         record_attention_layers (`frozenset[int]`): self-attention layers whose probabilities are computed
-            explicitly and handed to ``after_scale``.
+            explicitly and handed to ``after_scale`` (in ``state.attention_maps[layer]``).
+        attention_map (`str`, defaults to `"key_mean"`): what is kept of a recorded map: ``"key_mean"`` the attention
+            each key receives, averaged over heads and queries, ``(R, S)`` fp32 (small: one row per key); ``"full"``
+            the probabilities ``(R, H, L, S)`` (memory grows with layers x heads x queries x keys).
     """
 
     scale_indices: Tuple[int, ...]
     skip: bool = False
     cfg_halve: bool = False
     record_attention_layers: FrozenSet[int] = field(default_factory=frozenset)
+    attention_map: str = "key_mean"
+
+    def __post_init__(self):
+        if self.attention_map not in ATTENTION_MAP_KINDS:
+            raise ValueError(f"attention_map must be one of {ATTENTION_MAP_KINDS}, got {self.attention_map!r}")
 
 
 def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
@@ -281,6 +292,7 @@ class ComposedScheduler(VARAccelScheduler):
                 skip=skips.pop(),
                 cfg_halve=any(x.cfg_halve for x in overlapping),
                 record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
+                attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
             ))
         return merged
 

@@ -1,0 +1,301 @@
+"""ARVAR (ECCV 2026): branch halving, attention-retrospect pruning and structural reconstruction.
+
+Two independent schedules (no public code: ambiguities are resolved as marked *choice*, see ``docs/arvar.md``;
+equation numbers are ours):
+
+* **Branch halving (BH)** at ``branch_halving_scales``: only the conditional CFG rows run the blocks and the head,
+  their keys/values stand in for the unconditional rows in the KV cache, and the scale is sampled with guidance 1.
+  *Choice*: BH on a run without CFG raises a ``ValueError`` naming the scales and the fix (nothing silently ignored).
+* **Attention retrospect (AR)**: a pruned scale ``T`` reads the same layer's self-attention at the small scale ``T - M``
+  (only that pass computes it explicitly, ``ScalePlan.record_attention_layers``; all others keep SDPA / flash). A key's
+  saliency is the attention it receives, averaged over heads and the scale's queries, on the self-attention part
+  only (the ``h x w`` keys of ``T - M``, not the cache; *choice*: not renormalised per query)::
+
+      s^l(p) = mean_{head, q} A^l_{T-M}[head, q, p]      for p in the h_{T-M} x w_{T-M} keys of scale T-M      (1)
+      I^l_T  = TopK(Up(s^l, (h_T, w_T)), K),             K = L - int(L * r)                                    (2)
+
+  (*choice*: ``Up`` is ``upsample_mode``, bilinear by default; FastVAR's ``K``; ties go to the earlier position). The
+  whole block (attention, cross-attention, FFN) runs on the kept tokens only (``"block"`` routing); only their
+  keys/values enter the KV cache; each CFG row keeps its own positions.
+* **Structural reconstruction**: the same layer's block output at ``T - N`` (that pass routes every token of the
+  pruned layers, bit-identical to dense) is upsampled (same mode) into a canvas that the kept outputs overwrite::
+
+      Y^l_T = Scatter(Up(Y^l_{T-N}, (h_T, w_T)), I^l_T, Yhat^l_T)                                               (3)
+
+Ratio 0 prunes nothing (dense, nothing recorded: bit-identical to the baseline); ratio 1 keeps no token (the canvas).
+``T - M`` and ``T - N`` must lie in the schedule and not be pruned. If the CFG rows of a source and of ``T`` differ
+(one is halved), the conditional rows stand in for the unconditional ones.
+
+Shape legend: ``R`` rows (``2B`` under CFG, conditional first), ``H`` heads, ``L = h_T w_T`` tokens of a pruned scale,
+``l = h w`` of a source scale, ``S`` keys, ``K`` kept tokens, ``C`` width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
+#   loadable base class up in the module named in model_index.json)
+
+from ..models.forward_context import scatter_tokens
+from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
+
+UPSAMPLE_MODES = ("bilinear", "bicubic", "area", "nearest")
+#: ``pruned_layers=None`` records the layers below this bound (plans are made before the model's depth is known; a
+#: deeper model stops with a "no attention map" error at the pruned scale).
+MAX_LAYERS = 1024
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Eqs. (1)-(3)
+# ---------------------------------------------------------------------------------------------------------------------
+def num_kept_tokens(num_tokens: int, ratio: float) -> int:
+    """``K = L - int(L * r)``: the tokens a scale of ``L`` tokens keeps when a fraction ``r`` is pruned."""
+    return num_tokens - int(num_tokens * float(ratio))
+
+
+def upsample_tokens(x_RlC: torch.Tensor, source_hw, hw, mode: str = "bilinear") -> torch.Tensor:
+    """The tokens of an ``h x w`` map interpolated to ``hw`` (in fp32, returned in ``x``'s dtype): ``(R, L, C)``."""
+    R, _, C = x_RlC.shape
+    x = x_RlC.float().reshape(R, *source_hw, C).permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=tuple(hw), mode=mode, align_corners=False if mode in ("bilinear", "bicubic") else None)
+    return x.permute(0, 2, 3, 1).reshape(R, hw[0] * hw[1], C).to(x_RlC.dtype)
+
+
+def self_attention_saliency(probs_RHqS: torch.Tensor, source_hw) -> torch.Tensor:
+    """Eq. (1): the attention each key of the scale itself (the last ``h*w`` keys) receives, mean over heads and
+    queries, in fp32: ``(R, h, w)``. Takes the full map ``(R, H, q, S)`` or the loop's ``"key_mean"`` map ``(R, S)``
+    (already averaged over heads and queries: the mean commutes with taking the last ``h*w`` keys)."""
+    h, w = source_hw
+    if probs_RHqS.dim() == 2:
+        return probs_RHqS[:, -h * w:].float().reshape(-1, h, w)
+    return probs_RHqS[..., -h * w:].mean(dim=(1, 2), dtype=torch.float32).view(-1, h, w)
+
+
+def retrospect_tokens(saliency_Rhw: torch.Tensor, hw, ratio: float, mode: str = "bilinear") -> torch.Tensor:
+    """Eq. (2): per row, the ``K`` most salient positions of the saliency interpolated to ``hw``, in position order
+    ``(R, K)`` (a stable sort: ties go to the earlier position)."""
+    score_RL = upsample_tokens(saliency_Rhw.flatten(1).unsqueeze(-1), saliency_Rhw.shape[-2:], hw, mode)[..., 0]
+    keep = num_kept_tokens(score_RL.shape[1], ratio)
+    return torch.sort(score_RL, dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
+
+
+def structural_reconstruction(canvas_RlC, source_hw, hw, index_RK, computed_RKC, mode: str = "bilinear") -> torch.Tensor:
+    """Eq. (3): the earlier output upsampled to ``hw``, the kept positions overwritten by their fresh outputs."""
+    return scatter_tokens(upsample_tokens(canvas_RlC.to(computed_RKC.dtype), source_hw, hw, mode), index_RK, computed_RKC)
+
+
+def _match_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` for a pass of ``rows`` rows: the conditional rows of a halved pass, or copies of them for both halves."""
+    if x.shape[0] == rows:
+        return x
+    return x[:rows] if x.shape[0] > rows else x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
+
+
+class _OutputRecorder:
+    """Router of a source scale ``T - N``: every token runs the pruned layers, and each block output is kept."""
+
+    def __init__(self, layers, outputs: Dict[int, torch.Tensor]):
+        self.layers, self.outputs = layers, outputs
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        if sublayer != "block" or layer_idx not in self.layers:
+            return None
+        return torch.arange(x_RLC.shape[1], device=x_RLC.device).expand(x_RLC.shape[0], -1)
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        self.outputs[layer_idx] = computed_RKC  # every token, in order: Y_{T-N}
+        return computed_RKC
+
+
+class _RetrospectRouter:
+    """Router of a pruned scale ``T``: the kept tokens (Eq. 2) run the block, the canvas fills the rest (Eq. 3)."""
+
+    def __init__(self, kept: Dict[int, torch.Tensor], outputs: Dict[int, torch.Tensor], source_hw, hw, mode: str):
+        self.kept, self.outputs, self.source_hw, self.hw, self.mode = kept, outputs, source_hw, hw, mode
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        if sublayer != "block" or layer_idx not in self.kept:
+            return None
+        return _match_rows(self.kept[layer_idx], x_RLC.shape[0])
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        canvas = _match_rows(self.outputs[layer_idx], x_RLC.shape[0])
+        return structural_reconstruction(canvas, self.source_hw, self.hw, index_RK, computed_RKC, self.mode)
+
+
+@dataclass(frozen=True)
+class ARVARScales:
+    """On one schedule: BH scales, ``r`` per pruned scale, ``T -> T - M`` / ``T - N`` for ``r > 0`` (indices >= 0)."""
+
+    halved: FrozenSet[int]
+    prune_ratios: Dict[int, float]
+    attention_sources: Dict[int, int]
+    activation_sources: Dict[int, int]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# scheduler
+# ---------------------------------------------------------------------------------------------------------------------
+class ARVARScheduler(VARAccelScheduler):
+    r"""ARVAR (ECCV 2026): branch halving at late scales, attention-retrospect pruning with structural reconstruction.
+
+    Scale indices may be negative (``-1`` is the last scale), so one setting fits every aspect ratio and pixel budget.
+    Presets: ``"hart"`` is the paper's HART default (BH at step 13, AR at step 14 with 75 % pruned, ``M = 3``, ``N = 2``,
+    of 14 steps): BH at ``-2``, AR at ``-1``. ``"infinity"``: the same on Infinity's 13 scales (1M pixels: BH at 48x48,
+    AR at 64x64 with saliency from 32x32 and canvas from 40x40), every layer pruned.
+
+    Args:
+        branch_halving_scales (`tuple[int]`, defaults to `(-2,)`): scales where only the conditional rows run (BH).
+        pruned_scales (`tuple[int]`, defaults to `(-1,)`): the AR scales ``T``.
+        prune_ratios (`tuple[float]`, defaults to `(0.75,)`): the fraction ``r`` in [0, 1] pruned at each ``T`` (one
+            value per pruned scale, or one for all); ``L - int(L * r)`` tokens are kept.
+        attention_distance (`int`, defaults to 3): ``M``; the saliency of ``T`` comes from scale ``T - M``.
+        activation_distance (`int`, defaults to 2): ``N``; the canvas of ``T`` comes from scale ``T - N``.
+        pruned_layers (`tuple[int, int]`, *optional*): the layers ``[start, end)`` AR prunes (``end`` may exceed the
+            depth); `None` (default) prunes every layer.
+        upsample_mode (`str`, defaults to `"bilinear"`): the ``F.interpolate`` mode of the saliency (Eq. 2) and the
+            canvas (Eq. 3): ``"bilinear"``, ``"bicubic"``, ``"area"`` or ``"nearest"``.
+        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+
+    Examples:
+        ```py
+        >>> from diffusers_var_accel import ARVARScheduler
+        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+        >>> pipe = build_tiny_infinity_pipeline(seed=0)
+        >>> arvar = ARVARScheduler.from_preset("infinity", prune_ratios=(0.5,))
+        >>> image = pipe("a red fox in the snow", height=256, width=256, acceleration=arvar).images[0]
+        ```
+    """
+
+    presets = {family: dict(branch_halving_scales=(-2,), pruned_scales=(-1,), prune_ratios=(0.75,), attention_distance=3,
+                            activation_distance=2, pruned_layers=None, model_family=family) for family in ("infinity", "hart")}
+
+    @register_to_config
+    def __init__(
+        self,
+        branch_halving_scales: Sequence[int] = (-2,),
+        pruned_scales: Sequence[int] = (-1,),
+        prune_ratios: Sequence[float] = (0.75,),
+        attention_distance: int = 3,
+        activation_distance: int = 2,
+        pruned_layers: Optional[Sequence[int]] = None,
+        upsample_mode: str = "bilinear",
+        model_family: Optional[str] = "infinity",
+    ):
+        super().__init__()
+        self._check_family_name(model_family)
+        halved, pruned = _scale_list(branch_halving_scales, "branch_halving_scales"), _scale_list(pruned_scales, "pruned_scales")
+        ratios = [check_ratio(r, f"prune_ratios[{i}]") for i, r in enumerate(prune_ratios)]
+        if len(ratios) not in (1, len(pruned)):
+            raise ValueError(f"prune_ratios has {len(ratios)} values for {len(pruned)} pruned_scales; give one per scale or one")
+        for name, value in (("attention_distance", attention_distance), ("activation_distance", activation_distance)):
+            if not _is_index(value) or value < 1 or any(0 <= t < value for t in pruned):
+                raise ValueError(f"{name} must be an integer >= 1 that reaches no further back than scale 0 from the pruned "
+                                 f"scales {pruned}, got {value!r}")
+        if pruned_layers is not None:
+            pruned_layers = list(pruned_layers)
+            if len(pruned_layers) != 2 or not all(_is_index(v) for v in pruned_layers) or not 0 <= pruned_layers[0] < pruned_layers[1]:
+                raise ValueError(f"pruned_layers must be a range [start, end) with 0 <= start < end, or None; got {pruned_layers!r}")
+        if upsample_mode not in UPSAMPLE_MODES:
+            raise ValueError(f"upsample_mode must be one of {list(UPSAMPLE_MODES)}, got {upsample_mode!r}")
+        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        self.register_to_config(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=ratios, pruned_layers=pruned_layers)
+
+    # -- the setting on one schedule ------------------------------------------------------------------------------------
+    def resolve(self, scale_schedule: Sequence[Tuple[int, ...]]) -> ARVARScales:
+        """The BH, pruned and source scales of ``scale_schedule`` as non-negative indices.
+
+        Raises:
+            ValueError: an index outside the schedule, a scale named twice, a source before scale 0 or itself pruned.
+        """
+        n, cfg = len(scale_schedule), self.config
+        halved = [resolve_scale_index(s, n, "branch halving scale") for s in cfg.branch_halving_scales]
+        ratios = list(cfg.prune_ratios) * (len(cfg.pruned_scales) if len(cfg.prune_ratios) == 1 else 1)
+        prune = {resolve_scale_index(s, n, "pruned scale"): float(r) for s, r in zip(cfg.pruned_scales, ratios)}
+        if len(set(halved)) != len(halved) or len(prune) != len(cfg.pruned_scales):
+            raise ValueError(f"branch_halving_scales {list(cfg.branch_halving_scales)} or pruned_scales {list(cfg.pruned_scales)} "
+                             f"name one scale twice on {n} scales")
+        sources = {}
+        for name, distance in (("attention", cfg.attention_distance), ("activation", cfg.activation_distance)):
+            for t in prune:
+                if t - distance < 0:
+                    raise ValueError(f"{name}_distance {distance} reaches before scale 0 from pruned scale {t} of the {n}-scale "
+                                     f"schedule; use a distance <= {t} or a later pruned scale")
+                if t - distance in prune:
+                    raise ValueError(f"the {name} source {t - distance} of pruned scale {t} is pruned too; sources run in full")
+            sources[name] = {t: t - distance for t, r in prune.items() if r > 0}
+        return ARVARScales(frozenset(halved), prune, sources["attention"], sources["activation"])
+
+    def _layers(self, num_layers: int) -> range:
+        start, end = self.config.pruned_layers or (0, num_layers)
+        if start >= num_layers:
+            raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
+        return range(start, min(end, num_layers))
+
+    def _data(self, state) -> dict:  # saliency, block outputs and kept indices of this call (in the loop's state)
+        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"saliency": {}, "outputs": {}, "kept": {}})
+
+    def kept_tokens(self, state) -> Dict[Tuple[int, int], torch.Tensor]:
+        """The positions each pruned layer computed in the call of ``state``: ``{(T, layer): (R of T - M, K)}``."""
+        return self._data(state)["kept"]
+
+    # -- extension points ---------------------------------------------------------------------------------------------
+    def plan_scales(self, scale_schedule):
+        scales = self.resolve(scale_schedule)
+        record, recorded = frozenset(range(*(self.config.pruned_layers or (0, MAX_LAYERS)))), set(scales.attention_sources.values())
+        return [ScalePlan((k,), cfg_halve=k in scales.halved, record_attention_layers=record if k in recorded else frozenset())
+                for k in range(len(scale_schedule))]
+
+    def before_scale(self, state, plan):
+        halved = self.resolve(state.scale_schedule).halved
+        if halved and state.rows == state.batch_size:
+            raise ValueError(f"branch halving at scales {sorted(halved)} needs classifier-free guidance, but this run has none "
+                             f"(guidance 1 at every scale); use a guidance scale != 1 or branch_halving_scales=()")
+
+    def token_router(self, state, plan):
+        scales, scale_set = self.resolve(state.scale_schedule), set(plan.scale_indices)
+        ours = scale_set & {*scales.attention_sources, *scales.attention_sources.values(), *scales.activation_sources.values()}
+        if len(scale_set) > 1 and ours:
+            raise ValueError(f"ARVAR's pruned and source scales {sorted(ours)} must run alone, not in the group {plan.scale_indices}")
+        k, data, layers = plan.scale_indices[0], self._data(state), self._layers(state.kv_cache.num_layers)
+        if k in scales.activation_sources.values():
+            return _OutputRecorder(layers, data["outputs"].setdefault(k, {}))
+        if k not in scales.attention_sources:
+            return None
+        m_source, n_source = scales.attention_sources[k], scales.activation_sources[k]
+        saliency, outputs = data["saliency"].pop(m_source, {}), data["outputs"].pop(n_source, {})
+        if any(layer not in saliency or layer not in outputs for layer in layers):
+            raise RuntimeError(f"ARVAR has no attention map or block output of some of layers {list(layers)} for pruned scale {k}: its "
+                               f"sources {m_source} / {n_source} did not run in full (skipped or routed by another scheduler?)")
+        hw, ratio, mode = tuple(state.scale_schedule[k][-2:]), scales.prune_ratios[k], self.config.upsample_mode
+        kept = {layer: retrospect_tokens(saliency[layer], hw, ratio, mode) for layer in layers}
+        data["kept"].update({(k, layer): index for layer, index in kept.items()})
+        return _RetrospectRouter(kept, outputs, tuple(state.scale_schedule[n_source][-2:]), hw, mode)
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        k = plan.scale_indices[0]
+        if k not in self.resolve(state.scale_schedule).attention_sources.values():
+            return
+        hw, saliency = tuple(state.scale_schedule[k][-2:]), self._data(state)["saliency"].setdefault(k, {})
+        for layer in sorted(state.attention_maps.keys() & set(self._layers(state.kv_cache.num_layers))):  # missing: see T
+            probs = state.attention_maps[layer]
+            if probs.dim() == 4 and probs.shape[-2] != hw[0] * hw[1]:  # a "full" map tells how many queries ran
+                raise RuntimeError(f"the attention source scale {k} computed {probs.shape[-2]} of its {hw[0] * hw[1]} tokens in "
+                                   f"layer {layer}; it must run in full (routed by another scheduler?)")
+            saliency[layer] = self_attention_saliency(probs, hw)
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _scale_list(values, name: str):
+    if not all(_is_index(v) for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}")
+    return list(values)

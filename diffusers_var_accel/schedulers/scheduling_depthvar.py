@@ -1,0 +1,299 @@
+"""DepthVAR: every token of a late scale gets a number of layers instead of keep / drop (CVPR 2026 Findings).
+
+No public code: where the paper is ambiguous the choice is ours, stated here and in ``docs/depthvar.md``. Equations
+are numbered in the method's order (``shared/docs/methods.md``). For a dynamic scale ``i`` of ``N = h w`` tokens and
+a model of ``L`` layers:
+
+1. **Ranking map** ``B_{i-1} = sum_l mean_c |r_{i-1}^l - r_{i-1}^{l-1}|``: each position's absolute change across the
+   layers of the previous scale (mean over the CFG rows of an image), bilinearly resized to ``(h_i, w_i)``.     (1)
+2. **Scheduling function with cyclic percentile rotation.** ``rho = (rank + 1/2) / N`` (ascending change, ties by
+   position); ``S_i = G'(rho) = s + (1 - s) ((rho + phi_i) mod 1) ** gamma_i`` with ``s = min_depth / L`` and
+   ``gamma_i = (1 - s) / (f_i - s) - 1``, so the mean score is the budget ``f_i = min(1, N_R / N_i)``: a dynamic
+   scale costs what the reference scale ``R`` costs at full depth (``f_i = 1``: ``S = 1``; ``f_i <= s``: ``S = s``).
+   ``phi_i = rotation_step * (i - start) mod 1``: the deep band of percentiles moves down the ranking from one
+   dynamic scale to the next and wraps around, so positions that ran shallow at one scale run deep later.      (2)
+3. **Bit-reversal depth mapping.** ``D = clamp(floor(S L), min_depth, L)``; a token runs ``D`` consecutive entries of
+   the bit-reversal sequence of ``0..L-1`` (L = 32, D = 5 from the start: {0, 16, 8, 24, 4}) starting at its offset
+   ``o = rank mod L`` (``cyclic_layer_offsets``; else ``o = 0``, the literal "first D entries"). Tokens of one depth
+   have consecutive ranks, so every layer computes about ``f_i`` of the tokens. ``L`` not a power of two: bit-reverse
+   over the next power of two, drop values ``>= L``, keep the order. ``M_i(l, m, n) = 1[l in layers(m, n)]``.    (3)
+4. **Cached proxy** ``r_i^l = Layer_l(r_i^{l-1} . M) + up(r_{i-1}^l - r_{i-1}^{l-1}) . (1 - M)``, ``up`` bilinear.
+   Computed tokens run the whole block on the gathered tokens (attention to the KV cache and this scale's tokens of
+   layer ``l``); only they enter layer ``l``'s KV cache: later scales see there only the positions that ran it. (4)
+5. **Code blending** ``z_i = S_i . lookup(p_i)``.                                                                (5)
+
+``rho``, ``S``, ``D`` and the per-layer token counts depend on ranks only: no shape depends on values (meta-tensor
+FLOP counts work). The scale before the first dynamic one routes every token (bit-identical to dense) to record.
+
+Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG), ``N`` tokens of a scale, ``K`` of one layer, ``C`` width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
+#   loadable base class up in the module named in model_index.json)
+
+from ..models.forward_context import scatter_tokens
+from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
+
+
+def bit_reversal_permutation(num_layers: int) -> List[int]:
+    """Eq. (3): ``0..L-1`` in bit-reversed order (over the next power of two, values ``>= L`` dropped)."""
+    if not _is_int(num_layers) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+    bits = max(1, (num_layers - 1).bit_length())
+    order = (int(format(i, f"0{bits}b")[::-1], 2) for i in range(2 ** bits))
+    return [layer for layer in order if layer < num_layers]
+
+
+def scheduling_function(rho: torch.Tensor, budget: float, phase: float = 0.0, min_score: float = 0.0) -> torch.Tensor:
+    """Eq. (2): ``S = G'(rho)``, rotated by ``phase``, with scores in ``[min_score, 1]`` and mean ``budget``."""
+    for name, value in (("budget", budget), ("min_score", min_score), ("every percentile rho", rho)):
+        _check_unit_interval(value, name)
+    u = torch.remainder(rho + phase, 1.0)
+    if budget >= 1.0:
+        return torch.ones_like(u)
+    if budget <= min_score:
+        return torch.full_like(u, min_score)
+    gamma = (1.0 - min_score) / (budget - min_score) - 1.0
+    return min_score + (1.0 - min_score) * u.pow(gamma)
+
+
+def layer_masks(scores: torch.Tensor, num_layers: int, offsets: Optional[torch.Tensor] = None, min_depth: int = 0) -> torch.Tensor:
+    """Eq. (3): ``M[..., l]``, whether a token of depth score ``S`` runs layer ``l`` (bool, ``(..., L)``).
+
+    Raises:
+        ValueError: a depth score outside [0, 1], or ``min_depth`` outside ``0..L``.
+    """
+    _check_unit_interval(scores, "every depth score")
+    if not 0 <= min_depth <= num_layers:
+        raise ValueError(f"min_depth {min_depth} is outside 0..{num_layers} for a {num_layers}-layer model")
+    order = torch.tensor(bit_reversal_permutation(num_layers))
+    position = torch.empty_like(order).scatter_(0, order, torch.arange(num_layers))  # layer -> place in the sequence
+    depth = (scores * num_layers).floor().clamp(min_depth, num_layers).long()
+    offsets = torch.zeros_like(depth) if offsets is None else offsets.long()
+    return torch.remainder(position - offsets.unsqueeze(-1), num_layers) < depth.unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class ScaleDepth:
+    """The depth plan of one dynamic scale: ``scores`` / ``depth`` ``(B, h, w)``, tokens per layer ``{l: (B, K)}``."""
+
+    scores: torch.Tensor
+    depth: torch.Tensor
+    layer_index: Dict[int, torch.Tensor]
+
+
+def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, budget: float, phase: float,
+               min_depth: int, cyclic_layer_offsets: bool) -> ScaleDepth:
+    """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space."""
+    B, N = ranking_BN.shape
+    rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
+    scores = scheduling_function(rho, budget, phase, min(1.0, min_depth / num_layers))  # layer_masks checks min_depth
+    offsets = torch.arange(N) % num_layers if cyclic_layer_offsets else None
+    mask = layer_masks(scores, num_layers, offsets, min_depth)  # (N, L), by rank
+    order_BN = ranking_BN.argsort(dim=1, stable=True)  # rank -> token
+    device = order_BN.device
+
+    def by_token(values_N):  # a value per rank -> a (B, h, w) map
+        values_BN = values_N.to(device).expand(B, N)
+        return torch.empty_like(values_BN).scatter_(1, order_BN, values_BN).view(B, *hw)
+
+    layer_index = {l: order_BN[:, mask[:, l].nonzero()[:, 0].to(device)].sort(dim=1).values for l in range(num_layers)}
+    return ScaleDepth(by_token(scores.float()), by_token(mask.sum(-1)), layer_index)
+
+
+def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with ``rows`` rows: a CFG-halved pass has the conditional rows only; they stand in for the others."""
+    return t[:rows] if t.shape[0] >= rows else t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
+
+
+class _DepthRouter:
+    """Block routing of a pass: layer ``l`` computes ``layer_index[l]`` (all tokens when ``None``), the others take the
+    proxy of Eq. (4); with a ``record``, each layer's delta and the sum of Eq. (1) are kept for the next scale."""
+
+    def __init__(self, layer_index, previous, hw, record):
+        self.layer_index, self.previous, self.hw, self.record = layer_index, previous, hw, record
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        if sublayer != "block":
+            return None
+        R, N = x_RLC.shape[:2]
+        if self.layer_index is None:
+            return torch.arange(N, device=x_RLC.device).expand(R, N)
+        index_BK = self.layer_index[layer_idx]
+        return index_BK.repeat(R // index_BK.shape[0], 1)
+
+    def proxy(self, layer_idx, x_RLC):
+        """``up(r_{i-1}^l - r_{i-1}^{l-1})`` of Eq. (4), bilinear to this scale, ``(R, N, C)``."""
+        R, _, C = x_RLC.shape
+        delta = _rows(self.previous["deltas"][layer_idx], R).transpose(1, 2).reshape(R, C, *self.previous["hw"])
+        up = F.interpolate(delta.float(), size=self.hw, mode="bilinear", align_corners=False)
+        return up.flatten(2).transpose(1, 2).to(x_RLC.dtype)
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        if self.layer_index is None:
+            out = computed_RKC  # every token, in order: the block's full output
+        else:
+            out = scatter_tokens(x_RLC + self.proxy(layer_idx, x_RLC), index_RK, computed_RKC)
+        if self.record is not None:
+            delta = self.record["deltas"][layer_idx] = out - x_RLC
+            change = delta.float().abs().mean(dim=-1)  # Eq. (1), summed over the layers as they run
+            self.record["change"] = change if self.record["change"] is None else self.record["change"] + change
+        return out
+
+
+class DepthVARScheduler(VARAccelScheduler):
+    r"""DepthVAR (CVPR 2026 Findings): dynamic per-token depth on the late scales, proxies for skipped layers.
+
+    Late scales give each token a depth score ``S`` from the previous scale's per-position change (Eqs. 1-2), run it
+    through ``floor(S L)`` layers spread by bit reversal (Eq. 3), fill the skipped layers with the previous scale's
+    upsampled layer delta (Eq. 4) and weight its codes by ``S`` (Eq. 5). The mean depth of scale ``i`` is
+    ``min(1, N_R / N_i)`` of the model (the full-depth cost of scale ``R``), so a smaller ``R`` runs fewer layers.
+
+    Presets: ``"infinity"`` is the paper's R = 9 point (1.7x latency; scales 10..13 of 1M are dynamic), and
+    ``reference_scale=7`` its R = 7 point (3.1x); ``"hart"``: R = 10 of 14 scales (21x21, 5th from the end as R = 9).
+
+    Args:
+        reference_scale (`int`, defaults to 9): the paper's ``R``, **1-based** as in the paper (9 = the 9th scale,
+            24x24 at 1M pixels); negative counts from the end (-1 = the last scale). It must exist in the schedule.
+        start_scale (`int`, *optional*): first scale with dynamic depth, a 0-based scale index as everywhere in the
+            library (negative = from the end); `None` = the scale after ``R``. Earlier scales run at full depth. Scales
+            up to ``R`` have budget 1 (full depth, ``S = 1``) even when dynamic.
+        rotation_step (`float`, defaults to 0.25): percentile rotation per dynamic scale, in [0, 1); 0 disables it.
+        min_depth (`int`, defaults to 1): every token runs at least this many layers (0 allows pure-proxy tokens).
+        cyclic_layer_offsets (`bool`, defaults to `True`): start each token's bit-reversal sequence at ``rank mod L``
+            (balanced layers); `False` starts every token at layer 0 (the literal "first D entries").
+        code_blending (`bool`, defaults to `True`): weight the codes of dynamic scales by ``S`` (Eq. 5).
+        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+
+    Examples:
+        ```py
+        >>> import torch
+        >>> from diffusers_var_accel import DepthVARScheduler
+        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+        >>> pipe = build_tiny_infinity_pipeline(depth=8)
+        >>> depthvar = DepthVARScheduler.from_preset("infinity", reference_scale=7)
+        >>> image = pipe("a red fox in the snow", height=512, width=512, acceleration=depthvar).images[0]
+        ```
+    """
+
+    presets = {family: dict(reference_scale=R, start_scale=None, rotation_step=0.25, min_depth=1, cyclic_layer_offsets=True,
+                            code_blending=True, model_family=family) for family, R in (("infinity", 9), ("hart", 10))}
+
+    @register_to_config
+    def __init__(
+        self,
+        reference_scale: int = 9,
+        start_scale: Optional[int] = None,
+        rotation_step: float = 0.25,
+        min_depth: int = 1,
+        cyclic_layer_offsets: bool = True,
+        code_blending: bool = True,
+        model_family: Optional[str] = "infinity",
+    ):
+        super().__init__()
+        self._check_family_name(model_family)
+        if not _is_int(reference_scale) or reference_scale == 0:
+            raise ValueError(f"reference_scale must be a 1-based scale number (1, 2, ...) or negative from the end (-1 = last), got {reference_scale!r}")
+        if start_scale is not None and not _is_int(start_scale):
+            raise ValueError(f"start_scale must be a scale index (negative = from the end) or None, got {start_scale!r}")
+        if isinstance(rotation_step, bool) or not isinstance(rotation_step, (int, float)) or not 0 <= rotation_step < 1:
+            raise ValueError(f"rotation_step must be a percentile shift in [0, 1), got {rotation_step!r}")
+        if not _is_int(min_depth) or min_depth < 0:
+            raise ValueError(f"min_depth must be a number of layers >= 0, got {min_depth!r}")
+        for name, value in (("cyclic_layer_offsets", cyclic_layer_offsets), ("code_blending", code_blending)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+
+    # -- the setting on one schedule ---------------------------------------------------------------------------------
+    def budgets(self, scale_schedule) -> Dict[int, float]:
+        """``{dynamic scale index: f_i = min(1, N_R / N_i)}`` on ``scale_schedule``.
+
+        Raises:
+            ValueError: ``R`` or ``start_scale`` outside the schedule, or ``start_scale`` resolving to scale 0.
+        """
+        n, R = len(scale_schedule), self.config.reference_scale
+        if not (1 <= R <= n or -n <= R <= -1):
+            raise ValueError(f"reference_scale R={R} is outside the schedule's {n} scales (allowed: 1..{n}, or -{n}..-1 from the end)")
+        ref = R - 1 if R > 0 else n + R
+        start = ref + 1 if self.config.start_scale is None else resolve_scale_index(self.config.start_scale, n, "start_scale")
+        if start == 0:
+            raise ValueError("start_scale resolves to scale 0, which has no previous scale to rank its tokens by; use >= 1")
+        tokens = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
+        return {i: min(1.0, tokens[ref] / tokens[i]) for i in range(start, n)}
+
+    def depth_plans(self, state) -> Dict[int, ScaleDepth]:
+        """The depth plan of every dynamic scale of the call of ``state`` (per call: it lives in the loop's state)."""
+        return self._data(state)["plans"]
+
+    def _data(self, state) -> dict:
+        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"plans": {}})
+
+    # -- extension points ---------------------------------------------------------------------------------------------
+    def plan_scales(self, scale_schedule):
+        self.budgets(scale_schedule)  # raise early on a setting that does not fit the schedule
+        return super().plan_scales(scale_schedule)
+
+    def before_scale(self, state, plan):
+        budgets, data, k = self.budgets(state.scale_schedule), self._data(state), plan.scale_indices[0]
+        if k not in budgets or plan.skip:
+            return
+        previous = data.get("previous")
+        if previous is None or previous["scale"] != k - 1:
+            raise RuntimeError(f"DepthVAR needs the layer deltas of scale {k - 1} for scale {k}, but that scale did not run "
+                               "through DepthVAR's router (skipped, grouped, or routed by another scheduler?)")
+        hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
+        ranking = previous["change"].view(-1, state.batch_size, 1, *previous["hw"]).mean(0)
+        ranking_BN = F.interpolate(ranking, size=hw, mode="bilinear", align_corners=False).flatten(1)  # Eq. (1)
+        phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
+        data["plans"][k] = plan_depth(ranking_BN, hw, len(state.kv_cache), budgets[k], phase, self.config.min_depth,
+                                      self.config.cyclic_layer_offsets)
+
+    def token_router(self, state, plan):
+        budgets, data = self.budgets(state.scale_schedule), self._data(state)
+        involved = [k for k in plan.scale_indices if k in budgets or k + 1 in budgets]
+        if not involved:
+            return None
+        if len(plan.scale_indices) > 1:
+            raise ValueError(f"DepthVAR routes one scale per pass; scales {plan.scale_indices} are decoded together")
+        k = plan.scale_indices[0]
+        hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
+        record = {"scale": k, "hw": hw, "deltas": {}, "change": None} if k + 1 in budgets else None
+        data["current"] = record
+        depth = data["plans"].get(k)
+        return _DepthRouter(None if depth is None else depth.layer_index, data.get("previous"), hw, record)
+
+    def restore_codes(self, state, scale_index, codes_Bdhw):
+        depth = self._data(state)["plans"].get(scale_index)
+        # no blending configured, or a shape-only run (FLOP counting on meta tensors): no values to weight by
+        if depth is None or not self.config.code_blending or (depth.scores.is_meta and not codes_Bdhw.is_meta):
+            return codes_Bdhw
+        return codes_Bdhw * depth.scores.unsqueeze(1).to(codes_Bdhw.dtype)  # Eq. (5)
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        data = self._data(state)
+        record = data.pop("current", None)
+        data.pop("previous", None)  # one scale of deltas at a time
+        if record is not None:
+            data["previous"] = record
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_unit_interval(value, name: str) -> None:
+    """A ``ValueError`` naming ``value`` unless it (every element of a tensor) lies in [0, 1]."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() and not bool(((value >= 0) & (value <= 1)).all()):
+            raise ValueError(f"{name} must be in [0, 1], got values from {value.min().item()} to {value.max().item()}")
+    elif not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")

@@ -1,0 +1,384 @@
+"""DepthVARScheduler: bit-reversal depth mapping, scheduling function and rotation, balanced layers, cached proxies,
+code blending, configuration and the pipeline shortcut.
+
+Hand-built tensors test the rank-space pieces; loop-level tests run the tiny random pipeline (8 layers) at 256x256
+(7 scales: ``reference_scale=-3`` is scale index 4 (8x8), dynamic scales 5 (12x12, budget 64/144) and 6 (16x16,
+budget 1/4)) or at 0.25M sizes (10 scales) for the paper's R = 9 / R = 7 presets.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import register_to_config
+
+from diffusers_var_accel import DepthVARScheduler, ScalePlan, run_next_scale_loop, schedule_for_size, supported_sizes
+from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
+from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
+from diffusers_var_accel.schedulers import ComposedScheduler, LazyVARScheduler, VARAccelScheduler
+from diffusers_var_accel.schedulers.scheduling_depthvar import bit_reversal_permutation, layer_masks, plan_depth, scheduling_function
+from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+DEPTH = 8
+SCHEDULE, TEMPLATE = schedule_for_size(256, 256)
+S = len(SCHEDULE)
+DYNAMIC = (5, 6)
+
+
+def size_of(template, budget):
+    return next(hw for hw, tb in supported_sizes().items() if tb == (template, budget))
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = build_tiny_infinity_pipeline(seed=0, depth=DEPTH)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def latents(pipe, size=(256, 256), acceleration=None, prompt="a red fox in the snow", generator=None, **kwargs):
+    return pipe(prompt, height=size[0], width=size[1], generator=generator if generator is not None else gen(0),
+                acceleration=acceleration, output_type="latent", **kwargs).images
+
+
+def run_loop(pipe, scheduler, batch=2, cfg=3.0):
+    transformer, vae = pipe.transformer, pipe.vae
+    g = gen(3)
+    text = torch.randn(batch, 6, transformer.config.text_channels, generator=g)
+    mask = torch.ones(batch, 6, dtype=torch.bool)
+    text, mask = torch.cat((text, transformer.null_text_embeds(mask))), torch.cat((mask, mask))
+    family = InfinityScaleFamily(transformer, vae, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=0, top_p=None)
+    with torch.no_grad():
+        condition = transformer.encode_condition(text, mask)
+        return run_next_scale_loop(family, condition, SCHEDULE, batch, [cfg] * S, [1.0] * S, gen(0), scheduler)
+
+
+class _Recording(DepthVARScheduler):
+    """DepthVAR whose routers are wrapped to record every block's input, kept tokens and output (test only)."""
+
+    def token_router(self, state, plan):
+        router = super().token_router(state, plan)
+        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+
+
+class _Spy:
+    def __init__(self, router, scale_index, log):
+        self.router, self.scale_index, self.log = router, scale_index, log
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        return self.router.select(layer_idx, sublayer, x_RLC)
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        out = self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
+        self.log[(self.scale_index, layer_idx)] = (x_RLC.clone(), index_RK.clone(), computed_RKC.clone(), out.clone())
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bit reversal, scheduling function, rotation, per-layer balance (hand-built)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_bit_reversal_permutation():
+    order = bit_reversal_permutation(32)
+    assert order[:5] == [0, 16, 8, 24, 4]
+    assert order == [int(format(i, "05b")[::-1], 2) for i in range(32)]
+    assert bit_reversal_permutation(6) == [0, 4, 2, 1, 5, 3]  # over 8, dropping 6 and 7, order kept
+    for L in (1, 2, 3, 5, 7, 12, 24, 40):
+        assert sorted(bit_reversal_permutation(L)) == list(range(L)), L
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="num_layers"):
+            bit_reversal_permutation(bad)
+
+
+def test_a_token_runs_the_first_entries_of_its_bit_reversal_sequence():
+    five = torch.tensor([5 / 32])
+    assert layer_masks(five, 32)[0].nonzero()[:, 0].tolist() == [0, 4, 8, 16, 24]  # {0, 16, 8, 24, 4}
+    assert layer_masks(five, 32, offsets=torch.tensor([1]))[0].nonzero()[:, 0].tolist() == [4, 8, 16, 20, 24]
+    assert layer_masks(torch.tensor([0.0]), 32, min_depth=1)[0].nonzero()[:, 0].tolist() == [0]  # clamped to 1 layer
+    assert layer_masks(torch.tensor([0.0, 1.0]), 24).sum(-1).tolist() == [0, 24]
+    for bad in ([1.5], [-0.1], [float("nan")]):
+        with pytest.raises(ValueError, match="depth score"):
+            layer_masks(torch.tensor(bad), 32)
+    with pytest.raises(ValueError, match="min_depth"):
+        layer_masks(torch.tensor([0.5]), 4, min_depth=5)
+
+
+def test_scheduling_function_has_the_budget_as_mean_and_rotates_cyclically():
+    N = 20000
+    rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
+    for budget in (0.1, 0.25, 0.5, 0.9):
+        for s in (0.0, 1 / 32):
+            scores = scheduling_function(rho, budget, 0.0, s)
+            assert abs(scores.mean().item() - budget) < 1e-3 and scores.min() >= s and scores.max() <= 1
+            assert (scores.diff() >= 0).all()  # phase 0: the larger the change, the deeper
+            for phase in (0.25, 0.7):
+                torch.testing.assert_close(scheduling_function(rho, budget, phase, s),
+                                           scheduling_function(torch.remainder(rho + phase, 1), budget, 0.0, s))
+    assert torch.equal(scheduling_function(rho, 1.0, 0.3), torch.ones(N, dtype=torch.float64))
+    assert torch.equal(scheduling_function(rho, 0.02, 0.0, 0.05), torch.full((N,), 0.05, dtype=torch.float64))
+    for kwargs in (dict(budget=1.2), dict(budget=0.5, min_score=-0.1)):
+        with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+            scheduling_function(rho, **kwargs)
+    with pytest.raises(ValueError, match="percentile"):
+        scheduling_function(torch.tensor([1.5]), 0.5)
+
+
+def test_every_layer_computes_a_balanced_share_of_the_tokens():
+    N, L = 4096, 32
+    offsets = torch.arange(N) % L
+    # one depth score for every token: each layer computes exactly that share
+    share = layer_masks(torch.full((N,), 0.25), L, offsets).float().mean(0)
+    assert torch.equal(share, torch.full((L,), 0.25))
+    # uniformly spread scores: each layer within a small tolerance of the mean share
+    scores = torch.rand(N, generator=gen(0))
+    share = layer_masks(scores, L, offsets).float().mean(0)
+    assert (share - share.mean()).abs().max() < 0.02
+    # the literal "first D entries" (no offsets) loads layer 0 with every token and the last entry with almost none
+    literal = layer_masks(scores, L, min_depth=1).float().mean(0)
+    assert literal[0] == 1 and literal[bit_reversal_permutation(L)[-1]] < 0.05
+    # a depth plan for a budget: the tokens of each layer are the mean count +- 1 per depth class
+    plan = plan_depth(torch.rand(2, N, generator=gen(1)), (64, 64), L, 576 / 4096, 0.5, 1, True)
+    counts = torch.tensor([index.shape[1] for index in plan.layer_index.values()], dtype=torch.float)
+    assert (counts - counts.mean()).abs().max() <= L and abs(counts.mean() / N - plan.depth.float().mean() / L) < 1e-6
+    assert all(index.shape[0] == 2 and torch.equal(index, index.sort(1).values) for index in plan.layer_index.values())
+
+
+def test_plan_maps_ranks_to_positions_and_rotation_moves_the_deep_positions():
+    N, L, budget = 64, 8, 0.25
+    ranking = torch.randperm(N, generator=gen(2)).float().unsqueeze(0)  # the rank of each position is its value
+    rank = ranking[0].long()
+    plain, rotated = (plan_depth(ranking, (8, 8), L, budget, phase, 1, True) for phase in (0.0, 0.25))
+    rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
+    for plan, phase in ((plain, 0.0), (rotated, 0.25)):
+        expected = scheduling_function(rho, budget, phase, 1 / L).float()[rank]
+        assert torch.equal(plan.scores.flatten(), expected)
+        member = torch.zeros(N, L, dtype=torch.long)
+        for l, index in plan.layer_index.items():
+            member[index[0], l] = 1
+        assert torch.equal(member.sum(1), plan.depth.flatten())  # the masks give every token its depth
+        assert torch.equal(plan.depth.flatten(), (expected * L).floor().clamp(1, L).long())
+    top = rank >= N - N // 4  # the 25% largest changes: deep without rotation, shallowest after a 0.25 rotation
+    assert plain.scores.flatten()[top].min() > plain.scores.flatten()[~top].max()
+    assert rotated.scores.flatten()[top].max() < rotated.scores.flatten()[~top].min()
+    deep_plain = plain.depth.flatten() > 1
+    deep_rotated = rotated.depth.flatten() > 1
+    assert deep_plain[top].all() and not deep_rotated[top].any()  # the top quarter: deep, then shallow
+    assert (deep_rotated & ~deep_plain).sum() >= N // 5  # positions shallow at one scale run deep at the next
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the method on the tiny model
+# ---------------------------------------------------------------------------------------------------------------------
+def test_full_depth_everywhere_is_bit_identical_to_the_baseline(pipe):
+    scheduler = DepthVARScheduler(reference_scale=-1, start_scale=2)  # budget 1 on every scale 2..6: S = 1, D = L
+    assert set(scheduler.budgets(SCHEDULE).values()) == {1.0}
+    state, baseline = run_loop(pipe, scheduler), run_loop(pipe, None)
+    plans = scheduler.depth_plans(state)
+    assert sorted(plans) == list(range(2, S)) and all(bool((p.scores == 1).all()) for p in plans.values())
+    assert all(index.shape[1] == p.scores[0].numel() for p in plans.values() for index in p.layer_index.values())
+    assert torch.equal(state.f_hat, baseline.f_hat)
+    assert all(torch.equal(state.logits[k], baseline.logits[k]) for k in range(S))
+
+
+def test_skipped_layers_take_the_previous_scales_upsampled_layer_delta(pipe):
+    scheduler = _Recording(reference_scale=-3)
+    scheduler.log = {}
+    state = run_loop(pipe, scheduler)
+    plans = scheduler.depth_plans(state)
+    assert sorted(plans) == list(DYNAMIC)
+    for k in DYNAMIC:
+        h, w = SCHEDULE[k][1:]
+        for l in range(DEPTH):
+            x, index, computed, out = scheduler.log[(k, l)]
+            x_prev, _, _, out_prev = scheduler.log[(k - 1, l)]
+            delta_prev = (out_prev - x_prev).transpose(1, 2).reshape(4, -1, *SCHEDULE[k - 1][1:])
+            proxy = F.interpolate(delta_prev, size=(h, w), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
+            assert torch.equal(index, plans[k].layer_index[l].repeat(2, 1))  # both CFG rows of an image: one plan
+            skipped = torch.ones(4, h * w, dtype=torch.bool).scatter_(1, index, False)
+            assert skipped.any() and (~skipped).any()
+            torch.testing.assert_close(out[skipped], (x + proxy)[skipped], atol=1e-6, rtol=0)
+            assert torch.equal(out.gather(1, index[..., None].expand(-1, -1, out.shape[2])), computed)
+    # the scale before the first dynamic one ran every token (full depth)
+    assert all(scheduler.log[(DYNAMIC[0] - 1, l)][1].shape[1] == 64 for l in range(DEPTH))
+    # only the computed tokens' keys/values entered each layer's cache
+    dense = sum(h * w for _, h, w in SCHEDULE[:DYNAMIC[0]])
+    for l in range(DEPTH):
+        assert state.kv_cache.get_seq_length(l) == dense + sum(plans[k].layer_index[l].shape[1] for k in DYNAMIC)
+
+
+def test_codes_of_dynamic_scales_are_weighted_by_the_depth_score(pipe):
+    scheduler = DepthVARScheduler(reference_scale=-3)
+    state = run_loop(pipe, scheduler)
+    codes = torch.randn(2, 8, 12, 12, generator=gen(4))
+    scores = scheduler.depth_plans(state)[5].scores
+    assert scores.shape == (2, 12, 12) and scores.min() < 0.5
+    assert torch.equal(scheduler.restore_codes(state, 5, codes), codes * scores.unsqueeze(1))
+    assert torch.equal(scheduler.restore_codes(state, 4, codes[..., :8, :8]), codes[..., :8, :8])  # not dynamic
+    off = DepthVARScheduler(reference_scale=-3, code_blending=False)
+    off_state = run_loop(pipe, off)
+    assert torch.equal(off.restore_codes(off_state, 5, codes), codes)
+    assert not torch.equal(off_state.f_hat, state.f_hat)
+
+
+def test_rotation_in_the_loop_rotates_the_second_dynamic_scale(pipe):
+    rotated, plain = DepthVARScheduler(reference_scale=-3), DepthVARScheduler(reference_scale=-3, rotation_step=0)
+    rotated_plans, plain_plans = (s.depth_plans(run_loop(pipe, s)) for s in (rotated, plain))
+    assert torch.equal(rotated_plans[5].scores, plain_plans[5].scores)  # first dynamic scale: phase 0 in both
+    N, budget = 256, 0.25  # scale 6: 16x16 tokens, budget 64 / 256; same ranking map in both runs
+    rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
+    plain, rotated = plain_plans[6].scores.flatten(1), rotated_plans[6].scores.flatten(1)
+    assert torch.equal(rotated.sort(1).values, scheduling_function(rho, budget, 0.25, 1 / DEPTH).float().sort().values.expand(2, -1))
+    # the top quarter of the ranking (distinct plain scores, phase 0 increases with the rank) moves to u = rho + 1/4 - 1
+    top = plain.argsort(1, descending=True)[:, : N // 4]
+    expected = scheduling_function(rho[N - N // 4:].flip(0), budget, 0.25, 1 / DEPTH).float()
+    assert torch.equal(rotated.gather(1, top), expected.expand(2, -1))
+    assert not torch.equal(rotated_plans[6].depth, plain_plans[6].depth)
+
+
+def test_batch_of_two_with_a_generator_per_image_equals_single_runs(pipe):
+    scheduler, prompts, seeds = DepthVARScheduler(reference_scale=-3), ["a red fox in the snow", "two cats"], [11, 22]
+    batch = latents(pipe, prompt=prompts, generator=[gen(s) for s in seeds], acceleration=scheduler)
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        assert torch.equal(batch[i], latents(pipe, prompt=prompt, generator=[gen(seed)], acceleration=scheduler)[0]), prompt
+
+
+@pytest.mark.parametrize("size, reference", [(size_of(0.75, "0.25M"), 9), (size_of(0.5, "0.06M"), -3),
+                                             (size_of(2.5, "0.06M"), -2), (size_of(1.333, "0.06M"), -4)])
+def test_any_aspect_ratio(pipe, size, reference):
+    scheduler = DepthVARScheduler.from_preset("infinity", reference_scale=reference)
+    out = latents(pipe, size, scheduler)
+    assert out.shape[-2:] == (size[0] // 16, size[1] // 16) and torch.isfinite(out).all()
+    assert not torch.equal(out, latents(pipe, size))
+
+
+def test_enable_then_disable_is_bit_identical_to_never_enabling(pipe):
+    never = latents(pipe)
+    try:
+        preset = pipe.enable_depthvar()
+        assert pipe.acceleration is preset and preset.to_dict() == DepthVARScheduler.from_preset("infinity").to_dict()
+        assert pipe.enable_depthvar(reference_scale=7).config.reference_scale == 7  # the paper's R = 7 point
+        with pytest.raises(ValueError, match="no setting"):
+            pipe.enable_depthvar(R=7)
+        scheduler = pipe.enable_depthvar(reference_scale=-3)  # 256x256 has 7 scales: R = 5
+        assert pipe.acceleration is scheduler
+        accelerated = latents(pipe)
+        assert torch.equal(latents(pipe), accelerated)  # per-call state: a second call is the same
+    finally:
+        pipe.disable_acceleration()
+    assert not torch.equal(accelerated, never)
+    assert torch.equal(latents(pipe), never)
+
+
+def test_no_tensor_is_left_on_the_scheduler_or_the_modules(pipe):
+    scheduler = DepthVARScheduler(reference_scale=-3)
+    first, second = run_loop(pipe, scheduler), run_loop(pipe, scheduler)
+    assert torch.equal(first.f_hat, second.f_hat)
+    assert not any(isinstance(v, torch.Tensor) for v in vars(scheduler).values())
+    for module in pipe.transformer.modules():
+        for name, value in vars(module).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name}"
+
+
+class _HalveLastScale(VARAccelScheduler):
+    @register_to_config
+    def __init__(self, model_family=None):
+        super().__init__()
+
+    def plan_scales(self, scale_schedule):
+        return [ScalePlan((k,), cfg_halve=k == len(scale_schedule) - 1) for k in range(len(scale_schedule))]
+
+
+def test_composition(pipe):
+    composed = ComposedScheduler([DepthVARScheduler(reference_scale=-3), _HalveLastScale()])
+    assert torch.isfinite(latents(pipe, acceleration=composed)).all()
+    grouped = ComposedScheduler([LazyVARScheduler(), DepthVARScheduler(reference_scale=-3)])
+    with pytest.raises(ValueError, match="one scale per pass"):
+        latents(pipe, acceleration=grouped)
+
+
+def test_flops_are_counted_on_meta_tensors():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.flops import build_on_meta, count_generation_flops
+    from diffusers_var_accel import InfinityBSQVAE, InfinityTransformer
+
+    config = dict(depth=DEPTH, embed_dim=64, num_heads=4, mlp_ratio=4.0, text_channels=48, text_maxlen=16, codebook_dim=8)
+    vae = build_on_meta(InfinityBSQVAE, codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1), patch_size=2)
+    transformer = build_on_meta(InfinityTransformer, **config)
+    counts = [count_generation_flops(transformer, vae, SCHEDULE, rope_grid_hw(1.0), text_tokens=5, scheduler=s)
+              for s in (None, DepthVARScheduler(reference_scale=-3))]
+    base, fast = ([s["blocks_flops"] for s in c["per_scale"]] for c in counts)
+    assert base[:DYNAMIC[0]] == fast[:DYNAMIC[0]] and all(fast[k] < 0.6 * base[k] for k in DYNAMIC)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------------------------------
+def test_json_round_trip_with_overrides(tmp_path):
+    scheduler = DepthVARScheduler(reference_scale=7, start_scale=-5, rotation_step=0.1, min_depth=2, code_blending=False)
+    scheduler.save_pretrained(tmp_path)
+    loaded = DepthVARScheduler.from_pretrained(tmp_path)
+    assert type(loaded) is DepthVARScheduler and loaded.to_dict() == scheduler.to_dict()
+    assert VARAccelScheduler.from_pretrained(tmp_path, reference_scale=9).config.reference_scale == 9
+    with pytest.raises(ValueError, match="no setting"):
+        DepthVARScheduler.from_pretrained(tmp_path, R=9)
+    with pytest.raises(ValueError, match="rotation_step"):
+        DepthVARScheduler.from_pretrained(tmp_path, rotation_step=1.0)
+
+
+def test_presets():
+    infinity = DepthVARScheduler.from_preset("infinity")
+    assert infinity.to_dict() == DepthVARScheduler().to_dict() and infinity.config.reference_scale == 9
+    one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
+    assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
+    r7 = DepthVARScheduler.from_preset("infinity", reference_scale=7)
+    assert r7.budgets(one_m) == {k: 256 / (one_m[k][1] ** 2) for k in range(7, 13)}
+    assert load_acceleration("depthvar:reference_scale=7", "infinity").to_dict() == r7.to_dict()
+    hart = DepthVARScheduler.from_preset("hart")
+    hart_schedule = [(1, s, s) for s in (1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64)]
+    assert hart.model_family == "hart" and min(hart.budgets(hart_schedule)) == 10
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(reference_scale=0), "reference_scale"),
+        (dict(reference_scale=2.5), "reference_scale"),
+        (dict(start_scale="late"), "start_scale"),
+        (dict(rotation_step=1.0), "rotation_step"),
+        (dict(rotation_step=-0.1), "rotation_step"),
+        (dict(min_depth=-1), "min_depth"),
+        (dict(min_depth=1.5), "min_depth"),
+        (dict(cyclic_layer_offsets="yes"), "cyclic_layer_offsets"),
+        (dict(code_blending=1), "code_blending"),
+        (dict(model_family="dalle"), "model_family"),
+    ],
+)
+def test_invalid_settings_raise(settings, message):
+    with pytest.raises(ValueError, match=message):
+        DepthVARScheduler(**settings)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [(dict(reference_scale=9), "R=9 is outside the schedule's 7 scales"), (dict(reference_scale=-8), "outside"),
+     (dict(reference_scale=3, start_scale=7), "start_scale"), (dict(reference_scale=3, start_scale=-7), "scale 0")],
+)
+def test_settings_that_do_not_fit_the_schedule_raise(pipe, settings, message):
+    with pytest.raises(ValueError, match=message):
+        DepthVARScheduler(**settings).plan_scales(SCHEDULE)
+    with pytest.raises(ValueError, match=message):
+        latents(pipe, acceleration=DepthVARScheduler(**settings))
+
+
+def test_min_depth_beyond_the_model_raises(pipe):
+    with pytest.raises(ValueError, match="min_depth 9"):
+        latents(pipe, acceleration=DepthVARScheduler(reference_scale=-3, min_depth=DEPTH + 1))
