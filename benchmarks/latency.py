@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
 
 def build_pipeline(model: str, device: str, dtype: torch.dtype):
@@ -130,7 +130,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.accel.split(",") if m.strip()]
+    methods = split_acceleration_specs(args.accel)
     width = args.width or args.height
     dtype = getattr(torch, args.dtype)
     try:

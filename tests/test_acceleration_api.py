@@ -112,3 +112,11 @@ def test_composed_scheduler_json_round_trip_and_conflicts(pipe, tmp_path):
         _latents(pipe, acceleration=both_group)
     with pytest.raises(ValueError, match="at least one"):
         ComposedScheduler([])
+
+
+def test_split_acceleration_specs_keeps_overrides_together():
+    from diffusers_var_accel.schedulers.scheduling_var_base import split_acceleration_specs
+
+    assert split_acceleration_specs("baseline, fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar") == [
+        "baseline", "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]
+    assert split_acceleration_specs("arvar:branch_halving_scales=[-2,-1]") == ["arvar:branch_halving_scales=[-2,-1]"]

@@ -362,3 +362,22 @@ def _split_top_level(text: str) -> List[str]:
         else:
             current += ch
     return parts + ([current] if current else [])
+
+
+def split_acceleration_specs(text: str) -> List[str]:
+    """Split a comma-separated list of :func:`load_acceleration` specs, keeping each spec's own overrides together.
+
+    ``"baseline,fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar"`` gives ``["baseline",
+    "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]``: a part that is ``key=value`` (no ``:``
+    before its ``=``) continues the previous spec.
+    """
+    specs: List[str] = []
+    for part in (p.strip() for p in _split_top_level(text)):
+        if not part:
+            continue
+        head = part.split("=", 1)[0]
+        if "=" in part and ":" not in head and specs:
+            specs[-1] += "," + part
+        else:
+            specs.append(part)
+    return specs
