@@ -18,12 +18,14 @@ Usage::
                                [--text-tokens 32] [--batch-size 1] [--t5-tokens 512]
 
 Importable API: :func:`count_infinity_flops` (a model name) and :func:`count_generation_flops` (any models, e.g. a tiny
-config on meta or CPU tensors), :func:`count_t5_encoder_flops`, :func:`format_report`.
+config on meta or CPU tensors), :func:`count_t5_encoder_flops`, :func:`format_report`, :func:`flops_components`
+(the parts that FLOPs-counting conventions treat differently, for comparisons with published totals).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -39,12 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from diffusers_var_accel.models.attention_processor import VARAttnProcessor
 from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, InfinityBSQVAE
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
-from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
+from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinitySelfAttention, InfinityTransformer
 from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
 #: Default text length: a typical prompt of ~25 words is ~32 flan-t5 tokens. The count depends on it only through the
 #: text projections (once per call) and the cross-attention K/V projections and QK^T/PV (every block, every scale).
@@ -209,6 +212,40 @@ def _block_breakdown(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
     }
 
 
+class _CurrentPassKV:
+    """A ``ScaleKVCache`` seen by one self-attention call: it stores as usual but hands back only this pass's keys."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def update(self, key_RHLc, value_RHLc, layer_idx):
+        self.cache.update(key_RHLc, value_RHLc, layer_idx)
+        return key_RHLc, value_RHLc
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class CurrentPassSelfAttnProcessor(VARAttnProcessor):
+    """Counting convention only: self-attention attends to the keys of the current pass, not to the cached prefix.
+
+    The KV cache is still filled (so every later pass sees the same shapes as the real run), but each query attends only
+    to the keys computed in its own pass: the ``h x w`` tokens of a dense scale, the kept tokens of a pruned scale, the
+    kept tokens of all scales of a grouped pass (dense ``L x L``: the counter ignores masks anyway). The output shape is
+    unchanged. This is not a valid model; it reproduces a FLOPs count that leaves the cross-scale attention out.
+    """
+
+    def _self_attention(self, attn, hidden_states_RLC, context, rope_cos_sin, scale_ids):
+        if context.kv_cache is not None:
+            context = dataclasses.replace(context, kv_cache=_CurrentPassKV(context.kv_cache))
+        return super()._self_attention(attn, hidden_states_RLC, context, rope_cos_sin, scale_ids)
+
+
+#: ``count_infinity_flops(self_attention=...)``: ``"cache"`` (the real model: attend to the KV cache of all earlier
+#: scales plus the current pass) or ``"current_pass"`` (a counting convention: only the current pass's keys).
+SELF_ATTENTION_KEYS = ("cache", "current_pass")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # counting
 # ---------------------------------------------------------------------------------------------------------------------
@@ -324,11 +361,14 @@ def count_infinity_flops(
     batch_size: int = 1,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
     accel: Optional[str] = None,
+    self_attention: str = "cache",
 ) -> Dict[str, Any]:
     """FLOPs of one generation of ``batch_size`` images with a released Infinity model, on meta tensors.
 
     ``accel`` is an acceleration spec for :func:`~diffusers_var_accel.schedulers.scheduling_var_base.load_acceleration`
     (``None``/``"baseline"``, ``"fastvar"``, ``"lazyvar"``, ``"fastvar:skip_last_scales=false"``, a config folder).
+    ``self_attention="current_pass"`` counts under a convention that drops the attention to the cached prefix
+    (:class:`CurrentPassSelfAttnProcessor`); the default ``"cache"`` is the real model.
 
     Returns the dict of :func:`count_generation_flops` plus TFLOPs fields (``total_tflops``, ``transformer_tflops``,
     ``vae_tflops``, ``text_tflops``; ``tflops`` and ``percent`` in every ``per_scale`` entry), the arguments, and
@@ -339,11 +379,17 @@ def count_infinity_flops(
     """
     if model_name not in MODEL_SPECS:
         raise ValueError(f"unknown model {model_name!r}; choose one of {sorted(MODEL_SPECS)}")
+    if self_attention not in SELF_ATTENTION_KEYS:
+        raise ValueError(f"self_attention must be one of {SELF_ATTENTION_KEYS}, got {self_attention!r}")
     if batch_size < 1 or text_tokens < 1:
         raise ValueError(f"batch_size and text_tokens must be >= 1, got {batch_size} and {text_tokens}")
     schedule, template = schedule_for_size(height, width)
     spec = MODEL_SPECS[model_name]
     transformer = build_on_meta(InfinityTransformer, **spec.transformer)
+    if self_attention == "current_pass":
+        for module in transformer.modules():
+            if isinstance(module, InfinitySelfAttention):
+                module.set_processor(CurrentPassSelfAttnProcessor())
     decode_vae = build_on_meta(InfinityBSQVAE, **spec.vae)
     loop_vae = decode_vae
     if spec.spatial_patchify:
@@ -390,6 +436,46 @@ def count_t5_encoder_flops(num_tokens: int, batch_size: int = 1) -> int:
     with make_flop_counter() as mode:
         model(input_ids=ids)
     return mode.get_total_flops()
+
+
+def flops_components(
+    model_name: str = "infinity-2b",
+    height: int = 1024,
+    width: int = 1024,
+    accel: Optional[str] = None,
+    cfg: bool = True,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+) -> Dict[str, Any]:
+    """TFLOPs of one generation split into the parts that FLOPs-counting conventions treat differently.
+
+    Counts twice (``self_attention="cache"``, the real model, and ``"current_pass"``) and returns, in TFLOPs:
+    ``linear`` (every counted op of the transformer and the text conditioning that is not an attention kernel:
+    projections, FFN, head, input embedding), ``self_attn_cache`` (QK^T and PV over the KV cache of the earlier scales
+    plus the current pass), ``self_attn_current_pass`` (the same over the current pass's keys only),
+    ``cross_attn_core`` (QK^T and PV over the text), ``vae_decode`` (convolutions; the VAE has no attention),
+    ``total`` (the real count: linear + self_attn_cache + cross_attn_core + vae_decode), ``passes`` (transformer
+    passes run: skipped scales run none, a grouped pass counts once) and ``per_scale`` (scale_index, tokens,
+    ``tflops``: the real count, ``attention``: its attention kernels, ``current_pass``: the count under that
+    convention). Every part is exact for the counted shapes; a convention is a sum of parts (e.g. "attention kernels
+    not counted" = linear + vae_decode).
+    """
+    real = count_infinity_flops(model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel)
+    local = count_infinity_flops(model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel,
+                                 self_attention="current_pass")
+    ca = real["transformer_breakdown_tflops"]["cross_attn_core"]
+    return dict(
+        accel=real["accel"], cfg=cfg, text_tokens=text_tokens,
+        linear=real["transformer_tflops"] - real["attention_core_tflops"] + real["text_tflops"],
+        self_attn_cache=real["attention_core_tflops"] - ca,
+        self_attn_current_pass=local["attention_core_tflops"] - local["transformer_breakdown_tflops"]["cross_attn_core"],
+        cross_attn_core=ca,
+        vae_decode=real["vae_tflops"],
+        total=real["total_tflops"],
+        passes=sum(1 for s in real["per_scale"] if s["flops"] > 0),
+        per_scale=[dict(scale_index=s["scale_index"], tokens=s["tokens"], tflops=s["tflops"],
+                        attention=s["attention_flops"] / _TERA, current_pass=t["tflops"])
+                   for s, t in zip(real["per_scale"], local["per_scale"])],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -492,7 +578,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         result = count_infinity_flops(args.model, args.height, args.width, cfg=not args.no_cfg,
                                       batch_size=args.batch_size, text_tokens=args.text_tokens)
-        methods = [m.strip() for m in (args.accel or "").split(",") if m.strip()]
+        methods = split_acceleration_specs(args.accel or "")
         accelerated = {m: count_infinity_flops(args.model, args.height, args.width, cfg=not args.no_cfg,
                                                batch_size=args.batch_size, text_tokens=args.text_tokens, accel=m)
                        for m in methods}

@@ -34,7 +34,7 @@ import torch
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
 
-def build_pipeline(model: str, device: str, dtype: torch.dtype):
+def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int = 8):
     """A pipeline for timing: tiny random weights, the real 2B config with random weights, or a converted folder."""
     from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer
     from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG
@@ -43,7 +43,7 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype):
     if model == "tiny":
         from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
-        pipe = build_tiny_infinity_pipeline(seed=0, with_text_encoder=False).to(device)
+        pipe = build_tiny_infinity_pipeline(seed=0, depth=tiny_depth, with_text_encoder=False).to(device)
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
     if model in INFINITY_CONFIGS:
         from diffusers_var_accel.utils.tiny import randomize_weights_
@@ -120,6 +120,8 @@ def format_table(records: List[Dict[str, Any]], header: str) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny | infinity-2b | a converted pipeline folder")
+    parser.add_argument("--tiny-depth", type=int, default=8,
+                        help="blocks of the tiny model (default 8: FastVAR's preset prunes layers 3..27, so >= 4)")
     parser.add_argument("--accel", default="baseline", help="comma-separated methods; the first is the reference")
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=None)
@@ -134,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     width = args.width or args.height
     dtype = getattr(torch, args.dtype)
     try:
-        pipe = build_pipeline(args.model, args.device, dtype)
+        pipe = build_pipeline(args.model, args.device, dtype, args.tiny_depth)
         records = measure(pipe, methods, args.height, width, args.batch_size, args.repeats, args.warmup, args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
