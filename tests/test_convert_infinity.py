@@ -22,6 +22,8 @@ from diffusers_var_accel import InfinityPipeline
 from diffusers_var_accel.pipelines.infinity.convert import convert_infinity_original
 from diffusers_var_accel.utils.tiny import build_tiny_t5
 
+from fixture_utils import official_call_kwargs, padded_text
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "convert_infinity_original.py"
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "infinity"))
@@ -55,34 +57,13 @@ def converted_dir(tmp_path_factory, t5_dir):
     return out
 
 
-def _padded_text(inputs):
-    """The fixture's varlen T5 features (kv_compact, lens) as padded embeds + attention mask."""
-    kv, lens, cu = inputs["text.kv_compact"], inputs["text.lens"].tolist(), inputs["text.cu_seqlens_k"].tolist()
-    embeds = torch.zeros(len(lens), max(lens), kv.shape[1])
-    mask = torch.zeros(len(lens), max(lens), dtype=torch.bool)
-    for b, n in enumerate(lens):
-        embeds[b, :n] = kv[cu[b]:cu[b + 1]]
-        mask[b, :n] = True
-    return embeds, mask
-
-
 def _replay_latents(pipe, fixture, run=RUN):
     manifest, inputs, _ = fixture
     call = manifest["runs"][run]["call"]
-    num_scales = len(manifest["scale_schedule"])
-    embeds, mask = _padded_text(inputs)
-    height, width = manifest["image_hw"]
+    embeds, mask = padded_text(inputs)
     pipe.set_progress_bar_config(disable=True)
     return pipe(
-        prompt_embeds=embeds,
-        prompt_attention_mask=mask,
-        height=height,
-        width=width,
-        cfg_list=call["cfg_list"][:num_scales],
-        tau_list=call["tau_list"][:num_scales],
-        top_k=call["top_k"],
-        top_p=call["top_p"] if call["top_p"] > 0 else None,  # the official code treats 0 as "off"
-        generator=torch.Generator("cpu").manual_seed(call["g_seed"]),
+        **official_call_kwargs(manifest, call, embeds, mask),
         output_type="latent",
     ).images
 

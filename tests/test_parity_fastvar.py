@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 from diffusers_var_accel import FastVARScheduler, InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores
 
+from fixture_utils import official_call_kwargs, padded_text
+
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "infinity"))
 #: The official sublayer names of the fixture (``pts.*.sublayers``) -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"sa": "self_attn", "ca": "cross_attn", "ffn": "ffn"}
@@ -113,24 +115,12 @@ def _scale_of_tag(tag):
 
 
 # -- replaying a run --------------------------------------------------------------------------------------------------
-def _padded_text(name):
-    """The fixture's varlen T5 features of text input ``name`` as padded embeds + attention mask."""
-    kv, lens, cu = INPUTS[f"{name}.kv_compact"], INPUTS[f"{name}.lens"].tolist(), INPUTS[f"{name}.cu_seqlens_k"].tolist()
-    embeds = torch.zeros(len(lens), max(lens), kv.shape[1])
-    mask = torch.zeros(len(lens), max(lens), dtype=torch.bool)
-    for b, n in enumerate(lens):
-        embeds[b, :n] = kv[cu[b]:cu[b + 1]]
-        mask[b, :n] = True
-    return embeds, mask
-
-
 def _replay(pipe, run):
     """The pipeline with the exact call of a reference run (FastVAR for ``fastvar.*``); per-scale callback records."""
     impl = run.split(".")[0]
     assert impl in ("baseline", "fastvar"), f"unknown implementation {impl!r} in run {run!r}"
     call = MANIFEST["runs"][run]["call"]
-    num_scales = len(MANIFEST["scale_schedule"])
-    embeds, mask = _padded_text(call["text_input"])
+    embeds, mask = padded_text(INPUTS, call["text_input"])
     assert embeds.shape[0] == call.get("B", embeds.shape[0])
     scheduler = None
     if impl == "fastvar":
@@ -144,17 +134,8 @@ def _replay(pipe, run):
 
     gt_leak = call.get("gt_leak", 0)
     teacher = [INPUTS[f"teacher_bits.{i}"] for i in range(gt_leak)] if gt_leak else None
-    height, width = MANIFEST["image_hw"]
     latents = pipe(
-        prompt_embeds=embeds,
-        prompt_attention_mask=mask,
-        height=height,
-        width=width,
-        cfg_list=call["cfg_list"][:num_scales],
-        tau_list=call["tau_list"][:num_scales],
-        top_k=call["top_k"],
-        top_p=call["top_p"] if call["top_p"] > 0 else None,  # the official code treats 0 as "off"
-        generator=torch.Generator("cpu").manual_seed(call["g_seed"]),
+        **official_call_kwargs(MANIFEST, call, embeds, mask),
         teacher_tokens=teacher,
         acceleration=scheduler,
         output_type="latent",
@@ -266,7 +247,7 @@ def test_condition_vector(pipe):
         pytest.skip("fixture stores no cond_BD")
     for run in keys:
         call = MANIFEST["runs"][run]["call"]
-        embeds, mask = _padded_text(call["text_input"])
+        embeds, mask = padded_text(INPUTS, call["text_input"])
         if any(c != 1 for c in call["cfg_list"]):
             embeds, mask = torch.cat((embeds, pipe.transformer.null_text_embeds(mask))), torch.cat((mask, mask))
         with torch.no_grad():

@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 
+from fixture_utils import official_call_kwargs, padded_text
+
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "infinity"))
 
 
@@ -41,22 +43,10 @@ def pipe():
     return pipeline
 
 
-def _padded_text():
-    """The fixture's varlen T5 features (kv_compact, lens) as padded embeds + attention mask."""
-    kv, lens, cu = INPUTS["text.kv_compact"], INPUTS["text.lens"].tolist(), INPUTS["text.cu_seqlens_k"].tolist()
-    embeds = torch.zeros(len(lens), max(lens), kv.shape[1])
-    mask = torch.zeros(len(lens), max(lens), dtype=torch.bool)
-    for b, n in enumerate(lens):
-        embeds[b, :n] = kv[cu[b]:cu[b + 1]]
-        mask[b, :n] = True
-    return embeds, mask
-
-
 def _replay(pipe, run):
     """Run the pipeline with the exact call of a reference run; record head logits and bits per scale."""
     call = MANIFEST["runs"][run]["call"]
-    num_scales = len(MANIFEST["scale_schedule"])
-    embeds, mask = _padded_text()
+    embeds, mask = padded_text(INPUTS)
     recorded = {}
 
     def record(p, scale_index, scale, kwargs):
@@ -64,17 +54,8 @@ def _replay(pipe, run):
         return {}
 
     teacher = [INPUTS[f"teacher_bits.{i}"] for i in range(call["gt_leak"])] if call["gt_leak"] else None
-    height, width = MANIFEST["image_hw"]
     latents = pipe(
-        prompt_embeds=embeds,
-        prompt_attention_mask=mask,
-        height=height,
-        width=width,
-        cfg_list=call["cfg_list"][:num_scales],
-        tau_list=call["tau_list"][:num_scales],
-        top_k=call["top_k"],
-        top_p=call["top_p"] if call["top_p"] > 0 else None,  # the official code treats 0 as "off"
-        generator=torch.Generator("cpu").manual_seed(call["g_seed"]),
+        **official_call_kwargs(MANIFEST, call, embeds, mask),
         teacher_tokens=teacher,
         output_type="latent",
         callback_on_step_end=record,
@@ -94,7 +75,7 @@ def test_condition_vector(pipe):
     _fixture()
     if "greedy_cfg.cond_BD" not in REF:
         pytest.skip("fixture stores no cond_BD")
-    embeds, mask = _padded_text()
+    embeds, mask = padded_text(INPUTS)
     uncond = pipe.transformer.null_text_embeds(mask)
     with torch.no_grad():
         condition = pipe.transformer.encode_condition(torch.cat((embeds, uncond)), torch.cat((mask, mask)))
@@ -157,7 +138,7 @@ def test_pipeline_image_output_matches_official_uint8(pipe):
     if f"{run}.img_uint8_bgr_s0" not in REF:
         pytest.skip("fixture stores no uint8 image")
     call = MANIFEST["runs"][run]["call"]
-    embeds, mask = _padded_text()
+    embeds, mask = padded_text(INPUTS)
     height, width = MANIFEST["image_hw"]
     images = pipe(prompt_embeds=embeds, prompt_attention_mask=mask, height=height, width=width,
                   cfg_list=call["cfg_list"], tau_list=call["tau_list"], top_k=call["top_k"], top_p=None,

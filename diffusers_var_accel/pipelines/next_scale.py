@@ -13,7 +13,7 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
