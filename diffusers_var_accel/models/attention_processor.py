@@ -40,6 +40,17 @@ def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Ten
     return rotated.reshape(x_RHLc.shape)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``(x1, x2) -> (-x2, x1)`` over the two halves of the last dim (llama's RoPE pairing: channel j with j + c/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope_half(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
+    """Llama-style RoPE with full-width cos/sin tables ``(2, R, 1, L, c)``: ``x * cos + rotate_half(x) * sin``."""
+    return x_RHLc * rope_cos_sin[0] + rotate_half(x_RHLc) * rope_cos_sin[1]
+
+
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
     """Softmax attention that also returns the probabilities ``(R, H, L, S)`` (only for scales that read them)."""
     scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2)) * scale
@@ -107,7 +118,7 @@ class VARAttnProcessor:
             else:
                 k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
         if attn.layer_idx in context.record_attention_layers:
-            out, probs = _explicit_attention(q, k_all, v_all, 1.0, mask)
+            out, probs = _explicit_attention(q, k_all, v_all, attn.softmax_scale, mask)
             # reduce at once unless the full map is asked for: 32 layers of full maps at 1M pixels take gigabytes
             context.attention_maps[attn.layer_idx] = (
                 probs if context.attention_map == "full" else probs.float().mean(dim=(1, 2))
@@ -116,7 +127,7 @@ class VARAttnProcessor:
         else:
             backend = _pick_backend(self._attention_backend, q, mask is not None)
             out = dispatch_attention_fn(
-                q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn_mask=mask, scale=1.0, backend=backend
+                q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn_mask=mask, scale=attn.softmax_scale, backend=backend
             )
         return attn.proj(out.reshape(R, L, C))
 
@@ -130,3 +141,25 @@ class VARAttnProcessor:
         backend = _pick_backend(self._attention_backend, q, text_mask_R11T is not None)
         out = dispatch_attention_fn(q, k, v, attn_mask=text_mask_R11T, scale=attn.scale, backend=backend)
         return attn.proj(out.reshape(R, L, C))
+
+
+class HARTAttnProcessor(VARAttnProcessor):
+    """HART's llama attention: q/v biases, optional cosine normalisation, llama-pairing RoPE with per-row tables.
+
+    Everything else (KV cache, grouped-pass mask, CFG-halving rows, recorded maps, kernel choice) is the shared
+    self-attention path of :class:`VARAttnProcessor`; the softmax scale is the module's ``softmax_scale``
+    (``0.25 / sqrt(c)`` without cosine normalisation, as the official model). There is no cross-attention.
+    """
+
+    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
+        R, L, C = hidden_states_RLC.shape
+        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+        qkv = F.linear(hidden_states_RLC, attn.qkv_proj.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        if attn.attn_l2_norm:
+            scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
+            q = F.normalize(q, dim=-1).mul(scale_mul)
+            k = F.normalize(k, dim=-1)
+        rope = rope_cos_sin.to(q.dtype)
+        return apply_rope_half(q, rope), apply_rope_half(k, rope), v.contiguous()
+

@@ -51,7 +51,8 @@ class VARForwardContext:
 
     Args:
         kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
-        rope_cos_sin (`torch.Tensor`): ``(2, 1, 1, L, c/2)`` cosines and sines of the RoPE angles of this pass's tokens.
+        rope_cos_sin (`torch.Tensor`): ``(2, 1 or R, 1, L, d)`` cosines and sines of the RoPE angles of this pass's
+            tokens (Infinity: ``d = c/2``, shared by all rows; HART: ``d = c``, one table per row).
         token_scale_ids (`torch.Tensor`, *optional*): ``(L,)`` scale index of every token when several scales are
             decoded in one pass; self-attention then applies the block-causal mask (a token sees the cache, and the
             tokens of its own and earlier scales). ``None`` for a single scale (all keys visible).
@@ -85,11 +86,19 @@ def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC:
 
 
 def gather_rope(rope_cos_sin: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
-    """The RoPE table of the kept tokens: ``(2, 1, 1, L, d)`` -> ``(2, R, 1, K, d)``."""
-    table_LD = rope_cos_sin[:, 0, 0]  # (2, L, d)
+    """The RoPE table of the kept tokens: ``(2, 1 or R, 1, L, d)`` -> ``(2, R, 1, K, d)``.
+
+    A table shared by all rows (Infinity) is indexed directly; per-row tables (HART, whose positions depend on each
+    row's text length) are gathered row by row.
+    """
+    table_RLD = rope_cos_sin[:, :, 0]  # (2, 1 or R, L, d)
     R, K = index_RK.shape
-    gathered = table_LD[:, index_RK.reshape(-1)]  # (2, R*K, d)
-    return gathered.view(2, R, 1, K, table_LD.shape[-1])
+    d = table_RLD.shape[-1]
+    if table_RLD.shape[1] == 1:
+        gathered = table_RLD[:, 0, index_RK.reshape(-1)]  # (2, R*K, d)
+        return gathered.view(2, R, 1, K, d)
+    index = index_RK.view(1, R, K, 1).expand(2, R, K, d)
+    return torch.gather(table_RLD, 2, index).unsqueeze(2)
 
 
 def gather_scale_ids(token_scale_ids: Optional[torch.Tensor], index_RK: torch.Tensor) -> Optional[torch.Tensor]:

@@ -24,7 +24,8 @@ from diffusers.models.modeling_utils import ModelMixin
 
 from .attention_processor import VARAttnProcessor
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
-from .forward_context import VARForwardContext, gather_rope, gather_scale_ids, gather_tokens
+from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
+from .routing import TokenRoutedBlock
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
 #: The 8B head predicts 2x2 patches of a d14 VAE's bits (``apply_spatial_patchify=1``, 56 bits per token); generating
@@ -82,6 +83,7 @@ class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
         self.num_heads, self.head_dim, self.layer_idx = num_heads, embed_dim // num_heads, layer_idx
         self.is_cross_attention = False
         self.max_scale_mul = _MAX_SCALE_MUL
+        self.softmax_scale = 1.0  # cosine attention: the learned per-head scale replaces 1/sqrt(c)
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, num_heads, 1, 1), 4.0).log())
         self.mat_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(embed_dim))
@@ -185,11 +187,12 @@ class InfinityCondition:
         return InfinityCondition(self.cond_RC[rows], self.ada_R16C[rows], self.text_RTC[rows], mask)
 
 
-class InfinityBlock(nn.Module):
+class InfinityBlock(TokenRoutedBlock):
     """Self-attention, cross-attention and FFN with shared AdaLN (per-block gains ``ada_gss``).
 
     Order of ``ada_gss + shared`` after unbinding: gamma1, gamma2, scale1, scale2, shift1, shift2. Every sublayer goes
-    through :meth:`_routed`, the one seam where a token router (acceleration) may compute a subset of the tokens.
+    through ``_routed`` (:class:`~diffusers_var_accel.models.routing.TokenRoutedBlock`), the one seam where a token
+    router (acceleration) may compute a subset of the tokens.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_hidden: int, layer_idx: int, norm_eps: float = 1e-6):
@@ -200,16 +203,6 @@ class InfinityBlock(nn.Module):
         self.ffn = InfinityFeedForward(embed_dim, mlp_hidden)
         self.ca_norm = nn.LayerNorm(embed_dim, eps=norm_eps, elementwise_affine=True)
         self.ada_gss = nn.Parameter(torch.zeros(1, 1, 6, embed_dim))
-
-    def forward(self, x_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
-        router = context.token_router
-        if router is not None:
-            index_RK = router.select(self.layer_idx, "block", x_RLC)
-            if index_RK is not None:
-                x_RKC = gather_tokens(x_RLC, index_RK)
-                out_RKC = self._sublayers(x_RKC, condition, context, index_RK, route=False) if index_RK.shape[1] else x_RKC
-                return router.restore(self.layer_idx, "block", out_RKC, index_RK, x_RLC)
-        return self._sublayers(x_RLC, condition, context, None, route=router is not None)
 
     def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, block_index, route: bool):
         """The three sublayers on ``x``: all tokens of the pass, or the tokens ``block_index`` a block router kept."""
@@ -233,18 +226,6 @@ class InfinityBlock(nn.Module):
         x = self._routed("self_attn", x, self_attn, context, route)
         x = self._routed("cross_attn", x, cross_attn, context, route)
         return self._routed("ffn", x, ffn, context, route)
-
-    def _routed(self, kind: str, x_RLC, compute, context: VARForwardContext, route: bool):
-        """``x + compute(x)``, or, when the router selects tokens, ``x + restore(compute(x[kept]))``."""
-        if route:
-            index_RK = context.token_router.select(self.layer_idx, kind, x_RLC)
-            if index_RK is not None:
-                if index_RK.shape[1] == 0:  # nothing kept: the router restores every token
-                    update_RKC = x_RLC.new_zeros(x_RLC.shape[0], 0, x_RLC.shape[2])
-                else:
-                    update_RKC = compute(gather_tokens(x_RLC, index_RK), index_RK)
-                return x_RLC + context.token_router.restore(self.layer_idx, kind, update_RKC, index_RK, x_RLC)
-        return x_RLC + compute(x_RLC, None)
 
 
 class InfinityHeadNorm(nn.Module):

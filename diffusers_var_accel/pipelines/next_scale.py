@@ -37,9 +37,17 @@ class ScaleModelFamily:
         """Embedded tokens of later scales from their interpolated latent inputs."""
         raise NotImplementedError
 
-    def rope_cos_sin(self, scale_indices: Sequence[int]) -> torch.Tensor:
-        """Positional tables of the tokens of these scales, concatenated."""
+    def rope_cos_sin(self, scale_indices: Sequence[int], condition) -> torch.Tensor:
+        """Positional tables of the tokens of these scales, concatenated, for the rows of ``condition``."""
         raise NotImplementedError
+
+    def start_outputs(self, hidden_RL0C: torch.Tensor) -> torch.Tensor:
+        """The hidden states that predict scale 0 from the outputs of the start tokens.
+
+        Infinity starts from one token per row; HART starts from its T context tokens and predicts the 1x1 scale
+        from the last one. The default keeps every start token.
+        """
+        return hidden_RL0C
 
     def run_blocks(self, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
         raise NotImplementedError
@@ -54,7 +62,9 @@ class ScaleModelFamily:
     def sample(self, logits_BLV: torch.Tensor, scale_index: int, generator) -> torch.Tensor:
         raise NotImplementedError
 
-    def tokens_to_codes(self, tokens: torch.Tensor, scale_index: int) -> torch.Tensor:
+    def tokens_to_codes(self, tokens: torch.Tensor, scale_index: int, outputs: Optional["ScaleOutputs"] = None) -> torch.Tensor:
+        """The latent codes ``(B, d, h, w)`` of a scale's tokens. ``outputs`` holds what else the pass produced, for
+        families whose codes depend on it (HART: soft codebook mixtures and the diffusion head's residual)."""
         raise NotImplementedError
 
     def add_codes(self, f_hat: Optional[torch.Tensor], codes: torch.Tensor, scale_index: int) -> torch.Tensor:
@@ -64,6 +74,25 @@ class ScaleModelFamily:
     def next_inputs(self, f_hat: torch.Tensor, scale_index: int) -> torch.Tensor:
         """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
         raise NotImplementedError
+
+
+@dataclass
+class ScaleOutputs:
+    """What one scale's pass produced besides its tokens.
+
+    Args:
+        hidden_RLC: the last block's output for this scale's tokens, every row of the pass.
+        logits_BLV: the (guided) logits the tokens were sampled from.
+        guidance_scale: the guidance applied at this scale (1 when none).
+        generator: the token generator(s) of the call.
+        condition: the condition rows the pass ran on.
+    """
+
+    hidden_RLC: torch.Tensor
+    logits_BLV: torch.Tensor
+    guidance_scale: float
+    generator: Any
+    condition: Any
 
 
 @dataclass
@@ -155,7 +184,8 @@ def run_next_scale_loop(
             else:
                 tokens = family.sample(logits, si, generator)
             state.tokens[si] = tokens
-            codes = scheduler.restore_codes(state, si, family.tokens_to_codes(tokens, si))
+            outputs = ScaleOutputs(h_scale, logits, cfg, generator, pass_condition)
+            codes = scheduler.restore_codes(state, si, family.tokens_to_codes(tokens, si, outputs))
             state.f_hat = family.add_codes(state.f_hat, codes, si)
         scheduler.after_scale(state, plan, hidden_RLC)
         state.attention_maps = {}
@@ -172,29 +202,35 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, schedul
     """
     schedule = state.scale_schedule
     lengths = [int(schedule[si][-2] * schedule[si][-1]) for si in plan.scale_indices]
+    input_lengths = list(lengths)
     halve = plan.cfg_halve and use_cfg
     cond_rows = family.select_condition_rows(condition, slice(0, state.batch_size)) if halve else condition
     run_rows = state.batch_size if halve else state.rows
+    parts = []
     if plan.scale_indices[0] == 0:
-        x_RLC = family.start_tokens(cond_rows)
-    else:
-        inputs = [family.next_inputs(state.f_hat, si) for si in plan.scale_indices]
-        inputs_BLd = torch.cat(inputs, dim=1)
+        start_RLC = family.start_tokens(cond_rows)
+        input_lengths[0] = start_RLC.shape[1]  # the start tokens need not be one per output token (HART's context)
+        parts.append(start_RLC)
+    later = [si for si in plan.scale_indices if si != 0]
+    if later:
+        inputs_BLd = torch.cat([family.next_inputs(state.f_hat, si) for si in later], dim=1)
+        later_lengths = input_lengths[len(plan.scale_indices) - len(later):]
         level_L = torch.repeat_interleave(
-            torch.tensor(plan.scale_indices, device=inputs_BLd.device), torch.tensor(lengths, device=inputs_BLd.device),
-            output_size=sum(lengths),
+            torch.tensor(later, device=inputs_BLd.device), torch.tensor(later_lengths, device=inputs_BLd.device),
+            output_size=sum(later_lengths),
         )
-        x_RLC = family.embed_inputs(inputs_BLd, level_L)
-        x_RLC = x_RLC.repeat(run_rows // state.batch_size, 1, 1)
+        x_later = family.embed_inputs(inputs_BLd, level_L)
+        parts.append(x_later.repeat(run_rows // state.batch_size, 1, 1))
+    x_RLC = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     scale_ids = None
     if len(plan.scale_indices) > 1:
         scale_ids = torch.repeat_interleave(
-            torch.tensor(plan.scale_indices, device=x_RLC.device), torch.tensor(lengths, device=x_RLC.device),
-            output_size=sum(lengths),
+            torch.tensor(plan.scale_indices, device=x_RLC.device), torch.tensor(input_lengths, device=x_RLC.device),
+            output_size=sum(input_lengths),
         )
     context = VARForwardContext(
         kv_cache=state.kv_cache,
-        rope_cos_sin=family.rope_cos_sin(plan.scale_indices),
+        rope_cos_sin=family.rope_cos_sin(plan.scale_indices, cond_rows),
         token_scale_ids=scale_ids,
         token_router=scheduler.token_router(state, plan),
         record_attention_layers=set(plan.record_attention_layers),
@@ -202,5 +238,8 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, schedul
         cache_rows=state.rows if halve else None,
     )
     hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)
+    if plan.scale_indices[0] == 0 and input_lengths[0] != lengths[0]:
+        start = family.start_outputs(hidden_RLC[:, :input_lengths[0]])
+        hidden_RLC = torch.cat((start, hidden_RLC[:, input_lengths[0]:]), dim=1)
     state.attention_maps = context.attention_maps
     return hidden_RLC, lengths, cond_rows

@@ -88,7 +88,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         dtype = self.transformer.word_embed.weight.dtype
         return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
 
-    def rope_cos_sin(self, scale_indices):
+    def rope_cos_sin(self, scale_indices, condition=None):
         tables = [self._rope[si] for si in scale_indices]
         return tables[0] if len(tables) == 1 else torch.cat(tables, dim=3)
 
@@ -110,7 +110,7 @@ class InfinityScaleFamily(ScaleModelFamily):
     def sample(self, logits_BLV, scale_index, generator):
         return sample_bits(logits_BLV, self.top_k, self.top_p, generator)
 
-    def tokens_to_codes(self, tokens, scale_index):
+    def tokens_to_codes(self, tokens, scale_index, outputs=None):
         _, h, w = (1, *self.scale_schedule[scale_index][-2:])
         bits = tokens.reshape(tokens.shape[0], h, w, -1)
         return self.vae.bits_to_codes(bits)

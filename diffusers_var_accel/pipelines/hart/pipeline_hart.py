@@ -1,0 +1,508 @@
+"""Text-to-image generation with HART (hybrid autoregressive transformer), through the shared next-scale loop."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
+from diffusers.utils import logging, replace_example_docstring
+
+from ...models.autoencoder_hart import HARTHybridTokenizer
+from ...models.forward_context import VARForwardContext
+from ...models.transformer_hart import HARTCondition, HARTTransformer
+from ...schedulers.scheduling_var_base import VARAccelScheduler
+from ..acceleration_mixin import VARAccelerationMixin
+from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
+
+logger = logging.get_logger(__name__)
+
+EXAMPLE_DOC_STRING = """
+    Examples:
+        ```py
+        >>> import torch
+        >>> from diffusers_var_accel import HARTPipeline
+
+        >>> pipe = HARTPipeline.from_pretrained("path/to/hart-0.7b-diffusers").to("cuda")
+        >>> image = pipe("a red fox in the snow", generator=torch.Generator("cuda").manual_seed(0)).images[0]
+        ```
+"""
+
+#: The instruction the official code prepends to every prompt before running Qwen2 (``use_llm_system_prompt``,
+#: default on); only the features of the prompt's own tokens are kept. Reproduced verbatim: it changes the features.
+HART_LLM_SYSTEM_PROMPT = """Given a user prompt, generate an "Enhanced prompt" that provides detailed visual descriptions suitable for image generation.
+
+Examples:
+- User Prompt: A cat sleeping -> A small, fluffy white cat curled up in a round shape, sleeping peacefully on a warm sunny windowsill, surrounded by pots of blooming red flowers.
+- User Prompt: A busy city street -> A bustling city street scene at dusk, featuring glowing street lamps, a diverse crowd of people in colorful clothing, and a double-decker bus passing by towering glass skyscrapers.
+
+Please generate only the enhanced description for the prompt below and DO NOT include any additional sentences. Start your response with "Enhanced Prompt:".
+
+User Prompt:\n"""
+
+
+def hart_default_top_k(scale_index: int) -> int:
+    """The official sampler's top-k: 600 for the first seven scales, 300 after (its ``top_k`` argument is ignored)."""
+    return 600 if scale_index < 7 else 300
+
+
+def mask_top_k_top_p(logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float]) -> torch.Tensor:
+    """A copy of the logits with everything outside the top-k (ties kept) and outside the top-p nucleus at -inf."""
+    logits = logits_BLV.float().clone()
+    V = logits.shape[-1]
+    if top_k and top_k > 0:
+        kth = logits.topk(min(int(top_k), V), dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
+        logits.masked_fill_(logits < kth, float("-inf"))
+    if top_p is not None and top_p > 0:
+        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+        remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
+        remove_sorted[..., -1:] = False
+        logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
+    return logits
+
+
+def _per_image(generator, b: int):
+    return generator[b] if isinstance(generator, (list, tuple)) else generator
+
+
+def sample_codebook_tokens(masked_logits_BLV: torch.Tensor, generator) -> torch.Tensor:
+    """One ``torch.multinomial`` over every token of the batch (one per image with a list of generators): (B, L)."""
+    B, L, V = masked_logits_BLV.shape
+    probs = masked_logits_BLV.softmax(dim=-1)
+    if isinstance(generator, (list, tuple)):
+        return torch.stack([_multinomial(probs[b].view(-1, V), generator[b]).view(L) for b in range(B)])
+    return _multinomial(probs.view(-1, V), generator).view(B, L)
+
+
+def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    device = generator.device if generator is not None else probs_NV.device
+    out = torch.multinomial(probs_NV.to(device), num_samples=1, replacement=True, generator=generator)
+    return out.to(probs_NV.device)
+
+
+def gumbel_soft_weights(logits_BLV: torch.Tensor, tau: float, generator) -> torch.Tensor:
+    """``softmax((logits + Gumbel) / tau)`` with the Gumbel noise drawn as ``-log(Exp(1))`` from ``generator``."""
+    B = logits_BLV.shape[0]
+    if isinstance(generator, (list, tuple)):
+        gumbels = torch.cat([_exponential(logits_BLV[b:b + 1], generator[b]) for b in range(B)])
+    else:
+        gumbels = _exponential(logits_BLV, generator)
+    return ((logits_BLV + gumbels.neg_()) / tau).softmax(dim=-1)
+
+
+def _exponential(like: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    device = generator.device if generator is not None else like.device
+    draws = torch.empty(like.shape, dtype=like.dtype, device=device).exponential_(generator=generator)
+    return draws.log().to(like.device)
+
+
+class HARTScaleFamily(ScaleModelFamily):
+    """HART's steps of the next-scale loop for one call.
+
+    The context tokens are the start tokens (scale 0 is predicted from the last one); image tokens get per-row 2D
+    RoPE; tokens become codebook vectors (or, with ``more_smooth``, Gumbel-softmax mixtures of them); the tokenizer's
+    ``f_hat`` update applies bicubic upsampling and the shared Phi convolutions except at the last scale, whose codes
+    also receive the residual diffusion head's continuous part.
+    """
+
+    family = "hart"
+
+    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, top_k: Optional[int], top_p: Optional[float],
+                 more_smooth: bool, diffusion_generator=None, use_diffusion_head: bool = True):
+        self.transformer, self.vae = transformer, vae
+        self.patch_nums = tuple(transformer.config.patch_nums)
+        self.num_scales = len(self.patch_nums)
+        self.scale_schedule = [(1, pn, pn) for pn in self.patch_nums]
+        self.num_layers = len(transformer.blocks)
+        self.top_k, self.top_p, self.more_smooth = top_k, top_p, more_smooth
+        self.diffusion_generator, self.use_diffusion_head = diffusion_generator, use_diffusion_head
+        self.final_hw = (self.patch_nums[-1], self.patch_nums[-1])
+        T = transformer.config.context_tokens
+        self._level_offsets = [0] + [T + sum(pn * pn for pn in self.patch_nums[1:k]) for k in range(1, self.num_scales)]
+        self._level_embeddings: Optional[torch.Tensor] = None
+
+    def _top_k(self, scale_index: int) -> int:
+        return hart_default_top_k(scale_index) if self.top_k is None else self.top_k
+
+    def _ratio(self, scale_index: int) -> float:
+        # the official loop reuses the previous scale's ratio at the last (MaskGIT) scale
+        n = self.num_scales - 1
+        return min(scale_index, n - 1) / n if n > 0 else 0.0
+
+    def _levels(self) -> torch.Tensor:
+        if self._level_embeddings is None:  # once per call, over every position, as the official model
+            self._level_embeddings = self.transformer.level_embeddings()
+        return self._level_embeddings
+
+    def start_tokens(self, condition: HARTCondition) -> torch.Tensor:
+        return self.transformer.embed_start(condition, self._levels()[: self.transformer.config.context_tokens])
+
+    def start_outputs(self, hidden_RL0C: torch.Tensor) -> torch.Tensor:
+        return hidden_RL0C[:, -1:]
+
+    def embed_inputs(self, inputs_BLd, scale_index_L):
+        # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2
+        scales, counts = torch.unique_consecutive(scale_index_L, return_counts=True)
+        rows = torch.cat([torch.arange(self._level_offsets[int(k)], self._level_offsets[int(k)] + int(n)) for k, n in zip(scales, counts)])
+        levels = self._levels()[rows.to(self._levels().device)]
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(self.transformer.word_embed.weight.dtype), scale_index_L, levels)
+
+    def rope_cos_sin(self, scale_indices, condition: HARTCondition):
+        tables = [self.transformer.context_rope(condition.position_ids_RT) if si == 0
+                  else self.transformer.image_rope(self.patch_nums[si], condition.rope_offset_R) for si in scale_indices]
+        return tables[0] if len(tables) == 1 else torch.cat(tables, dim=3)
+
+    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
+        return self.transformer(hidden_RLC, condition, context)
+
+    def select_condition_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
+        return condition.select_rows(rows)
+
+    def guided_logits(self, hidden_RLC, condition: HARTCondition, scale_index, guidance_scale, temperature, batch_size):
+        # HART's guidance weight t: logits = (1 + t) cond - t uncond, i.e. the loop's guidance scale is 1 + t.
+        B = batch_size
+        if guidance_scale != 1:
+            t = guidance_scale - 1
+            raw = self.transformer.head_logits(hidden_RLC, condition.head_cond_RC)
+            guided = (1 + t) * raw[:B] - t * raw[B:]
+        else:
+            raw = self.transformer.head_logits(hidden_RLC[:B], condition.head_cond_RC[:B])
+            guided = raw
+        return (guided if temperature == 1 else guided / temperature), raw
+
+    def sample(self, logits_BLV, scale_index, generator):
+        return sample_codebook_tokens(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator)
+
+    def tokens_to_codes(self, tokens, scale_index, outputs: Optional[ScaleOutputs] = None):
+        side = self.patch_nums[scale_index]
+        B, L = tokens.shape
+        codebook = self.vae.quantize.embedding.weight
+        hard_BLd = codebook[tokens]
+        codes_BLd = hard_BLd
+        if self.more_smooth and outputs is not None:
+            ratio = self._ratio(scale_index)
+            masked = mask_top_k_top_p(outputs.logits_BLV, self._top_k(scale_index), self.top_p)
+            tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+            codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, outputs.generator) @ codebook.float().unsqueeze(0)
+        if scale_index == self.num_scales - 1 and self.use_diffusion_head and outputs is not None:
+            codes_BLd = codes_BLd + self.diffusion_residual(outputs.hidden_RLC, hard_BLd, outputs.guidance_scale - 1, B)
+        return codes_BLd.transpose(1, 2).reshape(B, -1, side, side)
+
+    def diffusion_residual(self, hidden_RLC: torch.Tensor, hard_codes_BLd: torch.Tensor, guidance: float, batch_size: int) -> torch.Tensor:
+        """The diffusion head's continuous residual ``(B, L, Cv)`` of the last scale (CFG rows when present).
+
+        With a list of generators each image draws its own noise, so an image does not depend on its batch.
+        """
+        B, L, _ = hard_codes_BLd.shape
+        z_RLC = self.transformer.diffusion_condition(hidden_RLC, hard_codes_BLd)
+        head = self.transformer.diffusion_head
+        if isinstance(self.diffusion_generator, (list, tuple)):
+            rows = z_RLC.shape[0] // B
+            parts = []
+            for b in range(B):
+                z_b = z_RLC[b::B] if rows > 1 else z_RLC[b:b + 1]  # [cond_b, uncond_b]
+                parts.append(self._sample_head(head, z_b, guidance, self.diffusion_generator[b], 1, L))
+            return torch.cat(parts)
+        return self._sample_head(head, z_RLC, guidance, self.diffusion_generator, B, L)
+
+    @staticmethod
+    def _sample_head(head, z_RLC, guidance, generator, B, L):
+        z = z_RLC.reshape(z_RLC.shape[0] * L, -1)
+        if z_RLC.shape[0] == B:
+            # No unconditional rows ran (guidance off, or halved by a scheduler). The official code always runs
+            # the CFG layout (with t = 0 when guidance is off); the same draws and eps = eps_cond reproduce it.
+            return head.sample(z, guidance=None, generator=generator).reshape(B, L, -1)
+        return head.sample(z, guidance=guidance, generator=generator).reshape(B, L, -1)
+
+    def add_codes(self, f_hat, codes, scale_index):
+        return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
+
+    def next_inputs(self, f_hat, scale_index):
+        side = self.patch_nums[scale_index]
+        return self.vae.next_scale_input(f_hat, (side, side))
+
+
+class HARTPipeline(DiffusionPipeline, VARAccelerationMixin):
+    r"""Text-to-image generation with HART (arXiv:2410.10812).
+
+    Args:
+        transformer ([`HARTTransformer`]): the next-scale transformer with its discrete and diffusion heads.
+        vae ([`HARTHybridTokenizer`]): the hybrid tokenizer; its codebook embeds tokens and its decoder makes pixels.
+        text_encoder ([`~transformers.Qwen2Model`], *optional*): Qwen2 (1.5B for the real model).
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`], *optional*): its tokenizer.
+        acceleration ([`VARAccelScheduler`], *optional*): an acceleration scheduler used by every call.
+
+    HART generates at one resolution (the last patch number times the tokenizer's downsampling: 1024 for 0.7B).
+    Without a text encoder the pipeline still runs from ``prompt_embeds``.
+    """
+
+    model_family = "hart"
+    model_cpu_offload_seq = "text_encoder->transformer->vae"
+    _optional_components = ["text_encoder", "tokenizer", "acceleration"]
+    _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
+
+    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, text_encoder=None, tokenizer=None,
+                 acceleration: Optional[VARAccelScheduler] = None):
+        super().__init__()
+        if acceleration is not None:
+            acceleration.check_model_family(self.model_family)
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              acceleration=acceleration)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
+        self._interrupt = False
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae.config.ch_mult) - 1)
+
+    @property
+    def default_size(self) -> int:
+        """The one image side this model generates."""
+        return self.transformer.config.patch_nums[-1] * self.vae_scale_factor
+
+    # 1. text -----------------------------------------------------------------------------------------------------
+    def encode_prompt(
+        self,
+        prompt: Union[str, List[str]],
+        device: Optional[torch.device] = None,
+        num_images_per_prompt: int = 1,
+        use_system_prompt: bool = True,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(embeds (B, T, D), position_ids (B, T))``.
+
+        Each prompt is padded/truncated to the transformer's T context tokens; with ``use_system_prompt`` the
+        official instruction is prepended (all visible) and only the prompt's own slots are kept. Position ids are
+        ``cumsum(mask) - 1`` (right padding repeats the last valid position).
+        """
+        if self.text_encoder is None or self.tokenizer is None:
+            raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
+        device = device or self._execution_device
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        T = self.transformer.config.context_tokens
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            raise ValueError("the tokenizer has no pad token; HART pads every prompt to the context length")
+        ids = torch.stack([self.tokenizer(p, return_tensors="pt", padding="max_length", max_length=T, truncation=True).input_ids[0]
+                           for p in prompts]).to(device)
+        mask = ids != pad_id
+        position_ids = mask.long().cumsum(dim=1) - 1
+        if use_system_prompt:
+            system = self.tokenizer(HART_LLM_SYSTEM_PROMPT, return_tensors="pt", padding="longest", max_length=T,
+                                    truncation=True).input_ids.to(device).repeat(len(prompts), 1)
+            full_ids = torch.cat((system, ids), dim=1)
+            full_mask = torch.cat((torch.ones_like(system, dtype=torch.bool), mask), dim=1)
+            hidden = self.text_encoder(full_ids, attention_mask=full_mask.long(), output_hidden_states=True).hidden_states[-1]
+            hidden = hidden[:, system.shape[1]:]
+        else:
+            hidden = self.text_encoder(ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
+        embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
+        return embeds, position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+
+    # 2. checks ---------------------------------------------------------------------------------------------------
+    def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
+                     guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs):
+        size = self.default_size
+        if (height, width) != (size, size):
+            raise ValueError(f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
+                             f"x tokenizer downsampling {self.vae_scale_factor}); got height={height}, width={width}")
+        if (prompt is None) == (prompt_embeds is None):
+            raise ValueError("pass exactly one of prompt or prompt_embeds")
+        if prompt is not None and not isinstance(prompt, (str, list)):
+            raise ValueError(f"prompt must be a str or a list of str, not {type(prompt).__name__}")
+        T, D = self.transformer.config.context_tokens, self.transformer.config.context_dim
+        for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
+            if embeds is not None and (embeds.ndim != 3 or tuple(embeds.shape[1:]) != (T, D)):
+                raise ValueError(f"{name} must be (batch, {T}, {D}) text features; got shape {tuple(embeds.shape)}")
+        if prompt_position_ids is not None and prompt_embeds is not None and prompt_position_ids.shape != prompt_embeds.shape[:2]:
+            raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
+        if negative_prompt is not None and negative_prompt_embeds is not None:
+            raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
+        num_scales = len(self.transformer.config.patch_nums)
+        if cfg_list is not None and len(cfg_list) != num_scales:
+            raise ValueError(f"cfg_list has {len(cfg_list)} values; the model has {num_scales} scales (one guidance weight per scale)")
+        if guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be >= 0 (HART's weight t: (1 + t) cond - t uncond), got {guidance_scale}")
+        if top_p is not None and not (0 <= top_p <= 1):
+            raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {top_p}")
+        if top_k is not None and (int(top_k) != top_k or top_k < 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
+        bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
+        if bad:
+            raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
+
+    @staticmethod
+    def guidance_schedule(guidance_scale: float, num_scales: int) -> List[float]:
+        """HART's per-scale guidance weight: ``t = cfg * si / (n - 1)``, 0 at the first scale, and at the last scale
+        the previous scale's value (the official loop reuses its ratio there)."""
+        n = num_scales - 1
+        if n <= 0:
+            return [0.0] * num_scales
+        return [guidance_scale * (min(si, n - 1) / n) for si in range(num_scales)]
+
+    # 3. properties -----------------------------------------------------------------------------------------------
+    @property
+    def guidance_scale(self):
+        return self._guidance_scale
+
+    @property
+    def num_timesteps(self):
+        return self._num_timesteps
+
+    @property
+    def interrupt(self):
+        return self._interrupt
+
+    # 4. call -----------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    @replace_example_docstring(EXAMPLE_DOC_STRING)
+    def __call__(
+        self,
+        prompt: Union[str, List[str], None] = None,
+        negative_prompt: Union[str, List[str], None] = None,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        guidance_scale: float = 4.5,
+        cfg_list: Optional[Sequence[float]] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = 0.0,
+        more_smooth: bool = True,
+        use_diffusion_head: bool = True,
+        num_images_per_prompt: int = 1,
+        generator: Union[torch.Generator, List[torch.Generator], None] = None,
+        diffusion_generator: Union[torch.Generator, List[torch.Generator], None] = None,
+        prompt_embeds: Optional[torch.Tensor] = None,
+        prompt_position_ids: Optional[torch.Tensor] = None,
+        negative_prompt_embeds: Optional[torch.Tensor] = None,
+        negative_prompt_position_ids: Optional[torch.Tensor] = None,
+        use_system_prompt: bool = True,
+        teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
+        acceleration: Optional[VARAccelScheduler] = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Optional[Callable[["HARTPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]] = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
+    ):
+        r"""Generate images from text.
+
+        Args:
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            negative_prompt (`str` or `List[str]`, *optional*): its Qwen2 features replace the official all-zero
+                unconditional context in the CFG rows.
+            height / width (`int`, *optional*): must be the model's one size (`default_size`, 1024 for HART-0.7B).
+            guidance_scale (`float`, *optional*, defaults to 4.5): HART's CFG weight ``cfg``; scale ``si`` uses
+                ``t = cfg * si / (n - 1)`` (linear ramp from 0) and ``(1 + t) cond - t uncond``. 0 disables CFG.
+            cfg_list (`List[float]`, *optional*): the weight ``t`` of every scale, overriding the ramp.
+            top_k (`int`, *optional*): top-k of every scale (1 = greedy, 0 = off); `None` is the official 600 / 300.
+            top_p (`float`, *optional*, defaults to 0.0): nucleus threshold (0 = off, as the official scripts).
+            more_smooth (`bool`, *optional*, defaults to `True`): embed each token as a Gumbel-softmax mixture of
+                codebook vectors (the official scripts' default) instead of its codebook vector.
+            use_diffusion_head (`bool`, *optional*, defaults to `True`): add the residual diffusion head's output at
+                the last scale (`False` = the discrete-only image, official ``final_stage != 0``).
+            num_images_per_prompt (`int`, *optional*, defaults to 1): images per prompt.
+            generator (`torch.Generator` or `List[torch.Generator]`, *optional*): token sampling (one draw per scale
+                for the batch, or one generator per image).
+            diffusion_generator (`torch.Generator` or `List`, *optional*): the diffusion head's noise. By default a
+                generator seeded with `generator`'s seed (the official scripts seed both with one seed); the global
+                RNG when `generator` is None.
+            prompt_embeds (`torch.Tensor`, *optional*): Qwen2 features (B, T, D) bypassing the text encoder, with
+                `prompt_position_ids` (B, T) (``cumsum(mask) - 1``; ``arange(T)`` when omitted).
+            negative_prompt_embeds / negative_prompt_position_ids (`torch.Tensor`, *optional*): likewise.
+            use_system_prompt (`bool`, *optional*, defaults to `True`): prepend the official instruction to prompts.
+            teacher_tokens (`List[torch.Tensor]`, *optional*): token ids (B, L) used instead of sampling at the first
+                `len(teacher_tokens)` scales.
+            acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
+            output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (f_hat).
+            return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
+            callback_on_step_end (`Callable`, *optional*): called after each scale as
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+            callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
+
+        Examples:
+
+        Returns:
+            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`.
+        """
+        size = self.default_size
+        height, width = height or size, width or size
+        self.check_inputs(prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
+                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs)
+        patch_nums = tuple(self.transformer.config.patch_nums)
+        num_scales = len(patch_nums)
+        weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
+        self._guidance_scale, self._num_timesteps, self._interrupt = weights, num_scales, False
+        scheduler = self._acceleration_for_call(acceleration)
+        device = self._execution_device
+
+        # 1. Text conditioning: conditional rows, then unconditional rows when any scale is guided
+        if prompt_embeds is None:
+            prompt_embeds, prompt_position_ids = self.encode_prompt(prompt, device, num_images_per_prompt, use_system_prompt)
+        else:
+            prompt_embeds, prompt_position_ids = self._given_embeds(prompt_embeds, prompt_position_ids, device, num_images_per_prompt)
+        batch_size = prompt_embeds.shape[0]
+        for name, gen in (("generator", generator), ("diffusion_generator", diffusion_generator)):
+            if isinstance(gen, list) and len(gen) != batch_size:
+                raise ValueError(f"got {len(gen)} {name}s for {batch_size} images; pass one per image or a single one")
+        text, positions = prompt_embeds, prompt_position_ids
+        if any(t != 0 for t in weights):
+            if negative_prompt is not None:
+                negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
+                if len(negatives) * num_images_per_prompt != batch_size:
+                    raise ValueError(f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts")
+                neg, neg_pos = self.encode_prompt(negatives, device, num_images_per_prompt, use_system_prompt)
+            elif negative_prompt_embeds is not None:
+                neg, neg_pos = self._given_embeds(negative_prompt_embeds, negative_prompt_position_ids, device, num_images_per_prompt)
+                if neg.shape[0] != batch_size:
+                    raise ValueError(f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts")
+            else:
+                neg, neg_pos = self.transformer.null_context(batch_size, device=device)
+            text, positions = torch.cat((text, neg.to(text.dtype))), torch.cat((positions, neg_pos))
+        dtype = self.transformer.dtype
+        autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype in (torch.float16, torch.bfloat16))
+        with autocast:
+            condition = self.transformer.encode_condition(text, positions)
+
+        # 2. The next-scale loop
+        if diffusion_generator is None and generator is not None:
+            diffusion_generator = ([_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator))
+        family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head)
+        if teacher_tokens is not None:
+            teacher_tokens = [t.to(device).reshape(t.shape[0], -1).long() for t in teacher_tokens]
+        progress = self.progress_bar(total=num_scales)
+
+        def on_scale_end(si, state):
+            if callback_on_step_end is not None:
+                values = {"latents": state.f_hat, "tokens": state.tokens.get(si), "logits": state.logits.get(si), "prompt_embeds": prompt_embeds}
+                kwargs = {k: values[k] for k in callback_on_step_end_tensor_inputs}
+                out = callback_on_step_end(self, si, family.scale_schedule[si], kwargs) or {}
+                if "latents" in out:
+                    state.f_hat = out["latents"]
+            progress.update()
+
+        with progress, autocast:
+            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, [1.0 + t for t in weights],
+                                        [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
+                                        should_stop=lambda: self._interrupt)
+        latents = state.f_hat
+
+        # 3. Decode
+        if output_type == "latent":
+            image = latents
+        else:
+            image = self.vae.decode(latents.to(self.vae.dtype))
+            image = self.image_processor.postprocess(image, output_type=output_type)
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (image,)
+        return ImagePipelineOutput(images=image)
+
+    def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
+        embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
+        if position_ids is None:
+            position_ids = torch.arange(embeds.shape[1], device=device).expand(embeds.shape[0] // num_images_per_prompt, -1)
+        return embeds, position_ids.to(device).long().repeat_interleave(num_images_per_prompt, dim=0)
+
+
+def _reseeded(generator: torch.Generator) -> torch.Generator:
+    """A fresh generator on the same device seeded with ``generator``'s seed (official: one seed for both streams)."""
+    return torch.Generator(device=generator.device).manual_seed(generator.initial_seed())

@@ -1,0 +1,165 @@
+"""Parity of ``FastVARScheduler`` on HART with the official FastVAR HART fork (csguoh/FastVAR ``HART/``).
+
+Driven only by the fixture folder (``tests/fixtures/fastvar/hart``; ``VAR_ACCEL_FASTVAR_HART_FIXTURE`` points at
+another of the same layout): ``baseline_*`` runs are upstream HART, ``fastvar_*`` runs the fork, with the official
+preset (pruned scale sides, ratios, cache side) read from the manifest and mapped to scale indices. Tolerances are
+FIXTURE.md's suggested checks. A missing folder fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffusers_var_accel import FastVARScheduler
+from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
+from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
+
+FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart"))
+HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
+MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text()) if HAVE_FIXTURE else None
+RUNS = sorted(MANIFEST["runs"]) if HAVE_FIXTURE else ["<fixture missing>"]
+#: The fork's sublayer names -> the router's sublayer kinds.
+SUBLAYER_KINDS = {"attn": "self_attn", "ffn": "ffn"}
+
+
+def _require_fixture():
+    if not HAVE_FIXTURE:
+        pytest.fail(f"FastVAR HART fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_FASTVAR_HART_FIXTURE)")
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    _require_fixture()
+    pipeline = load_original_hart_pipeline(FIXTURE_DIR / "hart-tiny")
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    _require_fixture()
+    return load_file(FIXTURE_DIR / "inputs.safetensors")
+
+
+def _official_scheduler(patch_nums):
+    """The fork's preset (keyed on scale sides) as a ``FastVARScheduler`` on scale indices."""
+    preset = MANIFEST["fastvar_preset"]
+    prune = sorted((patch_nums.index(int(side)), float(r)) for side, r in preset["prune_widths"].items())
+    cache_side = int(preset["cache_scale_step"][0])
+    assert preset.get("pruned_layers") == "all blocks", preset.get("pruned_layers")
+    assert preset.get("keep", "L - int(L*ratio)") == "L - int(L*ratio)"
+    skipped = [patch_nums.index(int(s)) for s in preset.get("skipped_scales", [])]
+    return FastVARScheduler(prune_scales=[s for s, _ in prune], prune_ratios=[r for _, r in prune], pruned_layers=None,
+                            cache_scale=patch_nums.index(cache_side), skip_last_scales=bool(skipped), skipped_scales=skipped,
+                            model_family="hart")
+
+
+class _RecordingFastVAR(FastVARScheduler):
+    """FastVAR whose routers record the kept sets, PTS scores and cache-scale updates of the call (test only)."""
+
+    def token_router(self, state, plan):
+        router = super().token_router(state, plan)
+        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+
+
+class _Spy:
+    def __init__(self, router, scale_index, log):
+        self.router, self.scale_index, self.log = router, scale_index, log
+
+    def select(self, layer_idx, sublayer, x_RLC):
+        index = self.router.select(layer_idx, sublayer, x_RLC)
+        if index is not None:
+            self.log["kept"][(self.scale_index, layer_idx, sublayer)] = index.clone()
+            self.log["scores"][(self.scale_index, layer_idx, sublayer)] = pivotal_token_scores(x_RLC)
+        return index
+
+    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+        self.log["updates"][(self.scale_index, layer_idx, sublayer)] = computed_RKC.clone()
+        return self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
+
+
+def test_official_preset_is_our_hart_preset(pipe):
+    _require_fixture()
+    patch_nums = list(pipe.transformer.config.patch_nums)
+    schedule = [(1, pn, pn) for pn in patch_nums]
+    ours = FastVARScheduler.from_preset("hart")
+    official = _official_scheduler(patch_nums)
+    assert ours.resolve(schedule) == official.resolve(schedule)
+    assert ours.config.pruned_layers is None and ours.config.model_family == "hart"
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_reference_run(pipe, inputs, run):
+    _require_fixture()
+    meta = MANIFEST["runs"][run]
+    impl = run.split("_", 1)[0]
+    assert impl in ("baseline", "fastvar"), run
+    call = meta["call"]
+    patch_nums = list(pipe.transformer.config.patch_nums)
+    scheduler = None
+    if impl == "fastvar":
+        scheduler = _RecordingFastVAR(**{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"})
+        scheduler.log = {"kept": {}, "scores": {}, "updates": {}}
+    recorded = {}
+
+    def record(p, scale_index, scale, kwargs):
+        recorded[scale_index] = {k: v.clone() for k, v in kwargs.items() if v is not None}
+        return {}
+
+    image = pipe(
+        prompt_embeds=inputs["context_tensor"], prompt_position_ids=inputs["context_position_ids"],
+        guidance_scale=call["cfg"], top_k=1, top_p=call["top_p"], more_smooth=call["more_smooth"],
+        use_diffusion_head=call["final_stage"] == 0,
+        generator=torch.Generator().manual_seed(call["g_seed"]),
+        diffusion_generator=torch.Generator().manual_seed(meta["torch_manual_seed_before_call"]),
+        acceleration=scheduler, output_type="pt", callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"],
+    ).images
+    ref = load_file(FIXTURE_DIR / f"ref_{run}.safetensors")
+    B = inputs["context_tensor"].shape[0]
+    num_scales = len(meta["t_guidance_per_scale"])
+    assert sorted(recorded) == list(range(num_scales))
+
+    # 1. tokens exact, guided logits close at every scale
+    for s in range(num_scales):
+        assert torch.equal(recorded[s]["tokens"], ref[f"idx_s{s}"]), (run, s)
+        t = meta["t_guidance_per_scale"][s]
+        raw = recorded[s]["logits"]
+        guided = (1 + t) * raw[:B] - t * raw[B:] if raw.shape[0] > B else raw
+        torch.testing.assert_close(guided.topk(2, dim=-1).values, ref[f"logits_guided_top2_values_s{s}"], atol=1e-3, rtol=0)
+        if f"logits_guided_s{s}" in ref:
+            torch.testing.assert_close(guided, ref[f"logits_guided_s{s}"], atol=1e-3, rtol=0)
+
+    # 2. the decoder input and the image
+    if "f_hat_final" in ref:
+        torch.testing.assert_close(recorded[num_scales - 1]["latents"], ref["f_hat_final"], atol=2e-3, rtol=0)
+    key, step = ("image", 1) if "image" in ref else ("image_sub2", 2)
+    torch.testing.assert_close(image[:, :, ::step, ::step], ref[key], atol=1e-3, rtol=0)
+
+    # 3. FastVAR's decisions: kept sets (as sets), the official block-0 scores, the CTR cache
+    if scheduler is None:
+        return
+    log = scheduler.log
+    for tag, pts in meta.get("pts", {}).items():
+        side = int(tag.split("x")[0])
+        si = patch_nums.index(side)
+        kept_ref = ref[f"pts_kept_{tag}"]
+        for b, block in enumerate(pts["pruned_blocks"]):
+            for sl, name in enumerate(pts["sublayers"]):
+                ours = log["kept"][(si, block, SUBLAYER_KINDS[name])]
+                assert ours.shape[1] == pts["K"]
+                assert torch.equal(ours.sort(-1).values, kept_ref[b, sl].long().sort(-1).values), (tag, block, name)
+        if f"pts_score_block0_{tag}" in ref:
+            for sl, name in enumerate(pts["sublayers"]):
+                scores = log["scores"][(si, pts["pruned_blocks"][0], SUBLAYER_KINDS[name])]
+                torch.testing.assert_close(scores, ref[f"pts_score_block0_{tag}"][sl], atol=1e-4, rtol=1e-5)
+    if "ctr_cache_block0_attn" in ref:
+        cache_side = int(MANIFEST["fastvar_preset"]["cache_scale_step"][0])
+        update = log["updates"][(patch_nums.index(cache_side), 0, "self_attn")]
+        torch.testing.assert_close(update, ref["ctr_cache_block0_attn"], atol=1e-4, rtol=1e-4)
