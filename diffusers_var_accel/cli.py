@@ -1,8 +1,9 @@
 """``var-accel``: the command line of diffusers-var-accel.
 
-``var-accel generate "a red fox in the snow"`` generates with a converted pipeline folder (``--model``) or, with no
-model given, with a tiny random-weight Infinity pipeline built on the spot (no download; the image is noise-like until
-a trained embedded model ships).
+``var-accel generate "a red fox in the snow"`` generates with a converted pipeline folder (``--model``: an Infinity or
+HART folder, told apart by its ``model_index.json``) or, with no model given, with a tiny random-weight Infinity
+pipeline built on the spot (``--model tiny-hart``: a tiny random-weight HART; no download; the images are noise-like
+until a trained embedded model ships).
 """
 
 from __future__ import annotations
@@ -18,31 +19,54 @@ from typing import List, Optional
 def _load_pipeline(model: Optional[str], device: str, dtype: str):
     import torch
 
+    from .pipelines.hart import HARTPipeline
     from .pipelines.infinity import InfinityPipeline
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    if model is None:
-        from .utils.tiny import build_tiny_infinity_pipeline
+    if model in (None, "tiny", "tiny-hart"):
+        from .utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
 
-        print("No --model given: using a tiny Infinity pipeline with RANDOM weights (built locally, no download). "
-              "Its images are noise-like; pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
-        pipe = build_tiny_infinity_pipeline(seed=0)
+        name = "HART" if model == "tiny-hart" else "Infinity"
+        print(f"Using a tiny {name} pipeline with RANDOM weights (built locally, no download). Its images are noise-like; "
+              "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
+        pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
     else:
-        pipe = InfinityPipeline.from_pretrained(model, torch_dtype=torch_dtype)
+        index = Path(model) / "model_index.json"
+        if not index.is_file():
+            raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints with "
+                             "scripts/convert_infinity_original.py or scripts/convert_hart_original.py first")
+        class_name = json.loads(index.read_text()).get("_class_name")
+        classes = {"InfinityPipeline": InfinityPipeline, "HARTPipeline": HARTPipeline}
+        if class_name not in classes:
+            raise ValueError(f"--model {model} holds a {class_name!r}; var-accel runs {sorted(classes)}")
+        pipe = classes[class_name].from_pretrained(model, torch_dtype=torch_dtype)
     return pipe.to(device)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    pipe = _load_pipeline(args.model, args.device, args.dtype)
+    from .pipelines.hart import HARTPipeline
+
+    try:
+        pipe = _load_pipeline(args.model, args.device, args.dtype)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    is_hart = isinstance(pipe, HARTPipeline)
+    if is_hart and args.tau is not None:
+        print("error: --tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)", file=sys.stderr)
+        return 2
     prompts: List[str] = list(args.prompt)
     if args.prompts_file:
         prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
     if not prompts:
         print("error: give a prompt or --prompts-file", file=sys.stderr)
         return 2
-    height = args.height or (256 if args.model is None else 1024)
+    if is_hart:
+        height = args.height or pipe.default_size
+    else:
+        height = args.height or (256 if args.model in (None, "tiny") else 1024)
     width = args.width or height
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -51,8 +75,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         generator = torch.Generator("cpu").manual_seed(args.seed + i)
         start = time.perf_counter()
         try:
-            image = pipe(prompt, height=height, width=width, guidance_scale=args.guidance_scale, tau=args.tau,
-                         top_k=args.top_k, top_p=args.top_p, generator=generator).images[0]
+            options = {k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
+                                         ("top_p", args.top_p)) if v is not None}  # unset: the model's own defaults
+            image = pipe(prompt, height=height, width=width, generator=generator, **options).images[0]
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -71,14 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate images from prompts")
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
-    gen.add_argument("--model", help="a pipeline folder (see scripts/convert_infinity_original.py); default: tiny random weights")
-    gen.add_argument("--height", type=int, help="image height (an official size; default 256 for the tiny model, 1024 otherwise)")
+    gen.add_argument("--model", help="a converted Infinity or HART pipeline folder (scripts/convert_*_original.py), or 'tiny' / "
+                     "'tiny-hart' (random weights); default: tiny")
+    gen.add_argument("--height", type=int, help="image height (Infinity: an official size, default 256 for the tiny model, 1024 "
+                     "otherwise; HART: its one size, the default)")
     gen.add_argument("--width", type=int, help="image width (default: the height)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
-    gen.add_argument("--guidance-scale", type=float, default=4.0)
-    gen.add_argument("--tau", type=float, default=0.5, help="sampling temperature")
-    gen.add_argument("--top-k", type=int, default=900)
-    gen.add_argument("--top-p", type=float, default=0.97)
+    gen.add_argument("--guidance-scale", type=float, help="CFG (Infinity default 4.0; HART's weight, default 4.5)")
+    gen.add_argument("--tau", type=float, help="sampling temperature (Infinity only; default 0.5)")
+    gen.add_argument("--top-k", type=int, help="top-k (Infinity default 900; HART default: the official 600/300)")
+    gen.add_argument("--top-p", type=float, help="top-p (Infinity default 0.97; HART default 0 = off)")
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--output", default="outputs", help="output folder (PNG files + generations.json)")

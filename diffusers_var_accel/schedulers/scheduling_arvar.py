@@ -256,7 +256,8 @@ class ARVARScheduler(VARAccelScheduler):
         halved = self.resolve(state.scale_schedule).halved
         if halved and state.rows == state.batch_size:
             raise ValueError(f"branch halving at scales {sorted(halved)} needs classifier-free guidance, but this run has none "
-                             f"(guidance 1 at every scale); use a guidance scale != 1 or branch_halving_scales=()")
+                             f"(no unconditional rows: Infinity guidance_scale 1, HART guidance_scale 0); enable guidance or set "
+                             f"branch_halving_scales=()")
 
     def token_router(self, state, plan):
         scales, scale_set = self.resolve(state.scale_schedule), set(plan.scale_indices)
