@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.image_processor import VaeImageProcessor
-from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
@@ -14,6 +14,7 @@ from ...models.forward_context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
 from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -45,40 +46,6 @@ User Prompt:\n"""
 def hart_default_top_k(scale_index: int) -> int:
     """The official sampler's top-k: 600 for the first seven scales, 300 after (its ``top_k`` argument is ignored)."""
     return 600 if scale_index < 7 else 300
-
-
-def mask_top_k_top_p(logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float]) -> torch.Tensor:
-    """A copy of the logits with everything outside the top-k (ties kept) and outside the top-p nucleus at -inf."""
-    logits = logits_BLV.float().clone()
-    V = logits.shape[-1]
-    if top_k and top_k > 0:
-        kth = logits.topk(min(int(top_k), V), dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
-        logits.masked_fill_(logits < kth, float("-inf"))
-    if top_p is not None and top_p > 0:
-        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
-        remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
-        remove_sorted[..., -1:] = False
-        logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
-    return logits
-
-
-def _per_image(generator, b: int):
-    return generator[b] if isinstance(generator, (list, tuple)) else generator
-
-
-def sample_codebook_tokens(masked_logits_BLV: torch.Tensor, generator) -> torch.Tensor:
-    """One ``torch.multinomial`` over every token of the batch (one per image with a list of generators): (B, L)."""
-    B, L, V = masked_logits_BLV.shape
-    probs = masked_logits_BLV.softmax(dim=-1)
-    if isinstance(generator, (list, tuple)):
-        return torch.stack([_multinomial(probs[b].view(-1, V), generator[b]).view(L) for b in range(B)])
-    return _multinomial(probs.view(-1, V), generator).view(B, L)
-
-
-def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    device = generator.device if generator is not None else probs_NV.device
-    out = torch.multinomial(probs_NV.to(device), num_samples=1, replacement=True, generator=generator)
-    return out.to(probs_NV.device)
 
 
 def gumbel_soft_weights(logits_BLV: torch.Tensor, tau: float, generator) -> torch.Tensor:
@@ -172,7 +139,7 @@ class HARTScaleFamily(ScaleModelFamily):
         return (guided if temperature == 1 else guided / temperature), raw
 
     def sample(self, logits_BLV, scale_index, generator):
-        return sample_codebook_tokens(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator)
+        return sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator)
 
     def tokens_to_codes(self, tokens, scale_index, outputs: Optional[ScaleOutputs] = None):
         side = self.patch_nums[scale_index]
@@ -223,7 +190,7 @@ class HARTScaleFamily(ScaleModelFamily):
         return self.vae.next_scale_input(f_hat, (side, side))
 
 
-class HARTPipeline(DiffusionPipeline, VARAccelerationMixin):
+class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
     r"""Text-to-image generation with HART (arXiv:2410.10812).
 
     Args:
@@ -339,19 +306,6 @@ class HARTPipeline(DiffusionPipeline, VARAccelerationMixin):
         if n <= 0:
             return [0.0] * num_scales
         return [guidance_scale * (min(si, n - 1) / n) for si in range(num_scales)]
-
-    # 3. properties -----------------------------------------------------------------------------------------------
-    @property
-    def guidance_scale(self):
-        return self._guidance_scale
-
-    @property
-    def num_timesteps(self):
-        return self._num_timesteps
-
-    @property
-    def interrupt(self):
-        return self._interrupt
 
     # 4. call -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -470,14 +424,8 @@ class HARTPipeline(DiffusionPipeline, VARAccelerationMixin):
             teacher_tokens = [t.to(device).reshape(t.shape[0], -1).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)
 
-        def on_scale_end(si, state):
-            if callback_on_step_end is not None:
-                values = {"latents": state.f_hat, "tokens": state.tokens.get(si), "logits": state.logits.get(si), "prompt_embeds": prompt_embeds}
-                kwargs = {k: values[k] for k in callback_on_step_end_tensor_inputs}
-                out = callback_on_step_end(self, si, family.scale_schedule[si], kwargs) or {}
-                if "latents" in out:
-                    state.f_hat = out["latents"]
-            progress.update()
+        on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, family.scale_schedule, prompt_embeds,
+                                            progress)
 
         with progress, autocast:
             state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, [1.0 + t for t in weights],
@@ -486,15 +434,7 @@ class HARTPipeline(DiffusionPipeline, VARAccelerationMixin):
         latents = state.f_hat
 
         # 3. Decode
-        if output_type == "latent":
-            image = latents
-        else:
-            image = self.vae.decode(latents.to(self.vae.dtype))
-            image = self.image_processor.postprocess(image, output_type=output_type)
-        self.maybe_free_model_hooks()
-        if not return_dict:
-            return (image,)
-        return ImagePipelineOutput(images=image)
+        return self._decode_output(latents, output_type, return_dict)
 
     def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
         embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.image_processor import VaeImageProcessor
-from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
@@ -15,6 +15,7 @@ from ...models.infinity_resolutions import INFINITY_PATCH_SIZE, rope_grid_hw, sc
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
 from ..next_scale import ScaleModelFamily, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -42,29 +43,8 @@ def sample_bits(
     runs on the generator's device. Returns (B, L, d) int64 bits.
     """
     B, L, V = logits_BLV.shape
-    logits = logits_BLV.reshape(B, -1, 2).float().clone()
-    if top_k and top_k > 0:
-        k = min(top_k, 2)
-        kth = logits.topk(k, dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
-        logits.masked_fill_(logits < kth, float("-inf"))
-    if top_p is not None and top_p > 0:
-        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
-        remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
-        remove_sorted[..., -1:] = False
-        logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
-    probs = logits.softmax(dim=-1)
-    if isinstance(generator, (list, tuple)):
-        rows = [_multinomial(probs[b].view(-1, 2), generator[b]) for b in range(B)]
-        bits = torch.stack(rows, dim=0)
-    else:
-        bits = _multinomial(probs.view(-1, 2), generator)
-    return bits.view(B, L, V // 2)
-
-
-def _multinomial(probs_N2: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    device = generator.device if generator is not None else probs_N2.device
-    out = torch.multinomial(probs_N2.to(device), num_samples=1, replacement=True, generator=generator)
-    return out.to(probs_N2.device)
+    masked = mask_top_k_top_p(logits_BLV.reshape(B, -1, 2), top_k, top_p)
+    return sample_categorical(masked, generator).view(B, L, V // 2)
 
 
 class InfinityScaleFamily(ScaleModelFamily):
@@ -122,7 +102,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.vae.next_scale_input(f_hat, tuple(self.scale_schedule[scale_index][-2:]))
 
 
-class InfinityPipeline(DiffusionPipeline, VARAccelerationMixin):
+class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
     r"""Text-to-image generation with Infinity (arXiv:2412.04431).
 
     Args:
@@ -202,19 +182,6 @@ class InfinityPipeline(DiffusionPipeline, VARAccelerationMixin):
         bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
         if bad:
             raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
-
-    # 3. properties -----------------------------------------------------------------------------------------------
-    @property
-    def guidance_scale(self):
-        return self._guidance_scale
-
-    @property
-    def num_timesteps(self):
-        return self._num_timesteps
-
-    @property
-    def interrupt(self):
-        return self._interrupt
 
     # 4. call -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -331,14 +298,8 @@ class InfinityPipeline(DiffusionPipeline, VARAccelerationMixin):
             teacher_tokens = [t.to(device).reshape(t.shape[0], -1, t.shape[-1]).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)
 
-        def on_scale_end(si, state):
-            if callback_on_step_end is not None:
-                values = {"latents": state.f_hat, "tokens": state.tokens.get(si), "logits": state.logits.get(si), "prompt_embeds": prompt_embeds}
-                kwargs = {k: values[k] for k in callback_on_step_end_tensor_inputs}
-                out = callback_on_step_end(self, si, tuple(scale_schedule[si]), kwargs) or {}
-                if "latents" in out:
-                    state.f_hat = out["latents"]
-            progress.update()
+        on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, scale_schedule, prompt_embeds,
+                                            progress)
 
         with progress, autocast:
             state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, scheduler,
@@ -346,15 +307,7 @@ class InfinityPipeline(DiffusionPipeline, VARAccelerationMixin):
         latents = state.f_hat
 
         # 4. Decode
-        if output_type == "latent":
-            image = latents
-        else:
-            image = self.vae.decode(latents.to(self.vae.dtype))
-            image = self.image_processor.postprocess(image, output_type=output_type)
-        self.maybe_free_model_hooks()
-        if not return_dict:
-            return (image,)
-        return ImagePipelineOutput(images=image)
+        return self._decode_output(latents, output_type, return_dict)
 
 
 def _concat_padded(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
