@@ -16,7 +16,9 @@ listed on stderr; the discriminator (``disc.*``) and unused training buffers are
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -30,6 +32,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default: float32)")
     parser.add_argument("--output", required=True, help="output folder (created)")
     return parser.parse_args(argv)
+
+
+def load_tokenizer(folder: str):
+    """The tokenizer class the folder's ``tokenizer_config.json`` names, else ``AutoTokenizer``'s choice.
+
+    transformers 5 makes ``AutoTokenizer`` pick the tokenizer of the model type in ``config.json`` (Qwen2's) even
+    when ``tokenizer_config.json`` names another class; honouring the saved class keeps such tokenizers intact.
+    """
+    import transformers
+
+    config = Path(folder) / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    cls = getattr(transformers, name, None) if name else None
+    return (cls or transformers.AutoTokenizer).from_pretrained(folder, local_files_only=True)
 
 
 def main(argv=None) -> int:
@@ -46,10 +62,10 @@ def main(argv=None) -> int:
     text_encoder = tokenizer = None
     try:
         if args.text_encoder is not None:
-            from transformers import AutoModel, AutoTokenizer
+            from transformers import AutoModel
 
             text_encoder = AutoModel.from_pretrained(args.text_encoder, torch_dtype=dtype, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.text_encoder, local_files_only=True)
+            tokenizer = load_tokenizer(args.tokenizer or args.text_encoder)
         pipe = load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=dtype,
                                            text_encoder=text_encoder, tokenizer=tokenizer)
     except (ValueError, FileNotFoundError, OSError) as error:

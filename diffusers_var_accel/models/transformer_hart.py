@@ -33,7 +33,7 @@ from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
 
 from .attention_processor import HARTAttnProcessor
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
 from .routing import TokenRoutedBlock
@@ -388,8 +388,15 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             weights = next((p for p in candidates if os.path.isfile(p)), candidates[0])
         state_dict = load_original_state_dict(weights)
         config = hart_config_from_original(original_config, state_dict)
-        return build_and_load_strict(cls, config, state_dict, f"HART checkpoint {weights}", torch_dtype,
-                                     convert=lambda sd, expected: convert_hart_checkpoint(sd))
+        what = f"HART checkpoint {weights}"
+
+        def convert(sd, expected):
+            # check in the checkpoint's own names, so an error names keys the user can find in the file
+            check_state_dict({original_hart_key(k): v for k, v in expected.items()},
+                             {k: v for k, v in sd.items() if k not in IGNORED_ORIGINAL_KEYS}, what)
+            return convert_hart_checkpoint(sd)
+
+        return build_and_load_strict(cls, config, state_dict, what, torch_dtype, convert=convert)
 
 
 def hart_config_from_original(original: Dict, state_dict: Optional[Dict[str, torch.Tensor]] = None) -> Dict:
@@ -428,3 +435,8 @@ def convert_hart_checkpoint(state_dict: Dict[str, torch.Tensor]) -> Dict[str, to
             key = "diffusion_head." + key[len("diffloss."):]
         out[key] = value
     return out
+
+
+def original_hart_key(key: str) -> str:
+    """Our parameter name -> the official ``HARTForT2I`` one (the inverse of :func:`convert_hart_checkpoint`)."""
+    return "diffloss." + key[len("diffusion_head."):] if key.startswith("diffusion_head.") else key

@@ -268,7 +268,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                     guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs):
+                     guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs,
+                     negative_prompt_position_ids=None):
         size = self.default_size
         if (height, width) != (size, size):
             raise ValueError(f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
@@ -283,6 +284,14 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 raise ValueError(f"{name} must be (batch, {T}, {D}) text features; got shape {tuple(embeds.shape)}")
         if prompt_position_ids is not None and prompt_embeds is not None and prompt_position_ids.shape != prompt_embeds.shape[:2]:
             raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
+        if prompt_position_ids is not None and prompt_embeds is None:
+            raise ValueError("prompt_position_ids go with prompt_embeds; with a prompt they come from its tokenization")
+        if negative_prompt_position_ids is not None:
+            if negative_prompt_embeds is None:
+                raise ValueError("negative_prompt_position_ids go with negative_prompt_embeds")
+            if negative_prompt_position_ids.shape != negative_prompt_embeds.shape[:2]:
+                raise ValueError(f"negative_prompt_position_ids shape {tuple(negative_prompt_position_ids.shape)} != "
+                                 f"negative_prompt_embeds (batch, tokens) {tuple(negative_prompt_embeds.shape[:2])}")
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
         num_scales = len(self.transformer.config.patch_nums)
@@ -380,7 +389,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         size = self.default_size
         height, width = height or size, width or size
         self.check_inputs(prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs)
+                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids)
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
         weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
