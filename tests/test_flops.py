@@ -180,3 +180,174 @@ def test_unsupported_size_fails_with_the_list():
     assert proc.returncode != 0
     assert "1000x1000" in proc.stderr and "Supported" in proc.stderr and "1024x1024" in proc.stderr
     assert proc.stdout == ""
+
+
+# =====================================================================================================================
+# HART
+# =====================================================================================================================
+import benchmarks.flops as flops_module  # noqa: E402
+from benchmarks.flops import (  # noqa: E402
+    HART_PAPER_TFLOPS, compare_hart_methods, count_hart_flops, format_hart_comparison, hart_conventions,
+)
+from diffusers_var_accel.models.transformer_hart import HART_CONFIGS, llama_mlp_hidden_size  # noqa: E402
+
+#: A tiny HART: 6 scales (the presets' negative scale indices need >= 5), 2 blocks, 4 diffusion steps.
+HART_TINY = dict(depth=2, embed_dim=64, num_heads=4, mlp_ratio=4.0, context_tokens=8, context_dim=48,
+                 patch_nums=(1, 2, 3, 4, 6, 8), vocab_size=32, token_channels=8, diffusion_width=32, diffusion_depth=2,
+                 num_sampling_steps="4")
+HART_TINY_TOKENIZER = dict(vocab_size=32, z_channels=8, ch=32, ch_mult=(1, 1))
+
+
+def _tiny_hart(**kwargs):
+    return count_hart_flops(transformer_config=HART_TINY, tokenizer_config=HART_TINY_TOKENIZER, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny_hart_baseline():
+    return _tiny_hart()
+
+
+@pytest.fixture(scope="module")
+def hart_0_7b():
+    return count_hart_flops("hart-0.7b")  # about 5 s on meta tensors
+
+
+def analytic_hart(cfg, batch, cfg_on, steps):
+    """HART written from ARCHITECTURE.md sections 3-5 (2 FLOPs per MAC of every matmul, attention included).
+
+    Per block on L tokens of R rows attending to S keys (context + every earlier scale + this pass): qkv C->3C,
+    QK^T + PV, proj C->C, gated MLP (gate, up C->F, down F->C). Scale 0's pass is the T context tokens; scale 0 is
+    predicted from the last one. Head on the rows that guidance needs (t = 0 at scale 0: B rows; else 2B):
+    head AdaLN (C->2C on the pooled context) + C->V per token. Embeddings: word_embed (Cv->C) on the B image rows
+    of every later scale, level embedding (256->C->C) once per position. Diffusion head at the last scale: the
+    condition's word_embed on the B rows of hard codes, then ``steps`` evaluations of the MLP on every row
+    (2N under CFG, N without): input_proj, time_embed (256->W->W), cond_embed (C->W), per res-block adaLN (W->3W)
+    and MLP (W->W->W), final adaLN (W->2W) and linear (W->2Cv).
+    """
+    C, N, T, Cv, V = cfg["embed_dim"], cfg["depth"], cfg["context_tokens"], cfg["token_channels"], cfg["vocab_size"]
+    F, W = llama_mlp_hidden_size(C, cfg["mlp_ratio"]), cfg["diffusion_width"]
+    R = 2 * batch if cfg_on else batch
+    patch_nums = cfg["patch_nums"]
+    scales, S = [], 0
+    for si, pn in enumerate(patch_nums):
+        L = T if si == 0 else pn * pn
+        S += L
+        blocks = N * (2 * R * L * C * 3 * C + 4 * R * L * S * C + 2 * R * L * C * C + 3 * 2 * R * L * C * F)
+        head_rows = batch if (si == 0 or not cfg_on) else R
+        out_tokens = 1 if si == 0 else L
+        head = 2 * head_rows * C * 2 * C + 2 * head_rows * out_tokens * C * V
+        embed = (0 if si == 0 else 2 * batch * L * Cv * C) + 2 * L * (256 * C + C * C)
+        scales.append(dict(blocks=blocks, head=head, embed=embed, attention=N * 4 * R * L * S * C))
+    L = patch_nums[-1] ** 2
+    rows = R * L
+    per_row = Cv * W + 256 * W + W * W + C * W + cfg["diffusion_depth"] * (3 * W * W + 2 * W * W) + 2 * W * W + W * 2 * Cv
+    diffusion = 2 * batch * L * Cv * C + steps * 2 * rows * per_row
+    text = 2 * R * T * cfg["context_dim"] * C
+    return text, scales, diffusion
+
+
+@pytest.mark.parametrize("cfg_on,batch", [(True, 1), (False, 2)])
+def test_hart_tiny_counts_match_analytic(cfg_on, batch):
+    r = _tiny_hart(guidance=cfg_on, batch_size=batch)
+    text, scales, diffusion = analytic_hart(HART_TINY, batch, cfg_on, steps=4)
+    assert r["rows"] == (2 * batch if cfg_on else batch)
+    assert r["text_flops"] == text
+    assert len(r["per_scale"]) == len(HART_TINY["patch_nums"])
+    for counted, expected in zip(r["per_scale"], scales):
+        si = counted["scale_index"]
+        assert counted["blocks_flops"] == expected["blocks"], si  # one pass of every block, attention included
+        assert counted["head_flops"] == expected["head"], si
+        assert counted["attention_flops"] == expected["attention"], si
+        assert counted["scheduler_flops"] == 0, si
+    # the level embedding may run per pass or once for every position (the official way): compare the sum
+    assert sum(s["embed_flops"] for s in r["per_scale"]) == sum(s["embed"] for s in scales)
+    assert r["diffusion_flops"] == r["per_scale"][-1]["diffusion_flops"] == diffusion
+    # f_hat updates: one 3x3 Phi conv (Cv -> Cv) at the final P x P size for every scale but the last
+    P, Cv = HART_TINY["patch_nums"][-1], HART_TINY["token_channels"]
+    assert r["codes_flops"] == (len(HART_TINY["patch_nums"]) - 1) * 2 * batch * P * P * Cv * Cv * 9
+    assert r["vae_flops"] > 0
+    assert r["total_flops"] == (r["text_flops"] + r["transformer_flops"] + r["diffusion_flops"] + r["codes_flops"]
+                                + r["vae_flops"])
+    assert r["transformer_flops"] == sum(s["blocks"] + s["head"] + s["embed"] for s in scales)
+    assert (r["height"], r["width"]) == (16, 16)  # last patch number 8 x 2x tokenizer downsampling
+
+
+def test_hart_cfg_doubles_rows(tiny_hart_baseline):
+    on, off = tiny_hart_baseline, _tiny_hart(guidance=False)
+    assert on["text_flops"] == 2 * off["text_flops"]
+    assert on["diffusion_flops"] > 1.9 * off["diffusion_flops"]  # the MLP runs on 2N rows instead of N
+    for s_on, s_off in zip(on["per_scale"], off["per_scale"]):
+        assert s_on["blocks_flops"] == 2 * s_off["blocks_flops"]
+        assert s_on["embed_flops"] == s_off["embed_flops"]  # B image rows, then repeated
+    assert on["vae_flops"] == off["vae_flops"] and on["codes_flops"] == off["codes_flops"]
+
+
+@pytest.mark.parametrize("accel", ["fastvar", "lazyvar", "depthvar:reference_scale=3", "arvar"])
+def test_hart_accelerated_counts_are_lower(accel, tiny_hart_baseline):
+    base, fast = tiny_hart_baseline, _tiny_hart(accel=accel)
+    assert fast["accel"] == accel
+    assert fast["total_flops"] < base["total_flops"]
+    assert fast["transformer_flops"] < base["transformer_flops"]
+    # the methods change the transformer passes only: the diffusion head runs on every token of the last scale
+    for key in ("text_flops", "diffusion_flops", "codes_flops", "vae_flops"):
+        assert fast[key] == base[key], key
+    assert sum(s["flops"] for s in fast["per_scale"]) == fast["total_flops"] - fast["text_flops"] - fast["vae_flops"]
+
+
+def test_hart_conventions_and_comparison_on_tiny(tiny_hart_baseline):
+    base, fast = tiny_hart_baseline, _tiny_hart(accel="fastvar")
+    comparison = compare_hart_methods(base, {"fastvar": fast})
+    assert comparison["summary"][1]["ratio"] == pytest.approx(base["total_tflops"] / fast["total_tflops"])
+    assert comparison["summary"][0]["paper_tflops"] is None  # a config override has no published number
+    text = format_hart_comparison(comparison)
+    assert "fastvar" in text and "diff. head" in text
+    # attention counted under the conventions: the real count >= context + current pass >= current pass only
+    cur = _tiny_hart(self_attention="current_pass")
+    ctx = _tiny_hart(self_attention="context_and_current_pass")
+    assert base["attention_core_flops"] > ctx["attention_core_flops"] > cur["attention_core_flops"] > 0
+    for r in (cur, ctx):
+        assert r["total_flops"] - r["attention_core_flops"] == base["total_flops"] - base["attention_core_flops"]
+    comps = {m: dict(linear=r["transformer_tflops"] - r["attention_core_tflops"] + r["text_tflops"],
+                     self_attn_cache=r["attention_core_tflops"], self_attn_context_and_current_pass=0.0,
+                     self_attn_current_pass=0.0, diffusion=r["diffusion_tflops"],
+                     vae_decode=r["vae_tflops"] + r["codes_tflops"], total=r["total_tflops"])
+             for m, r in (("baseline", base), ("fastvar", fast))}
+    rows = hart_conventions(comps)
+    assert rows[0]["totals"]["baseline"] == pytest.approx(base["total_tflops"])
+    assert all(row["saved"]["baseline"] == 0 for row in rows)
+
+
+def test_hart_0_7b_matches_analytic(hart_0_7b):
+    r = hart_0_7b
+    cfg = HART_CONFIGS["hart-0.7b"]
+    assert [s["tokens"] for s in r["per_scale"]][-1] == 4096 and sum(s["tokens"] for s in r["per_scale"]) == 9451
+    assert r["per_scale"][-1]["kv_tokens"] == 9750  # 300 context tokens + the inputs of scales 1..13
+    text, scales, diffusion = analytic_hart(cfg, 1, True, steps=8)
+    assert r["text_flops"] == text
+    assert [s["blocks_flops"] + s["head_flops"] for s in r["per_scale"]] == [s["blocks"] + s["head"] for s in scales]
+    assert r["transformer_flops"] == sum(s["blocks"] + s["head"] + s["embed"] for s in scales)
+    assert r["diffusion_flops"] == diffusion
+    assert (r["height"], r["width"], r["text_tokens"]) == (1024, 1024, 300)
+    assert r["reference"]["total_tflops"] == HART_PAPER_TFLOPS["hart-0.7b"]["baseline"] == 45.59
+    # sanity band: linear layers alone are 2 x (4 C^2 + 3 C F) x 24 blocks x (9450 + 300) tokens x 2 rows = 26.5
+    assert 50 < r["total_tflops"] < 60
+
+
+def test_cli_hart_prints_a_table(hart_0_7b, monkeypatch, capsys):
+    # The count itself is the fixture's (checked above); this checks the script's HART path and its table.
+    calls = []
+    monkeypatch.setattr(flops_module, "count_hart_flops", lambda *a, **k: calls.append((a, k)) or hart_0_7b)
+    assert flops_module.main(["--model", "hart-0.7b"]) == 0
+    out = capsys.readouterr().out
+    assert calls and calls[0][0][:3] == ("hart-0.7b", 1, True)
+    assert "hart-0.7b  1024x1024" in out and "64x64" in out and "diffusion head (8 steps)" in out
+    assert "tokenizer decoder" in out and "45.59" in out and "Qwen2" in out
+    lines = out.splitlines()
+    assert sum(1 for line in lines if line.lstrip().split(" |")[0].isdigit()) == 14  # one row per scale
+
+
+def test_cli_hart_rejects_other_sizes(capsys):
+    assert flops_module.main(["--model", "hart-0.7b", "--height", "512", "--width", "512"]) == 2
+    captured = capsys.readouterr()
+    assert "1024x1024" in captured.err and captured.out == ""
+

@@ -128,10 +128,10 @@ def test_fastvar_prunes_the_hart_preset_scales(pipe):
                 assert kept[(si, layer, sublayer)] == (2, L - int(L * ratio)), (si, layer, sublayer)
 
 
-def test_lazyvar_groups_the_last_four_scales_into_one_pass(pipe):
+def test_lazyvar_groups_the_last_two_scales_into_one_pass(pipe):
     plans = LazyVARScheduler.from_preset("hart").plan_scales([(1, p, p) for p in PATCH_NUMS])
     n = len(PATCH_NUMS)
-    assert [p.scale_indices for p in plans][-1] == tuple(range(n - 4, n))
+    assert [p.scale_indices for p in plans] == [(k,) for k in range(n - 2)] + [(n - 2, n - 1)]
 
 
 def test_arvar_halves_the_branch_and_needs_guidance(pipe):

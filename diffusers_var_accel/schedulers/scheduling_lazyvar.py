@@ -139,11 +139,12 @@ class LazyVARScheduler(VARAccelScheduler):
 
     Presets: ``"infinity"`` is the paper's setting on Infinity's 13 scales: scales 1-9 in full, group {10, 11, 12,
     13} (sides 32, 40, 48, 64 at 1M pixels) with keep ratios 20%, 10%, 5%, 1%. Counted from the end, the same group
-    is the last four scales of every aspect ratio and pixel budget. ``"hart"`` takes the last four of HART's 14
-    scales (sides 27, 36, 48, 64) with the same ratios: those scales hold 89% of HART's tokens (Infinity's four: 86%)
-    and the scales before them 11% (Infinity: 14%), so the pass keeps about the same share of the work: 15% of the
-    tokens of a generation (Infinity: 19%). HART's residual diffusion head still runs on every token of the last
-    scale (this scheduler does not prune it), one reason the paper's HART speed-up (1.67x) is below Infinity's.
+    is the last four scales of every aspect ratio and pixel budget. ``"hart"``: the paper reports 32.09 TFLOPs for
+    HART-0.7B (baseline 45.59) without giving its setting; the preset groups HART's last two scales (48, 64) with
+    keep ratios 40% and 15%, the setting whose FLOPs saving (13.2 TFLOPs) matches the paper's (13.5) under the counting
+    convention that reproduces the FastVAR paper's HART saving exactly (linear layers only, ``docs/flops.md``).
+    Infinity's ratios on HART's last four scales would save 21.7 TFLOPs, 1.6x the paper's. HART's residual diffusion
+    head still runs on every token of the last scale; pruned positions get a zero residual, diffusion part included.
 
     Args:
         group_scales (`tuple[int]`, *optional*, defaults to `(-4, -3, -2, -1)`): consecutive scale indices of the
@@ -169,7 +170,7 @@ class LazyVARScheduler(VARAccelScheduler):
 
     presets = {
         "infinity": dict(group_scales=(-4, -3, -2, -1), keep_ratios=(0.20, 0.10, 0.05, 0.01), model_family="infinity"),
-        "hart": dict(group_scales=(-4, -3, -2, -1), keep_ratios=(0.20, 0.10, 0.05, 0.01), model_family="hart"),
+        "hart": dict(group_scales=(-2, -1), keep_ratios=(0.40, 0.15), model_family="hart"),
     }
 
     @register_to_config

@@ -109,10 +109,14 @@ class HARTScaleFamily(ScaleModelFamily):
         return hidden_RL0C[:, -1:]
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2
-        scales, counts = torch.unique_consecutive(scale_index_L, return_counts=True)
-        rows = torch.cat([torch.arange(self._level_offsets[int(k)], self._level_offsets[int(k)] + int(n)) for k, n in zip(scales, counts)])
-        levels = self._levels()[rows.to(self._levels().device)]
+        # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2. Tensor ops only
+        # (no host sync): a token's rank within its scale is its index minus that of its scale's first token.
+        table = self._levels()
+        scale_index_L = scale_index_L.to(table.device)
+        offsets = torch.tensor(self._level_offsets, device=table.device)
+        first = torch.searchsorted(scale_index_L, scale_index_L)
+        rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
+        levels = table[rows]
         return self.transformer.embed_scale_inputs(inputs_BLd.to(self.transformer.word_embed.weight.dtype), scale_index_L, levels)
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
