@@ -1,0 +1,215 @@
+"""Tests of the captioned-shapes world (``diffusers_var_accel/data/shapes.py``): determinism, grammar, geometry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from typing import List
+
+import numpy as np
+import pytest
+
+from diffusers_var_accel.data import shapes
+from diffusers_var_accel.data.shapes import (
+    CATEGORIES,
+    COLORS,
+    MARGIN,
+    PALETTE,
+    SHAPES,
+    ShapeScene,
+    caption_from_metadata,
+    heldout_prompts,
+    make_dataset,
+    parse_prompt,
+    render_scene,
+    sample_scene,
+    vocabulary,
+)
+
+#: sha256 of the default held-out prompts joined by newlines; changes only if the world's grammar or sampler does.
+HELDOUT_SHA256 = "1dcace1462c7d65da5a3fcd9dc9349573b88308fbaad3e71b806eff2b4083149"
+
+
+@pytest.fixture(scope="module")
+def scenes() -> List[ShapeScene]:
+    return [sample_scene(np.random.default_rng([11, i])) for i in range(1500)]
+
+
+def test_dataset_is_deterministic():
+    a = make_dataset(24, seed=3)
+    b = make_dataset(24, seed=3)
+    assert [c for _, c, _ in a] == [c for _, c, _ in b]
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for (x, _, _), (y, _, _) in zip(a, b))
+    assert all(sa == sb for (_, _, sa), (_, _, sb) in zip(a, b))
+    # Sample i does not depend on n; another seed gives other samples.
+    head = make_dataset(5, seed=3)
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for (x, _, _), (y, _, _) in zip(head, a))
+    other = make_dataset(24, seed=4)
+    assert [c for _, c, _ in other] != [c for _, c, _ in a]
+    # sample_scene accepts an int seed and a Generator alike.
+    assert sample_scene(5) == sample_scene(np.random.default_rng(5))
+
+
+def test_dataset_images():
+    for image, caption, scene in make_dataset(6, seed=0, size=128):
+        assert image.mode == "RGB" and image.size == (128, 128)
+        assert caption == scene.caption
+    assert render_scene(sample_scene(0)).size == (64, 64)
+
+
+def test_every_category_is_produced_uniformly(scenes):
+    counts = Counter(s.category for s in scenes)
+    assert set(counts) == set(CATEGORIES)
+    assert min(counts.values()) >= 0.6 * len(scenes) / len(CATEGORIES)
+    for cat in CATEGORIES:
+        assert sample_scene(1, category=cat).category == cat
+    with pytest.raises(ValueError):
+        sample_scene(1, category="nonsense")
+
+
+def test_captions_parse_back_to_metadata(scenes):
+    for s in scenes:
+        assert parse_prompt(s.caption) == s.metadata, s.caption
+        assert caption_from_metadata(s.metadata) == s.caption
+        assert s.metadata["category"] == s.category
+
+
+def test_scenes_show_what_captions_say(scenes):
+    for s in scenes:
+        objs = s.metadata["objects"]
+        got = Counter(o.shape for o in s.objects)
+        want = Counter()
+        for o in objs:
+            want[o["shape"]] += o["count"]
+        assert got == want, s.caption
+        for o in objs:
+            if o["color"] is not None:
+                n = sum(1 for x in s.objects if x.shape == o["shape"] and x.color == o["color"])
+                assert n == o["count"], s.caption
+        if s.category == "color_attr":
+            assert objs[0]["color"] != objs[1]["color"]
+        if s.category in ("two_objects", "color_attr", "position"):
+            assert objs[0]["shape"] != objs[1]["shape"]
+        if s.category == "position":
+            (ax, ay), (bx, by) = s.objects[0].center_xy, s.objects[1].center_xy
+            along, across = {
+                "left of": (bx - ax, ay - by),
+                "right of": (ax - bx, ay - by),
+                "above": (by - ay, ax - bx),
+                "below": (ay - by, ax - bx),
+            }[s.metadata["relation"]]
+            assert along >= 0.25 and abs(across) < along, s.caption
+
+
+def test_objects_inside_canvas_and_apart(scenes):
+    for s in scenes:
+        for o in s.objects:
+            assert o.shape in SHAPES and o.color in PALETTE
+            assert o.size * 64 >= 12
+            x0, y0, x1, y1 = o.box()
+            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
+        for i, a in enumerate(s.objects):
+            for b in s.objects[:i]:
+                ax0, ay0, ax1, ay1 = a.box()
+                bx0, by0, bx1, by1 = b.box()
+                assert ax1 < bx0 or bx1 < ax0 or ay1 < by0 or by1 < ay0
+
+
+def test_rendered_pixels(scenes):
+    """Object pixels never touch (pixel masks of separately rendered objects are disjoint, with a gap), interiors
+    keep their exact palette colour, and the background is neutral."""
+    for s in scenes[:120]:
+        bg = render_scene(ShapeScene([], s.background, "", s.category), 64)
+        bg_arr = np.asarray(bg).astype(int)
+        assert (bg_arr.max(-1) == bg_arr.min(-1)).all()
+        full = np.asarray(render_scene(s, 64))
+        masks = []
+        for o in s.objects:
+            one = np.asarray(render_scene(ShapeScene([o], s.background, "", s.category), 64))
+            m = (one != bg_arr).any(-1)
+            assert m.any()
+            ys, xs = np.nonzero(m)
+            assert ys.min() > 0 and xs.min() > 0 and ys.max() < 63 and xs.max() < 63
+            masks.append(m)
+            cx, cy = (int(v * 64) for v in o.center_xy)
+            assert tuple(full[cy, cx]) == PALETTE[o.color]
+        grown = [np.pad(m, 1)[:-2, 1:-1] | np.pad(m, 1)[2:, 1:-1] | np.pad(m, 1)[1:-1, :-2] | np.pad(m, 1)[1:-1, 2:] | m
+                 for m in masks]
+        for i in range(len(masks)):
+            for j in range(i):
+                assert not (grown[i] & grown[j]).any(), s.caption
+
+
+def test_vocabulary_covers_captions(scenes):
+    vocab = set(vocabulary())
+    used = set()
+    for s in scenes:
+        used |= set(s.caption.split())
+    for p in heldout_prompts():
+        used |= set(p["prompt"].split())
+    assert used <= vocab
+    assert used == vocab  # every vocabulary word does occur
+    assert vocabulary() == sorted(vocab)
+
+
+def test_heldout_prompts_fixed_and_balanced():
+    held = heldout_prompts()
+    assert len(held) == 200
+    assert held == heldout_prompts(200)
+    digest = hashlib.sha256("\n".join(p["prompt"] for p in held).encode()).hexdigest()
+    assert digest == HELDOUT_SHA256
+    counts = Counter(p["category"] for p in held)
+    assert set(counts) == set(CATEGORIES) and max(counts.values()) - min(counts.values()) <= 1
+    for p in held:
+        assert parse_prompt(p["prompt"]) == p["metadata"]
+        assert p["metadata"]["category"] == p["category"]
+    json.dumps(held)  # plain data
+    assert heldout_prompts(12, seed=1) != heldout_prompts(12)
+
+
+def test_parse_prompt_examples():
+    assert parse_prompt("a circle") == {
+        "category": "single_object", "objects": [{"shape": "circle", "color": None, "count": 1}], "relation": None}
+    assert parse_prompt("  A Blue   Triangle. ")["category"] == "colors"
+    m = parse_prompt("two red circles")
+    assert m["category"] == "counting" and m["objects"] == [{"shape": "circle", "color": "red", "count": 2}]
+    assert parse_prompt("three squares")["objects"][0] == {"shape": "square", "color": None, "count": 3}
+    assert parse_prompt("a circle and a square")["category"] == "two_objects"
+    assert parse_prompt("a red circle and a green square")["category"] == "color_attr"
+    assert parse_prompt("a red circle and a green circle")["category"] == "color_attr"
+    m = parse_prompt("a blue square to the left of a yellow triangle")
+    assert m == {
+        "category": "position",
+        "objects": [
+            {"shape": "square", "color": "blue", "count": 1},
+            {"shape": "triangle", "color": "yellow", "count": 1},
+        ],
+        "relation": "left of",
+    }
+    for rel in ("right of", "above", "below"):
+        assert parse_prompt(f"a circle {shapes.RELATIONS[rel]} a square")["relation"] == rel
+    assert caption_from_metadata(parse_prompt("an orange circle")) == "an orange circle"
+
+
+@pytest.mark.parametrize("bad", [
+    "", "a dog", "a red", "red circle", "two circle", "four circles", "a circles", "one circle",
+    "a circle and", "a circle and a circle", "a red circle and a red circle", "a red circle and a square",
+    "a circle next to a square", "a circle to the left a square", "a blue square above a triangle",
+    "a circle above a square please", "a pink circle",
+])
+def test_parse_prompt_rejects(bad):
+    with pytest.raises(ValueError, match="prompt"):
+        parse_prompt(bad)
+    try:
+        parse_prompt(bad)
+    except ValueError as e:
+        assert repr(bad) in str(e)
+
+
+def test_render_rejects_unknown_background():
+    s = sample_scene(0)
+    s.background = "pink"
+    with pytest.raises(ValueError):
+        render_scene(s)
+    assert set(COLORS) == set(PALETTE)
