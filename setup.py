@@ -18,7 +18,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["diffusers_var_accel", "diffusers_var_accel.*"]),
-    package_data={"diffusers_var_accel": ["py.typed"]},
+    package_data={"diffusers_var_accel": ["py.typed", "embedded/*/*.json", "embedded/*/*/*.json", "embedded/*/*/*.safetensors",
+                                         "embedded/*/*/*.txt"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",

@@ -90,6 +90,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    try:
+        run_demo(prompts=args.prompt or None, num_prompts=args.num_prompts, methods=methods, seed=args.seed,
+                 repeats=args.repeats, output_dir=args.output)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="var-accel", description="Infinity / HART next-scale generation with training-free acceleration.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--output", default="outputs", help="output folder (PNG files + generations.json)")
     gen.set_defaults(func=_cmd_generate)
+
+    demo = sub.add_parser("demo", help="the embedded shapes model: baseline vs every acceleration preset (table, grid, report)",
+                          description="Generate shapes prompts with the embedded model (offline), baseline and every preset; "
+                                      "print time, speed-up, FLOPs, PSNR/SSIM vs the baseline image and the scorer's "
+                                      "accuracy; write report.json and grid.png.")
+    demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
+    demo.add_argument("--num-prompts", type=int, default=6)
+    demo.add_argument("--methods", default="baseline,fastvar,lazyvar,depthvar,arvar",
+                      help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
+    demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
+    demo.add_argument("--repeats", type=int, default=1, help="timed generations per method and prompt (median reported)")
+    demo.add_argument("--output", default="demo_outputs", help="output folder (report.json, grid.png)")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 

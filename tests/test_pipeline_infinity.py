@@ -456,3 +456,28 @@ def test_state_check_would_catch_a_leftover_tensor(pipe):
     finally:
         del block.sa.processor.leftover_cache
     assert _tensors_held(block.sa, "sa") == []
+
+
+def test_fixed_schedule_model_makes_its_one_size(tmp_path):
+    """A transformer trained for one schedule (the embedded model's kind) fixes the size and RoPE grid."""
+    from diffusers_var_accel import InfinityBSQVAE
+
+    schedule = [(1, p, p) for p in (1, 2, 3, 4, 6, 8)]
+    transformer = InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, text_maxlen=8, codebook_dim=8,
+                                      block_chunks=1, scale_schedule=schedule)
+    vae = InfinityBSQVAE(codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1, 2), decoder_ch_mult=(1, 1, 2), num_res_blocks=1, patch_size=4)
+    pipe = InfinityPipeline(transformer=transformer, vae=vae)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.default_size == (32, 32)
+    embeds = torch.randn(1, 3, 16, generator=gen(0))
+    out = pipe(prompt_embeds=embeds, generator=gen(0), output_type="pt").images
+    assert out.shape == (1, 3, 32, 32)
+    with pytest.raises(ValueError, match="32x32 images only"):
+        pipe(prompt_embeds=embeds, height=256, width=256)
+    pipe.save_pretrained(tmp_path)
+    loaded = InfinityPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.transformer.config.scale_schedule == [list(s) for s in schedule]
+    assert torch.equal(loaded(prompt_embeds=embeds, generator=gen(0), output_type="pt").images, out)
+    with pytest.raises(ValueError, match="scale_schedule"):
+        InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, text_maxlen=8, codebook_dim=8, scale_schedule=[(2, 1)])

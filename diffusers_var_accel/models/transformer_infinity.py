@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -263,6 +263,9 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         num_levels (`int`, defaults to 15): rows of the level (scale-index) embedding.
         norm_eps (`float`, defaults to 1e-6): LayerNorm / RMSNorm epsilon.
         block_chunks (`int`, defaults to 8): how the official checkpoint groups the blocks (key names only).
+        scale_schedule (`list[tuple[int, int, int]]`, *optional*): a fixed ``(1, h, w)`` schedule the model was
+            trained for (one resolution, RoPE on its final grid), as the embedded shapes model; `None` (official
+            models): the 15 aspect templates x 4 pixel budgets of the official code.
     """
 
     _supports_gradient_checkpointing = False
@@ -283,8 +286,15 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         num_levels: int = 15,
         norm_eps: float = 1e-6,
         block_chunks: int = 8,
+        scale_schedule: Optional[Sequence[Sequence[int]]] = None,
     ):
         super().__init__()
+        if scale_schedule is not None:
+            schedule = [tuple(int(v) for v in s) for s in scale_schedule]
+            if not schedule or any(len(s) != 3 or s[0] != 1 or min(s) < 1 for s in schedule) or len(schedule) > num_levels:
+                raise ValueError(f"scale_schedule must be 1..{num_levels} scales (1, h, w) with h, w >= 1; got {scale_schedule!r}")
+            # the stored configuration holds plain lists, so a JSON round trip gives the same config
+            self.register_to_config(scale_schedule=[list(s) for s in schedule])
         C = embed_dim
         # 1. text conditioning
         self.cfg_uncond = nn.Parameter(torch.zeros(text_maxlen, text_channels))

@@ -11,7 +11,7 @@ from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...models.forward_context import VARForwardContext
-from ...models.infinity_resolutions import INFINITY_PATCH_SIZE, rope_grid_hw, schedule_for_size
+from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
@@ -128,8 +128,18 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=INFINITY_PATCH_SIZE, do_resize=False)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size), do_resize=False)
         self._interrupt = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
+        packaged embedded model (offline)."""
+        from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+
+        if isinstance(pretrained_model_name_or_path, str) and pretrained_model_name_or_path in EMBEDDED_MODEL_NAMES:
+            pretrained_model_name_or_path = embedded_model_path()
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def encode_prompt(
@@ -154,6 +164,36 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
         mask = mask.repeat_interleave(num_images_per_prompt, dim=0)
         return embeds, mask.bool()
+
+    def scale_schedule_for(self, height: int, width: int):
+        """The ``(1, h, w)`` schedule that produces ``height x width`` pixels and the grid its RoPE positions live on.
+
+        Official models: one of the 15 aspect templates x 4 pixel budgets (RoPE on the template's 1M grid). A model
+        trained for one fixed schedule (``transformer.config.scale_schedule``) makes exactly one size.
+
+        Raises:
+            ValueError: the size is not supported; the message lists the supported sizes.
+        """
+        fixed = self.transformer.config.get("scale_schedule")
+        if fixed:
+            schedule = tuple(tuple(int(v) for v in s) for s in fixed)
+            patch = int(self.vae.config.patch_size)
+            _, h, w = schedule[-1]
+            if (height, width) != (h * patch, w * patch):
+                raise ValueError(f"height x width = {height}x{width} is not supported: this model was trained for one "
+                                 f"schedule and makes {h * patch}x{w * patch} images only")
+            return schedule, (h, w)
+        schedule, template = schedule_for_size(height, width)
+        return schedule, rope_grid_hw(template)
+
+    @property
+    def default_size(self) -> Tuple[int, int]:
+        """``(height, width)`` used when none is given: the fixed schedule's size, else 1024 x 1024."""
+        fixed = self.transformer.config.get("scale_schedule")
+        if fixed:
+            patch = int(self.vae.config.patch_size)
+            return fixed[-1][1] * patch, fixed[-1][2] * patch
+        return 1024, 1024
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
@@ -190,8 +230,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         self,
         prompt: Union[str, List[str], None] = None,
         negative_prompt: Union[str, List[str], None] = None,
-        height: int = 1024,
-        width: int = 1024,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
         guidance_scale: float = 4.0,
         cfg_list: Optional[Sequence[float]] = None,
         tau: float = 0.5,
@@ -218,8 +258,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
             negative_prompt (`str` or `List[str]`, *optional*): T5 features of this text replace the learned
                 unconditional embedding in the CFG rows.
-            height (`int`, *optional*, defaults to 1024) / width (`int`, *optional*, defaults to 1024): one of the
-                official sizes (15 aspect ratios x 4 pixel budgets); others raise an error that lists them.
+            height (`int`, *optional*) / width (`int`, *optional*): one of the official sizes (15 aspect ratios x 4
+                pixel budgets; default 1024 x 1024), or the one size of a model trained for a fixed schedule (its
+                default); others raise an error that lists the supported sizes.
             guidance_scale (`float`, *optional*, defaults to 4.0): CFG scale for every scale (1 disables CFG).
             cfg_list (`List[float]`, *optional*): one guidance scale per scale; overrides `guidance_scale`.
             tau (`float`, *optional*, defaults to 0.5) / tau_list (`List[float]`, *optional*): sampling temperature.
@@ -249,7 +290,10 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`.
         """
         # 1. Schedule and input checks
-        scale_schedule, template = schedule_for_size(height, width)
+        if height is None or width is None:
+            default_h, default_w = self.default_size
+            height, width = height or default_h, width or default_w
+        scale_schedule, grid_hw = self.scale_schedule_for(height, width)
         num_scales = len(scale_schedule)
         self.check_inputs(prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
                           guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs)
@@ -293,7 +337,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             condition = self.transformer.encode_condition(text, mask)
 
         # 3. The next-scale loop
-        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, rope_grid_hw(template), top_k, top_p)
+        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p)
         if teacher_tokens is not None:
             teacher_tokens = [t.to(device).reshape(t.shape[0], -1, t.shape[-1]).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)

@@ -1,0 +1,151 @@
+"""``var-accel demo``: the embedded model, its baseline and every acceleration preset, side by side, on the CPU.
+
+For a handful of shapes prompts (one seed each), every method generates every prompt; the demo reports per method
+the median time per image and its speed-up over the baseline (interleaved, after a warm-up, in the same run), the
+FLOPs of one generation (counted with ``torch.utils.flop_counter`` on the real call, text encoder and decoder
+included), PSNR and SSIM against the baseline image of the same prompt and seed, and the shapes scorer's accuracy.
+It writes ``report.json``, ``grid.png`` (one row per method, one column per prompt) and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+DEFAULT_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+
+
+def default_prompts(n: int) -> List[str]:
+    """The first ``n`` held-out shapes prompts (categories interleaved)."""
+    from .data.shapes import heldout_prompts
+
+    return [p["prompt"] for p in heldout_prompts()[:n]]
+
+
+def count_call_flops(pipe, prompt: str, **kwargs) -> int:
+    """FLOPs (2 x multiply-accumulates) of one real pipeline call, counted by ``torch.utils.flop_counter``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        pipe(prompt, output_type="pt", **kwargs)
+    return int(counter.get_total_flops())
+
+
+def _to_pil_grid(rows: List[List[Any]], labels: Sequence[str], cell: int):
+    from PIL import Image, ImageDraw
+
+    label_w = 72
+    grid = Image.new("RGB", (label_w + cell * max(len(r) for r in rows), cell * len(rows)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (row, label) in enumerate(zip(rows, labels)):
+        draw.text((4, i * cell + cell // 2 - 6), label, fill="black")
+        for j, image in enumerate(row):
+            grid.paste(image.resize((cell, cell)), (label_w + j * cell, i * cell))
+    return grid
+
+
+def run_demo(
+    prompts: Optional[Sequence[str]] = None,
+    num_prompts: int = 6,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    seed: int = 0,
+    repeats: int = 1,
+    output_dir: str = "demo_outputs",
+    pipe=None,
+    progress: bool = True,
+) -> Dict[str, Any]:
+    """Run the demo and write its files; returns the report (also in ``report.json``).
+
+    Args:
+        prompts: shapes prompts (default: the first ``num_prompts`` held-out prompts).
+        methods: ``"baseline"`` and acceleration specs (``load_acceleration``: preset names, ``name:key=value``,
+            scheduler folders).
+        seed: prompt ``i`` uses ``seed + i`` for every method.
+        repeats: timed generations per (method, prompt); the median is reported.
+        output_dir: where ``report.json`` and ``grid.png`` go.
+        pipe: a pipeline (default: the embedded model).
+    """
+    from tqdm.auto import tqdm
+
+    from .data.scorer import score
+    from .embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+    from .metrics import psnr, ssim
+    from .schedulers.scheduling_var_base import load_acceleration
+
+    pipe = pipe if pipe is not None else load_embedded_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    prompts = list(prompts) if prompts else default_prompts(num_prompts)
+    methods = list(methods)
+    if "baseline" not in methods:
+        methods.insert(0, "baseline")
+    schedulers = {m: load_acceleration(m, pipe.model_family) for m in methods}
+    kwargs = dict(EMBEDDED_SAMPLING)
+
+    def generate(method: str, i: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed + i)
+        return pipe(prompts[i], generator=generator, output_type="pt", acceleration=schedulers[method], **kwargs).images
+
+    generate(methods[0], 0)  # warm-up (first-call allocations, lazy imports)
+    times: Dict[str, List[float]] = {m: [] for m in methods}
+    images: Dict[str, List[torch.Tensor]] = {m: [None] * len(prompts) for m in methods}
+    bar = tqdm(total=len(prompts) * len(methods) * repeats, desc="demo", disable=not progress)
+    for i in range(len(prompts)):
+        for _ in range(repeats):
+            for m in methods:  # interleaved, so slow drift hits every method alike
+                start = time.perf_counter()
+                images[m][i] = generate(m, i)
+                times[m].append(time.perf_counter() - start)
+                bar.update()
+    bar.close()
+
+    flops = {m: count_call_flops(pipe, prompts[0], generator=torch.Generator().manual_seed(seed),
+                                 acceleration=schedulers[m], **kwargs) for m in methods}
+    base_time = statistics.median(times["baseline"])
+    rows, report_methods = [], {}
+    for m in methods:
+        fidelity_psnr = [float(psnr(images[m][i], images["baseline"][i])) for i in range(len(prompts))]
+        fidelity_ssim = [float(ssim(images[m][i], images["baseline"][i])) for i in range(len(prompts))]
+        correct = [bool(score(prompts[i], images[m][i][0].permute(1, 2, 0).numpy())["correct"]) for i in range(len(prompts))]
+        median = statistics.median(times[m])
+        finite = [v for v in fidelity_psnr if v != float("inf")]
+        report_methods[m] = dict(
+            seconds_per_image_median=median, seconds_per_image=times[m], speedup=base_time / median,
+            gflops=flops[m] / 1e9, flops_ratio=flops["baseline"] / flops[m],
+            psnr=fidelity_psnr, psnr_mean=(sum(finite) / len(finite)) if finite else float("inf"),
+            ssim=fidelity_ssim, ssim_mean=sum(fidelity_ssim) / len(fidelity_ssim),
+            scorer_correct=correct, scorer_accuracy=sum(correct) / len(correct),
+        )
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+
+    def pil(t: torch.Tensor):
+        return Image.fromarray((t[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte().numpy()))
+
+    rows = [[pil(images[m][i]) for i in range(len(prompts))] for m in methods]
+    _to_pil_grid(rows, methods, cell=128).save(out / "grid.png")
+    report = dict(model=str(getattr(pipe, "name_or_path", "embedded")), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
+                  sampling=kwargs, repeats=repeats, methods=report_methods,
+                  notes="time: median s/image, interleaved, after one warm-up; FLOPs: one real call (prompt 0) counted by "
+                        "torch.utils.flop_counter incl. text encoder and decoder; PSNR/SSIM vs the baseline image of the same seed")
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+    print(format_table(report))
+    print(f"wrote {out / 'report.json'} and {out / 'grid.png'}")
+    return report
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    """The demo's Markdown table."""
+    lines = ["| method | s / image | speed-up | GFLOPs | FLOPs ratio | PSNR vs baseline (dB) | SSIM vs baseline | scorer accuracy |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for m, r in report["methods"].items():
+        psnr_text = "inf" if r["psnr_mean"] == float("inf") else f"{r['psnr_mean']:.2f}"
+        lines.append(f"| {m} | {r['seconds_per_image_median']:.3f} | {r['speedup']:.2f}x | {r['gflops']:.3f} | {r['flops_ratio']:.2f}x | "
+                     f"{psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |")
+    return "\n".join(lines)

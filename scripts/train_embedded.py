@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Train the embedded default model from scratch on the captioned-shapes world, on a CPU.
+
+Everything is the real Infinity architecture at a tiny size, with the same classes the library runs:
+
+1. **Data.** ``diffusers_var_accel.data.shapes.make_dataset``: 64x64 images of 1-3 circles / squares / triangles with
+   GenEval-style captions (single object, two objects, counting, colours, position, colour attribution).
+2. **Tokenizer (BSQ VAE).** :class:`InfinityBSQVAE` with 8 bits per token and patch size 4 (64x64 pixels -> a 16x16
+   latent), trained as an autoencoder through the multi-scale residual BSQ quantiser of generation (straight-through
+   estimator), with an L1 + L2 reconstruction loss and a commitment term.
+3. **Text encoder.** A 2-layer T5 encoder (transformers) over a word-level tokenizer (tokenizers) of the world's
+   vocabulary, trained jointly with the transformer.
+4. **Transformer.** :class:`InfinityTransformer` with a fixed 10-scale schedule 1, 2, 3, 4, 5, 6, 8, 10, 13, 16
+   (680 tokens; the last three scales hold 77 % of them, as in the real model), trained with teacher forcing on
+   all scales in one pass (the block-causal mask of a grouped pass) and bitwise cross-entropy; 10 % of the captions
+   are dropped to the learned unconditional embedding (for classifier-free guidance).
+5. **Save** an :class:`InfinityPipeline` folder (safetensors) that ``InfinityPipeline.from_pretrained`` loads offline.
+
+Fixed seeds; every stage prints its losses. The defaults below take under an hour on 2 CPU cores (see ``--help``):
+
+    python scripts/train_embedded.py --output diffusers_var_accel/embedded/shapes-infinity-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+#: The fixed schedule of the embedded model: 10 scales to a 16x16 final map (VAR's ImageNet-256 schedule).
+PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default="diffusers_var_accel/embedded/shapes-infinity-tiny", help="pipeline folder to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-images", type=int, default=20000, help="training scenes (rendered once)")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--vae-steps", type=int, default=1000)
+    p.add_argument("--vae-batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=2000, help="transformer steps")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--codebook-dim", type=int, default=8)
+    p.add_argument("--text-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--time-limit-minutes", type=float, default=45.0, help="stop the transformer stage early after this long (0 = off)")
+    p.add_argument("--log-every", type=int, default=50)
+    return p.parse_args(argv)
+
+
+def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
+    """A 2-layer T5 encoder and a word-level tokenizer over the shapes world's vocabulary (unknown words -> <unk>)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    from diffusers_var_accel.data.shapes import vocabulary
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    for word in vocabulary():
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                        model_max_length=max_length, padding_side="right")
+    config = T5Config(vocab_size=len(vocab), d_model=text_dim, d_kv=text_dim // 2, d_ff=2 * text_dim, num_layers=2,
+                      num_decoder_layers=0, num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=32,
+                      dropout_rate=0.0, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+                      decoder_start_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return T5EncoderModel(config), tokenizer
+
+
+def render_dataset(n: int, seed: int, size: int):
+    from diffusers_var_accel.data.shapes import make_dataset
+
+    samples = make_dataset(n, seed=seed, size=size)
+    images = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in samples])).permute(0, 3, 1, 2)
+    captions = [caption for _, caption, _ in samples]
+    return images.float().div(127.5).sub(1.0), captions  # [-1, 1]
+
+
+def multiscale_f_hat(vae, z, schedule):
+    """The summed codes of the multi-scale quantisation of ``z`` (no gradient) and the bits of every scale."""
+    bits = vae.quantize_multiscale(z, schedule)
+    f_hat = None
+    for si, b in enumerate(bits):
+        f_hat = vae.add_scale_codes(f_hat, vae.bits_to_codes(b), schedule[-1], is_last_scale=si == len(bits) - 1)
+    return f_hat, bits
+
+
+def train_vae(args, images, schedule):
+    from diffusers_var_accel import InfinityBSQVAE
+
+    torch.manual_seed(args.seed + 1)
+    vae = InfinityBSQVAE(codebook_dim=args.codebook_dim, base_ch=32, encoder_ch_mult=(1, 1, 2), decoder_ch_mult=(1, 1, 2),
+                         num_res_blocks=1, patch_size=args.image_size // PATCH_NUMS[-1])
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(args.seed + 2)
+    start = time.time()
+    for step in range(1, args.vae_steps + 1):
+        idx = torch.randint(0, images.shape[0], (args.vae_batch_size,), generator=g)
+        x = images[idx]
+        z = vae.encode(x)
+        f_hat, _ = multiscale_f_hat(vae, z.detach(), schedule)
+        z_q = z + (f_hat - z).detach()  # straight-through: the decoder sees the quantised sum, the encoder gets its gradient
+        recon = vae.decoder(z_q)
+        rec_loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
+        commit = F.mse_loss(z, f_hat)
+        loss = rec_loss + 0.25 * commit
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        for group in opt.param_groups:  # cosine decay to 10 %
+            group["lr"] = 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
+        if step % args.log_every == 0 or step == 1:
+            print(f"[vae] step {step:5d}/{args.vae_steps}  rec {rec_loss.item():.4f}  commit {commit.item():.4f}  "
+                  f"({time.time() - start:.0f} s)", flush=True)
+    return vae.eval()
+
+
+def tokenize_dataset(vae, images, schedule, batch: int = 256):
+    """Bits of every scale for every image: list over scales of (N, h*w, d) uint8, and the per-scale inputs' f_hat."""
+    per_scale = [[] for _ in schedule]
+    with torch.no_grad():
+        for i in range(0, images.shape[0], batch):
+            z = vae.encode(images[i:i + batch])
+            _, bits = multiscale_f_hat(vae, z, schedule)
+            for si, b in enumerate(bits):
+                per_scale[si].append(b.reshape(b.shape[0], -1, b.shape[-1]))
+    return [torch.cat(parts) for parts in per_scale]
+
+
+def teacher_inputs(vae, transformer, bits_scales, schedule):
+    """The transformer's inputs of scales 1.. from the ground-truth bits (as generation builds them from f_hat)."""
+    inputs, f_hat = [], None
+    for si in range(len(schedule) - 1):
+        _, h, w = schedule[si]
+        codes = vae.bits_to_codes(bits_scales[si].reshape(-1, h, w, bits_scales[si].shape[-1]))
+        f_hat = vae.add_scale_codes(f_hat, codes, schedule[-1], is_last_scale=False)
+        inputs.append(vae.next_scale_input(f_hat, schedule[si + 1][-2:]))
+    return torch.cat(inputs, dim=1)
+
+
+def train_transformer(args, vae, captions, bits_scales, schedule):
+    from diffusers_var_accel import InfinityTransformer
+    from diffusers_var_accel.models.forward_context import VARForwardContext
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+
+    text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3)
+    torch.manual_seed(args.seed + 4)
+    transformer = InfinityTransformer(depth=args.depth, embed_dim=args.embed_dim, num_heads=args.num_heads, mlp_ratio=4.0,
+                                      text_channels=args.text_dim, text_maxlen=tokenizer.model_max_length,
+                                      codebook_dim=args.codebook_dim, block_chunks=1, scale_schedule=schedule)
+    with torch.no_grad():  # the official initialisation scale of the learned unconditional text and start token
+        transformer.cfg_uncond.normal_(0, 0.02)
+        transformer.pos_start.normal_(0, math.sqrt(1 / args.embed_dim / 3))
+        transformer.head.weight.mul_(0.1)
+    family = InfinityScaleFamily(transformer, vae, schedule, schedule[-1][-2:], top_k=0, top_p=None)
+    lengths = [h * w for _, h, w in schedule]
+    scale_ids = torch.repeat_interleave(torch.arange(len(schedule)), torch.tensor(lengths))
+    params = list(transformer.parameters()) + list(text_encoder.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.97), weight_decay=0.02)
+    warmup = max(1, args.steps // 30)
+    g = torch.Generator().manual_seed(args.seed + 5)
+    start = time.time()
+    N = len(captions)
+    transformer.train()
+    text_encoder.train()
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(0, N, (args.batch_size,), generator=g)
+        drop = torch.rand(args.batch_size, generator=g) < 0.1
+        tokens = tokenizer([captions[i] for i in idx.tolist()], padding="longest", return_tensors="pt")
+        text = text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+        mask = tokens.attention_mask.bool()
+        null = transformer.null_text_embeds(mask).to(text.dtype)
+        text = torch.where(drop.view(-1, 1, 1), null, text)
+        condition = transformer.encode_condition(text, mask)
+        bits = [b[idx].long() for b in bits_scales]
+        with torch.no_grad():
+            inputs = teacher_inputs(vae, transformer, [b.to(torch.uint8) for b in bits], schedule)
+        x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
+        context = VARForwardContext(kv_cache=None, rope_cos_sin=family.rope_cos_sin(range(len(schedule))), token_scale_ids=scale_ids)
+        hidden = transformer(x, condition, context)
+        logits = transformer.head_logits(hidden, condition.cond_RC).float()  # (B, L, 2d)
+        target = torch.cat(bits, dim=1)  # (B, L, d)
+        loss = F.cross_entropy(logits.reshape(-1, 2), target.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 2.0)
+        opt.step()
+        lr = args.lr * min(1.0, step / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        if step % args.log_every == 0 or step == 1:
+            with torch.no_grad():
+                acc = (logits.reshape(-1, 2).argmax(-1) == target.reshape(-1)).float().mean().item()
+                last = (logits[:, -lengths[-1]:].reshape(-1, 2).argmax(-1) == target[:, -lengths[-1]:].reshape(-1)).float().mean().item()
+            print(f"[transformer] step {step:5d}/{args.steps}  loss {loss.item():.4f}  bit acc {acc:.3f} (last scale {last:.3f})  "
+                  f"lr {lr:.2e}  ({time.time() - start:.0f} s)", flush=True)
+        if args.time_limit_minutes and time.time() - start > 60 * args.time_limit_minutes:
+            print(f"[transformer] time limit reached at step {step}", flush=True)
+            break
+    return transformer.eval(), text_encoder.eval(), tokenizer
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    schedule = tuple((1, p, p) for p in PATCH_NUMS)
+    t0 = time.time()
+    images, captions = render_dataset(args.num_images, args.seed, args.image_size)
+    print(f"[data] {len(captions)} scenes of {args.image_size}x{args.image_size} ({time.time() - t0:.0f} s); e.g. {captions[:3]}", flush=True)
+    vae = train_vae(args, images, schedule)
+    for p in vae.parameters():
+        p.requires_grad_(False)
+    bits_scales = tokenize_dataset(vae, images, schedule)
+    with torch.no_grad():
+        f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256]), schedule)
+        psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat) + 1) / 2, (images[:256] + 1) / 2)).item()
+    print(f"[vae] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
+    transformer, text_encoder, tokenizer = train_transformer(args, vae, captions, bits_scales, schedule)
+
+    from diffusers_var_accel import InfinityPipeline
+
+    pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+    pipe.save_pretrained(args.output, safe_serialization=True)
+    size_mb = sum(f.stat().st_size for f in Path(args.output).rglob("*") if f.is_file()) / 2**20
+    print(f"wrote {args.output} ({size_mb:.1f} MB) in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
