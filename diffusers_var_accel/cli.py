@@ -1,9 +1,10 @@
 """``var-accel``: the command line of diffusers-var-accel.
 
-``var-accel generate "a red fox in the snow"`` generates with a converted pipeline folder (``--model``: an Infinity or
-HART folder, told apart by its ``model_index.json``) or, with no model given, with a tiny random-weight Infinity
-pipeline built on the spot (``--model tiny-hart``: a tiny random-weight HART; no download; the images are noise-like
-until a trained embedded model ships).
+``var-accel demo`` runs the embedded shapes model (shipped in the package) with the baseline and every acceleration
+preset and prints a comparison table. ``var-accel generate "two red circles"`` generates with the embedded model by
+default, with a converted pipeline folder (``--model``: an Infinity or HART folder, told apart by its
+``model_index.json``), or with tiny random-weight pipelines built on the spot (``--model tiny`` / ``tiny-hart``; the
+images are noise-like). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
     from .pipelines.infinity import InfinityPipeline
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    if model in (None, "tiny", "tiny-hart"):
+    from .embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+
+    if model is None or model in EMBEDDED_MODEL_NAMES:
+        return InfinityPipeline.from_pretrained(embedded_model_path(), torch_dtype=torch_dtype).to(device)
+    if model in ("tiny", "tiny-hart"):
         from .utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
 
         name = "HART" if model == "tiny-hart" else "Infinity"
@@ -54,6 +59,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     is_hart = isinstance(pipe, HARTPipeline)
+    from .embedded import EMBEDDED_MODEL_NAMES, EMBEDDED_SAMPLING
+
+    is_embedded = args.model is None or args.model in EMBEDDED_MODEL_NAMES
     if is_hart and args.tau is not None:
         print("error: --tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)", file=sys.stderr)
         return 2
@@ -66,7 +74,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if is_hart:
         height = args.height or pipe.default_size
     else:
-        height = args.height or (256 if args.model in (None, "tiny") else 1024)
+        height = args.height or (256 if args.model == "tiny" else pipe.default_size[0])
     width = args.width or height
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,8 +83,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         generator = torch.Generator("cpu").manual_seed(args.seed + i)
         start = time.perf_counter()
         try:
-            options = {k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
-                                         ("top_p", args.top_p)) if v is not None}  # unset: the model's own defaults
+            options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
+            options.update({k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
+                                              ("top_p", args.top_p)) if v is not None})  # unset: the model's defaults
             image = pipe(prompt, height=height, width=width, generator=generator, **options).images[0]
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -109,10 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate images from prompts")
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
-    gen.add_argument("--model", help="a converted Infinity or HART pipeline folder (scripts/convert_*_original.py), or 'tiny' / "
-                     "'tiny-hart' (random weights); default: tiny")
-    gen.add_argument("--height", type=int, help="image height (Infinity: an official size, default 256 for the tiny model, 1024 "
-                     "otherwise; HART: its one size, the default)")
+    gen.add_argument("--model", help="'embedded' (the default: the packaged shapes model), a converted Infinity or HART "
+                     "pipeline folder (scripts/convert_*_original.py), or 'tiny' / 'tiny-hart' (random weights)")
+    gen.add_argument("--height", type=int, help="image height (default: the model's own size; Infinity: an official size, 256 "
+                     "for the tiny model; the embedded model and HART make one size)")
     gen.add_argument("--width", type=int, help="image width (default: the height)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
     gen.add_argument("--guidance-scale", type=float, help="CFG (Infinity default 4.0; HART's weight, default 4.5)")

@@ -7,8 +7,8 @@ import PIL.Image
 from diffusers_var_accel.cli import main
 
 
-def test_generate_with_the_default_tiny_model_writes_images(tmp_path, capsys):
-    assert main(["generate", "a red circle", "a blue square", "--output", str(tmp_path), "--seed", "3"]) == 0
+def test_generate_with_the_tiny_model_writes_images(tmp_path, capsys):
+    assert main(["generate", "a red circle", "a blue square", "--model", "tiny", "--output", str(tmp_path), "--seed", "3"]) == 0
     report = json.loads((tmp_path / "generations.json").read_text())
     assert [r["prompt"] for r in report["images"]] == ["a red circle", "a blue square"]
     assert [r["seed"] for r in report["images"]] == [3, 4]
@@ -20,7 +20,7 @@ def test_generate_with_the_default_tiny_model_writes_images(tmp_path, capsys):
 
 
 def test_generate_rejects_an_unsupported_size(tmp_path, capsys):
-    assert main(["generate", "a red circle", "--height", "300", "--output", str(tmp_path)]) == 2
+    assert main(["generate", "a red circle", "--model", "tiny", "--height", "300", "--output", str(tmp_path)]) == 2
     assert "300x300" in capsys.readouterr().err
 
 
@@ -44,3 +44,11 @@ def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, caps
     assert "64x64" in capsys.readouterr().err
     assert main(["generate", "x", "--model", str(tmp_path / "nothing"), "--output", str(tmp_path / "o4")]) == 2
     assert "model_index.json" in capsys.readouterr().err
+
+
+def test_generate_defaults_to_the_embedded_model(tmp_path, capsys):
+    assert main(["generate", "two red circles", "--output", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "generations.json").read_text())
+    assert (record["height"], record["width"]) == (64, 64)
+    assert PIL.Image.open(tmp_path / record["images"][0]["file"]).size == (64, 64)
+    assert "RANDOM" not in capsys.readouterr().err
