@@ -31,3 +31,39 @@ def official_call_kwargs(manifest, call, embeds, mask):
         top_p=call["top_p"] if call["top_p"] > 0 else None,  # the official code treats 0 as "off"
         generator=torch.Generator("cpu").manual_seed(call["g_seed"]),
     )
+
+
+class RecordingFastVAR:
+    """Builds a FastVAR scheduler whose routers record the call's decisions in ``self.log`` (tests only):
+    ``log["kept"][(scale, layer, sublayer)]`` the kept indices, ``log["scores"]`` the PTS scores of that sublayer's
+    input, ``log["updates"]`` every routed sublayer's computed update (the cache scale's are the CTR cache)."""
+
+    @staticmethod
+    def build(**config):
+        from diffusers_var_accel import FastVARScheduler
+        from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
+
+        class _Spy:
+            def __init__(self, router, scale_index, log):
+                self.router, self.scale_index, self.log = router, scale_index, log
+
+            def select(self, layer_idx, sublayer, x_RLC):
+                index = self.router.select(layer_idx, sublayer, x_RLC)
+                if index is not None:
+                    key = (self.scale_index, layer_idx, sublayer)
+                    self.log["kept"][key] = index.clone()
+                    self.log["scores"][key] = pivotal_token_scores(x_RLC)
+                return index
+
+            def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
+                self.log["updates"][(self.scale_index, layer_idx, sublayer)] = computed_RKC.clone()
+                return self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
+
+        class _Recording(FastVARScheduler):
+            def token_router(self, state, plan):
+                router = super().token_router(state, plan)
+                return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+
+        scheduler = _Recording(**config)
+        scheduler.log = {"kept": {}, "scores": {}, "updates": {}}
+        return scheduler

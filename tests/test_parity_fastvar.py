@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from diffusers_var_accel import FastVARScheduler, InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
-from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores
+from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens
 
-from fixture_utils import official_call_kwargs, padded_text
+from fixture_utils import RecordingFastVAR, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "infinity"))
 #: The official sublayer names of the fixture (``pts.*.sublayers``) -> the router's sublayer kinds.
@@ -79,33 +79,6 @@ def _official_scheduler():
                             cache_scale=cache[-1], skip_last_scales=bool(skipped), skipped_scales=skipped, model_family="infinity")
 
 
-class _RecordingFastVAR(FastVARScheduler):
-    """FastVAR whose routers are wrapped to record the decisions of the call (test only)."""
-
-    def token_router(self, state, plan):
-        router = super().token_router(state, plan)
-        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
-
-
-class _Spy:
-    """Forwards to a FastVAR router; keeps kept indices and PTS scores of every pruned call and the cache-scale updates."""
-
-    def __init__(self, router, scale_index, log):
-        self.router, self.scale_index, self.log = router, scale_index, log
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        index = self.router.select(layer_idx, sublayer, x_RLC)
-        if index is not None:
-            key = (self.scale_index, layer_idx, sublayer)
-            self.log["kept"][key] = index.clone()
-            self.log["scores"][key] = pivotal_token_scores(x_RLC)
-        return index
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        self.log["updates"][(self.scale_index, layer_idx, sublayer)] = computed_RKC.clone()
-        return self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
-
-
 def _scale_of_tag(tag):
     """Scale index of a PTS tag ``"{h}x{w}"``."""
     h, w = (int(v) for v in tag.split("x"))
@@ -124,8 +97,7 @@ def _replay(pipe, run):
     assert embeds.shape[0] == call.get("B", embeds.shape[0])
     scheduler = None
     if impl == "fastvar":
-        scheduler = _RecordingFastVAR(**{k: v for k, v in _official_scheduler().to_dict().items() if k != "_class_name"})
-        scheduler.log = {"kept": {}, "scores": {}, "updates": {}}
+        scheduler = RecordingFastVAR.build(**{k: v for k, v in _official_scheduler().to_dict().items() if k != "_class_name"})
     recorded = {}
 
     def record(p, scale_index, scale, kwargs):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from diffusers_var_accel import FastVARScheduler
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
-from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
+from fixture_utils import RecordingFastVAR
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart"))
 HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
@@ -60,30 +60,6 @@ def _official_scheduler(patch_nums):
                             model_family="hart")
 
 
-class _RecordingFastVAR(FastVARScheduler):
-    """FastVAR whose routers record the kept sets, PTS scores and cache-scale updates of the call (test only)."""
-
-    def token_router(self, state, plan):
-        router = super().token_router(state, plan)
-        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
-
-
-class _Spy:
-    def __init__(self, router, scale_index, log):
-        self.router, self.scale_index, self.log = router, scale_index, log
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        index = self.router.select(layer_idx, sublayer, x_RLC)
-        if index is not None:
-            self.log["kept"][(self.scale_index, layer_idx, sublayer)] = index.clone()
-            self.log["scores"][(self.scale_index, layer_idx, sublayer)] = pivotal_token_scores(x_RLC)
-        return index
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        self.log["updates"][(self.scale_index, layer_idx, sublayer)] = computed_RKC.clone()
-        return self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
-
-
 def test_official_preset_is_our_hart_preset(pipe):
     _require_fixture()
     patch_nums = list(pipe.transformer.config.patch_nums)
@@ -104,8 +80,7 @@ def test_reference_run(pipe, inputs, run):
     patch_nums = list(pipe.transformer.config.patch_nums)
     scheduler = None
     if impl == "fastvar":
-        scheduler = _RecordingFastVAR(**{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"})
-        scheduler.log = {"kept": {}, "scores": {}, "updates": {}}
+        scheduler = RecordingFastVAR.build(**{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"})
     recorded = {}
 
     def record(p, scale_index, scale, kwargs):
