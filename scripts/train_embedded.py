@@ -48,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--vae-steps", type=int, default=1000)
     p.add_argument("--vae-batch-size", type=int, default=16)
+    p.add_argument("--vae-base-ch", type=int, default=32, help="VAE channels of the finest level (a multiple of 32)")
+    p.add_argument("--vae-ch-mult", default="1,1,2", help="VAE channel multipliers per level (3 levels: patch 4)")
+    p.add_argument("--vae-lr", type=float, default=1e-3)
+    p.add_argument("--vae-only", action="store_true", help="train and evaluate the VAE only (reconstruction PSNR and the "
+                   "shapes scorer's accuracy on decoded ground-truth tokens), then stop")
     p.add_argument("--steps", type=int, default=2000, help="transformer steps")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -108,9 +113,10 @@ def train_vae(args, images, schedule):
     from diffusers_var_accel import InfinityBSQVAE
 
     torch.manual_seed(args.seed + 1)
-    vae = InfinityBSQVAE(codebook_dim=args.codebook_dim, base_ch=32, encoder_ch_mult=(1, 1, 2), decoder_ch_mult=(1, 1, 2),
+    ch_mult = tuple(int(v) for v in args.vae_ch_mult.split(","))
+    vae = InfinityBSQVAE(codebook_dim=args.codebook_dim, base_ch=args.vae_base_ch, encoder_ch_mult=ch_mult, decoder_ch_mult=ch_mult,
                          num_res_blocks=1, patch_size=args.image_size // PATCH_NUMS[-1])
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 2)
     start = time.time()
     for step in range(1, args.vae_steps + 1):
@@ -127,7 +133,7 @@ def train_vae(args, images, schedule):
         loss.backward()
         opt.step()
         for group in opt.param_groups:  # cosine decay to 10 %
-            group["lr"] = 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
+            group["lr"] = args.vae_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
         if step % args.log_every == 0 or step == 1:
             print(f"[vae] step {step:5d}/{args.vae_steps}  rec {rec_loss.item():.4f}  commit {commit.item():.4f}  "
                   f"({time.time() - start:.0f} s)", flush=True)
@@ -236,6 +242,19 @@ def main(argv=None) -> int:
         f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256]), schedule)
         psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat) + 1) / 2, (images[:256] + 1) / 2)).item()
     print(f"[vae] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
+    if args.vae_only:
+        from diffusers_var_accel.data.scorer import score_batch
+        from diffusers_var_accel.data.shapes import make_dataset
+
+        held = make_dataset(240, seed=args.seed + 1000, size=args.image_size)
+        x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
+        with torch.no_grad():
+            f_hat, _ = multiscale_f_hat(vae, vae.encode(x), schedule)
+            decoded = ((vae.decode(f_hat) + 1) / 2).permute(0, 2, 3, 1).numpy()
+        report = score_batch([caption for _, caption, _ in held], list(decoded))
+        print(f"[vae] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
+              f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }", flush=True)
+        return 0
     transformer, text_encoder, tokenizer = train_transformer(args, vae, captions, bits_scales, schedule)
 
     from diffusers_var_accel import InfinityPipeline
