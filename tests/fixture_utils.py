@@ -67,3 +67,35 @@ class RecordingFastVAR:
         scheduler = _Recording(**config)
         scheduler.log = {"kept": {}, "scores": {}, "updates": {}}
         return scheduler
+
+
+def replay_hart_run(pipe, inputs, meta, greedy=None, **extra):
+    """One official HART ``autoregressive_infer_cfg`` call of a fixture manifest through ``HARTPipeline``.
+
+    ``greedy`` forces top_k=1 (the fixtures' patched sampler); ``None`` reads the run's ``greedy_top_k1`` (non-greedy
+    runs keep the official 600/300). Returns ``(image, recorded)`` with the raw logits, tokens and f_hat per scale.
+    """
+    call = meta["call"]
+    greedy = meta["greedy_top_k1"] if greedy is None else greedy
+    recorded = {}
+
+    def record(p, scale_index, scale, kwargs):
+        recorded[scale_index] = {k: v.clone() for k, v in kwargs.items() if v is not None}
+        return {}
+
+    image = pipe(
+        prompt_embeds=inputs["context_tensor"],
+        prompt_position_ids=inputs["context_position_ids"],
+        guidance_scale=call["cfg"],
+        top_k=1 if greedy else None,
+        top_p=call["top_p"],
+        more_smooth=call["more_smooth"],
+        use_diffusion_head=call["final_stage"] == 0,
+        generator=torch.Generator().manual_seed(call["g_seed"]),
+        diffusion_generator=torch.Generator().manual_seed(meta["torch_manual_seed_before_call"]),
+        output_type="pt",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"],
+        **extra,
+    ).images
+    return image, recorded

@@ -29,6 +29,8 @@ from diffusers_var_accel.models.transformer_hart import IGNORED_ORIGINAL_KEYS, c
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
 from diffusers_var_accel.utils.tiny import build_tiny_qwen2
 
+from fixture_utils import replay_hart_run
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "convert_hart_original.py"
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_HART_FIXTURE", Path(__file__).parent / "fixtures" / "hart"))
@@ -77,29 +79,9 @@ def ema_state_dict():
 
 def replay(pipe: HARTPipeline, inputs, meta):
     """The official call of a run from its stored context features: (image, {scale: tokens})."""
-    call = meta["call"]
-    tokens = {}
-
-    def record(p, scale_index, scale, kwargs):
-        tokens[scale_index] = kwargs["tokens"].clone()
-        return {}
-
     pipe.set_progress_bar_config(disable=True)
-    image = pipe(
-        prompt_embeds=inputs["context_tensor"],
-        prompt_position_ids=inputs["context_position_ids"],
-        guidance_scale=call["cfg"],
-        top_k=1 if meta["greedy_top_k1"] else None,
-        top_p=call["top_p"],
-        more_smooth=call["more_smooth"],
-        use_diffusion_head=call["final_stage"] == 0,
-        generator=torch.Generator().manual_seed(call["g_seed"]),
-        diffusion_generator=torch.Generator().manual_seed(meta["torch_manual_seed_before_call"]),
-        output_type="pt",
-        callback_on_step_end=record,
-        callback_on_step_end_tensor_inputs=["tokens"],
-    ).images
-    return image, tokens
+    image, recorded = replay_hart_run(pipe, inputs, meta)
+    return image, {si: values["tokens"] for si, values in recorded.items()}
 
 
 def assert_reproduces_the_reference(pipe, fixture):

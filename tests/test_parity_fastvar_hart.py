@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from diffusers_var_accel import FastVARScheduler
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
-from fixture_utils import RecordingFastVAR
+from fixture_utils import RecordingFastVAR, replay_hart_run
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart"))
 HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
@@ -76,26 +76,11 @@ def test_reference_run(pipe, inputs, run):
     meta = MANIFEST["runs"][run]
     impl = run.split("_", 1)[0]
     assert impl in ("baseline", "fastvar"), run
-    call = meta["call"]
     patch_nums = list(pipe.transformer.config.patch_nums)
     scheduler = None
     if impl == "fastvar":
         scheduler = RecordingFastVAR.build(**{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"})
-    recorded = {}
-
-    def record(p, scale_index, scale, kwargs):
-        recorded[scale_index] = {k: v.clone() for k, v in kwargs.items() if v is not None}
-        return {}
-
-    image = pipe(
-        prompt_embeds=inputs["context_tensor"], prompt_position_ids=inputs["context_position_ids"],
-        guidance_scale=call["cfg"], top_k=1, top_p=call["top_p"], more_smooth=call["more_smooth"],
-        use_diffusion_head=call["final_stage"] == 0,
-        generator=torch.Generator().manual_seed(call["g_seed"]),
-        diffusion_generator=torch.Generator().manual_seed(meta["torch_manual_seed_before_call"]),
-        acceleration=scheduler, output_type="pt", callback_on_step_end=record,
-        callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"],
-    ).images
+    image, recorded = replay_hart_run(pipe, inputs, meta, greedy=True, acceleration=scheduler)  # every run is greedy
     ref = load_file(FIXTURE_DIR / f"ref_{run}.safetensors")
     B = inputs["context_tensor"].shape[0]
     num_scales = len(meta["t_guidance_per_scale"])

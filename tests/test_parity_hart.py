@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusers_var_accel import HARTPipeline
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
+
+from fixture_utils import replay_hart_run
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_HART_FIXTURE", Path(__file__).parent / "fixtures" / "hart"))
 HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
@@ -44,33 +45,6 @@ def inputs():
     return load_file(FIXTURE_DIR / "inputs.safetensors")
 
 
-def replay(pipe: HARTPipeline, inputs, meta, **extra):
-    """One official ``autoregressive_infer_cfg`` call through the pipeline; records raw logits, tokens, f_hat."""
-    call = meta["call"]
-    recorded = {}
-
-    def record(p, scale_index, scale, kwargs):
-        recorded[scale_index] = {k: v.clone() for k, v in kwargs.items() if v is not None}
-        return {}
-
-    image = pipe(
-        prompt_embeds=inputs["context_tensor"],
-        prompt_position_ids=inputs["context_position_ids"],
-        guidance_scale=call["cfg"],
-        top_k=1 if meta["greedy_top_k1"] else None,  # greedy fixtures force top_k=1; others keep the official 600/300
-        top_p=call["top_p"],
-        more_smooth=call["more_smooth"],
-        use_diffusion_head=call["final_stage"] == 0,
-        generator=torch.Generator().manual_seed(call["g_seed"]),
-        diffusion_generator=torch.Generator().manual_seed(meta["torch_manual_seed_before_call"]),
-        output_type="pt",
-        callback_on_step_end=record,
-        callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"],
-        **extra,
-    ).images
-    return image, recorded
-
-
 def test_config_matches_fixture(pipe):
     hart = MANIFEST["preset_params"]["hart"]
     cfg = pipe.transformer.config
@@ -85,7 +59,7 @@ def test_official_run(pipe, inputs, run):
     _require_fixture()
     meta = MANIFEST["runs"][run]
     ref = load_file(FIXTURE_DIR / f"ref_{run}.safetensors")
-    image, recorded = replay(pipe, inputs, meta)
+    image, recorded = replay_hart_run(pipe, inputs, meta)
     num_scales = len(meta["t_guidance_per_scale"])
     B = inputs["context_tensor"].shape[0]
     assert sorted(recorded) == list(range(num_scales))
@@ -123,7 +97,7 @@ def test_block_activations(pipe, inputs):
     for i, block in enumerate(blocks):
         handles.append(block.register_forward_hook(lambda m, args, out, i=i: seen["out"].setdefault(i, []).append(out.clone())))
     try:
-        replay(pipe, inputs, MANIFEST["runs"][run])
+        replay_hart_run(pipe, inputs, MANIFEST["runs"][run])
     finally:
         for h in handles:
             h.remove()
@@ -160,7 +134,7 @@ def test_diffusion_condition_and_output(pipe, inputs):
             continue
         head.sample = spy
         try:
-            replay(pipe, inputs, meta)
+            replay_hart_run(pipe, inputs, meta)
         finally:
             del head.sample
         torch.testing.assert_close(recorded["z"], ref["diff_cond"], atol=1e-4, rtol=1e-4)
