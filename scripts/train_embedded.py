@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "shapes scorer's accuracy on decoded ground-truth tokens), save it to OUTPUT/vae, then stop")
     p.add_argument("--vae-path", default=None, help="use this trained VAE folder (e.g. OUTPUT/vae of a --vae-only run "
                    "with the same seed and settings) instead of training one")
-    p.add_argument("--steps", type=int, default=1900, help="transformer steps")
+    p.add_argument("--steps", type=int, default=1700, help="transformer steps")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--depth", type=int, default=6)
