@@ -42,6 +42,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..models.forward_context import scatter_tokens
+from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 UPSAMPLE_MODES = ("bilinear", "bicubic", "area", "nearest")
@@ -173,8 +174,8 @@ class ARVARScheduler(VARAccelScheduler):
         ```
     """
 
-    presets = {family: dict(branch_halving_scales=(-2,), pruned_scales=(-1,), prune_ratios=(0.75,), attention_distance=3,
-                            activation_distance=2, pruned_layers=None, model_family=family) for family in ("infinity", "hart")}
+    #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/arvar`` and ``hart-0.7b/arvar``.
+    presets = PackagedPresets("arvar")
 
     @register_to_config
     def __init__(

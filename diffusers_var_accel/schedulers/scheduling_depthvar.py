@@ -40,6 +40,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..models.forward_context import scatter_tokens
+from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
 
 
@@ -185,8 +186,8 @@ class DepthVARScheduler(VARAccelScheduler):
         ```
     """
 
-    presets = {family: dict(reference_scale=R, start_scale=None, rotation_step=0.25, min_depth=1, cyclic_layer_offsets=True,
-                            code_blending=True, model_family=family) for family, R in (("infinity", 9), ("hart", 10))}
+    #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/depthvar`` and ``hart-0.7b/depthvar``.
+    presets = PackagedPresets("depthvar")
 
     @register_to_config
     def __init__(

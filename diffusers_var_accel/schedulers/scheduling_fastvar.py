@@ -38,6 +38,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..models.forward_context import scatter_tokens
+from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 #: The sublayers PTS prunes (the router is also asked about ``"block"``, which FastVAR never routes).
@@ -164,12 +165,8 @@ class FastVARScheduler(VARAccelScheduler):
         ```
     """
 
-    presets = {
-        "infinity": dict(prune_scales=(-4, -3), prune_ratios=(0.4, 0.5), pruned_layers=(3, 28), cache_scale=-5,
-                         skip_last_scales=True, skipped_scales=(-2, -1), model_family="infinity"),
-        "hart": dict(prune_scales=(-2, -1), prune_ratios=(0.5, 0.75), pruned_layers=None, cache_scale=-3,
-                     skip_last_scales=False, skipped_scales=(), model_family="hart"),
-    }
+    #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/fastvar`` and ``hart-0.7b/fastvar``.
+    presets = PackagedPresets("fastvar")
 
     @register_to_config
     def __init__(

@@ -43,6 +43,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..models.forward_context import scatter_tokens
+from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 CUMULATIVE_INDEX_MODES = ("claimed", "count", None)
@@ -168,10 +169,8 @@ class LazyVARScheduler(VARAccelScheduler):
         ```
     """
 
-    presets = {
-        "infinity": dict(group_scales=(-4, -3, -2, -1), keep_ratios=(0.20, 0.10, 0.05, 0.01), model_family="infinity"),
-        "hart": dict(group_scales=(-2, -1), keep_ratios=(0.40, 0.15), model_family="hart"),
-    }
+    #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/lazyvar`` and ``hart-0.7b/lazyvar``.
+    presets = PackagedPresets("lazyvar")
 
     @register_to_config
     def __init__(

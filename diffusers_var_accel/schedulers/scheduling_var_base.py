@@ -23,6 +23,7 @@ scale) so that one preset fits every pixel budget of a model. All per-call data 
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, Union
 
@@ -116,11 +117,13 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     """Base class of the acceleration schedulers; the default behaviour of every hook is "no acceleration".
 
     Subclasses register their configuration with ``@register_to_config`` (always including ``model_family``),
-    override only the extension points they need, and may ship ``presets``: ``{model_family: constructor kwargs}``.
+    override only the extension points they need, and may ship ``presets``: ``{model_family: constructor kwargs}``
+    (the library's methods read theirs from the packaged JSON presets, see :mod:`.presets`).
 
-    Saving and loading follow diffusers' schedulers: ``save_pretrained(dir)`` writes ``acceleration_config.json``;
-    ``from_pretrained(path_or_repo, subfolder=..., **overrides)`` reads it back, keyword arguments overriding the
-    stored values (an unknown keyword raises).
+    Saving and loading follow diffusers' schedulers: ``save_pretrained(dir)`` writes ``acceleration_config.json``
+    (``push_to_hub(repo_id, subfolder=...)`` uploads the same file); ``from_pretrained(name, subfolder=..., **overrides)``
+    reads it back from a packaged preset (``"infinity-2b/lazyvar"``), a folder or a Hub repo, keyword arguments
+    overriding the stored values (an unknown keyword raises).
     """
 
     config_name = "acceleration_config.json"
@@ -161,16 +164,47 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path=None, subfolder: Optional[str] = None, return_unused_kwargs=False, **kwargs):
-        """Load ``acceleration_config.json`` from a folder or Hub repo (``subfolder`` inside it); kwargs override it."""
+        """Load ``acceleration_config.json`` from a packaged preset, a folder or a Hub repo; kwargs override it.
+
+        Args:
+            pretrained_model_name_or_path (`str` or `os.PathLike`): a packaged preset name (``"infinity-2b/lazyvar"``,
+                see :func:`~diffusers_var_accel.schedulers.presets.available_presets`), a folder holding
+                ``acceleration_config.json``, or a Hub repo id. An existing local path wins over a preset name, and a
+                preset name over a Hub repo of the same name.
+            subfolder (`str`, *optional*): the folder inside it (``from_pretrained(repo_id, subfolder="lazyvar")``;
+                ``("infinity-2b", subfolder="lazyvar")`` is the packaged preset ``"infinity-2b/lazyvar"``).
+            **kwargs: Hub arguments (``cache_dir``, ``force_download``, ``proxies``, ``local_files_only``, ``token``,
+                ``revision``) and settings of the class overriding the stored ones.
+
+        Raises:
+            ValueError: an unknown preset name (the message lists the available ones), a configuration of another
+                scheduler class than ``cls``, or an unknown setting.
+        """
+        from .presets import available_presets, preset_folder, presets_for_class, resolve_preset_reference
+
         hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
         overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
         hub_kwargs = {k: v for k, v in kwargs.items() if k in hub_keys}
-        config = cls.load_config(pretrained_model_name_or_path, subfolder=subfolder, **hub_kwargs)
+        preset = resolve_preset_reference(pretrained_model_name_or_path, subfolder)
+        source = pretrained_model_name_or_path
+        if preset is not None:
+            source, subfolder = str(preset_folder(preset)), None
+        try:
+            config = cls.load_config(source, subfolder=subfolder, **hub_kwargs)
+        except OSError as err:
+            if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") == 1:
+                raise OSError(f"{err}\n(not a packaged acceleration preset either; available presets: {available_presets()})") from err
+            raise
         stored = config.get("_class_name")
         target = cls
         if stored and stored != cls.__name__:
             if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
-                raise ValueError(f"{pretrained_model_name_or_path} holds a {stored} configuration, not a {cls.__name__}")
+                name = preset or pretrained_model_name_or_path
+                own = presets_for_class(cls.__name__)
+                raise ValueError(
+                    f"{name} holds a {stored} configuration, not a {cls.__name__}: load it with {stored}.from_pretrained "
+                    f"or VARAccelScheduler.from_pretrained" + (f"; {cls.__name__} presets: {own}" if own else "")
+                )
             target = _SCHEDULER_CLASSES.get(stored, cls)
         target._check_overrides(overrides)
         scheduler = target.from_config({**config, **overrides})
@@ -322,12 +356,15 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
 
     * ``"baseline"`` / ``"none"`` / ``None``: no acceleration (``None``);
     * ``"<method>"`` (``fastvar``, ``lazyvar``, ...): the method's preset for ``model_family``;
-    * ``"<method>:key=value,key=value"``: the preset with overrides (values parsed as JSON, e.g.
-      ``fastvar:skip_last_scales=false``, ``lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]``);
+    * ``"<model>/<method>"`` (``infinity-2b/lazyvar``, ``hart-0.7b/fastvar``): that packaged preset (it must be for
+      ``model_family``);
+    * either with ``":key=value,key=value"``: the preset with overrides (values parsed as JSON, e.g.
+      ``fastvar:skip_last_scales=false``, ``infinity-2b/lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]``);
     * a folder or an ``acceleration_config.json`` file: :meth:`VARAccelScheduler.from_pretrained`.
     """
     import json
-    import os
+
+    from .presets import available_presets, is_preset_name
 
     if spec is None or spec.lower() in ("baseline", "none"):
         return None
@@ -336,8 +373,13 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
         return VARAccelScheduler.from_pretrained(path)
     name, _, overrides_text = spec.partition(":")
     by_method = {cls.__name__.lower()[: -len("scheduler")]: cls for cls in _SCHEDULER_CLASSES.values() if cls.presets}
-    if name.lower() not in by_method:
-        raise ValueError(f"unknown acceleration {name!r}; known: {sorted(by_method) + ['baseline']} or a config folder/JSON file")
+    if "/" in name:
+        if not is_preset_name(name):
+            raise ValueError(f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
+                             "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))")
+    elif name.lower() not in by_method:
+        raise ValueError(f"unknown acceleration {name!r}; known: {sorted(by_method) + ['baseline']}, a preset name "
+                         f"({', '.join(available_presets())}) or a config folder/JSON file")
     overrides = {}
     for item in _split_top_level(overrides_text):
         key, eq, value = item.partition("=")
@@ -347,7 +389,19 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
             overrides[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             overrides[key.strip()] = value
+    if "/" in name:
+        scheduler = VARAccelScheduler.from_pretrained(name, **overrides)
+        if scheduler.model_family not in (None, model_family):
+            raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
+                             f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}")
+        return scheduler
     return by_method[name.lower()].from_preset(model_family, **overrides)
+
+
+def _preset_family(name: str) -> Optional[str]:
+    from .presets import load_preset_config
+
+    return load_preset_config(name).get("model_family")
 
 
 def _split_top_level(text: str) -> List[str]:

@@ -1,0 +1,147 @@
+"""The Hub pipeline.py shim: DiffusionPipeline.from_pretrained(repo, trust_remote_code=True) returns our pipelines,
+checked offline against a hand-built Hub cache with tiny random-weight Infinity and HART pipelines."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import diffusers.utils.dynamic_modules_utils as dynamic_modules_utils
+import huggingface_hub
+import pytest
+import torch
+from diffusers import DiffusionPipeline
+
+from diffusers_var_accel import HARTPipeline, InfinityPipeline
+from diffusers_var_accel.hub import has_hub_shim, hub_shim_source, remove_hub_shim, write_hub_shim, write_to_hub_cache
+from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+
+PROMPT = "a red fox in the snow"
+KINDS = {
+    "infinity": (build_tiny_infinity_pipeline, InfinityPipeline, dict(height=256, width=256)),
+    "hart": (build_tiny_hart_pipeline, HARTPipeline, {}),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Each tiny pipeline saved once (plain save_pretrained output, no shim)."""
+    folders = {}
+    for kind, (build, _, _) in KINDS.items():
+        folders[kind] = tmp_path_factory.mktemp(f"tiny_{kind}")
+        build(seed=0).save_pretrained(folders[kind])
+    return folders
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """A private offline Hub cache and a private diffusers modules cache (where pipeline.py is copied and imported)."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read from the env at import time
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(dynamic_modules_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # diffusers appends the modules cache to sys.path
+    before = {k for k in sys.modules if k.startswith("diffusers_modules")}
+    yield cache
+    for name in [k for k in sys.modules if k.startswith("diffusers_modules") and k not in before]:
+        del sys.modules[name]
+
+
+def run(pipe, size, seed=0):
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(PROMPT, generator=torch.Generator().manual_seed(seed), output_type="pt", **size).images
+
+
+def index(folder):
+    return json.loads((folder / "model_index.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# writing the shim
+# ---------------------------------------------------------------------------------------------------------------------
+def test_write_and_remove_the_shim(saved, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved["hart"], folder)
+    plain = index(folder)
+    assert plain["_class_name"] == "HARTPipeline" and not has_hub_shim(folder)
+    shim = write_hub_shim(folder)
+    assert shim.read_text() == hub_shim_source("HARTPipeline")
+    assert shim.read_text().count("\n") == 1 and shim.read_text().startswith("from diffusers_var_accel import HARTPipeline")
+    assert index(folder) == {**plain, "_class_name": ["pipeline", "HARTPipeline"]}  # nothing else changes
+    assert has_hub_shim(folder)
+    write_hub_shim(folder)  # idempotent
+    assert index(folder)["_class_name"] == ["pipeline", "HARTPipeline"] and shim.read_text() == hub_shim_source("HARTPipeline")
+    remove_hub_shim(folder)
+    assert index(folder) == plain and not shim.exists()
+
+
+def test_the_shim_refuses_foreign_code_and_foreign_pipelines(saved, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved["infinity"], folder)
+    (folder / "pipeline.py").write_text("import os\n")
+    with pytest.raises(ValueError, match="not the diffusers_var_accel shim"):
+        write_hub_shim(folder)
+    assert index(folder)["_class_name"] == "InfinityPipeline"  # untouched
+    with pytest.raises(ValueError, match="not the diffusers_var_accel shim"):
+        remove_hub_shim(folder)
+    write_hub_shim(folder, overwrite=True)
+    assert has_hub_shim(folder)
+    (folder / "pipeline.py").write_text(hub_shim_source("InfinityPipeline") + "import os\n")
+    assert not has_hub_shim(folder)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    with pytest.raises(ValueError, match="StableDiffusionPipeline"):
+        write_hub_shim(other)
+    with pytest.raises(ValueError, match="no model_index.json"):
+        write_hub_shim(tmp_path / "empty")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# loading from a Hub repo (offline cache)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_diffusion_pipeline_loads_our_pipeline_from_the_hub(kind, saved, offline_hub):
+    _, cls, size = KINDS[kind]
+    reference = run(cls.from_pretrained(saved[kind]), size)
+    repo_id = f"fake-org/tiny-{kind}"
+    snapshot = write_to_hub_cache(saved[kind], repo_id, offline_hub)
+    write_hub_shim(snapshot)
+
+    pipe = DiffusionPipeline.from_pretrained(repo_id, trust_remote_code=True, cache_dir=offline_hub)
+    assert type(pipe) is cls  # the installed class itself, not a copy imported from the modules cache
+    assert torch.equal(run(pipe, size), reference)
+    assert not torch.equal(run(pipe, size, seed=1), reference)  # the comparison can fail
+
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        DiffusionPipeline.from_pretrained(repo_id, cache_dir=offline_hub)
+    # diffusers 0.42 runs pipeline.py for every class, ours too (documented; the model card says so)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        cls.from_pretrained(repo_id, cache_dir=offline_hub)
+    direct = cls.from_pretrained(repo_id, trust_remote_code=True, cache_dir=offline_hub)
+    assert type(direct) is cls
+    assert all(torch.equal(a, b) for a, b in zip(direct.transformer.state_dict().values(), pipe.transformer.state_dict().values()))
+
+
+def test_without_the_shim_diffusion_pipeline_cannot_resolve_the_class(saved, offline_hub):
+    """Why the shim exists: diffusers looks a plain _class_name up in the diffusers namespace."""
+    write_to_hub_cache(saved["hart"], "fake-org/plain-hart", offline_hub)
+    with pytest.raises(AttributeError, match="HARTPipeline"):
+        DiffusionPipeline.from_pretrained("fake-org/plain-hart", cache_dir=offline_hub)
+    assert type(HARTPipeline.from_pretrained("fake-org/plain-hart", cache_dir=offline_hub)) is HARTPipeline
