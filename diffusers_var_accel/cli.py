@@ -4,7 +4,9 @@
 preset and prints a comparison table. ``var-accel generate "two red circles"`` generates with the embedded model by
 default, with a converted pipeline folder (``--model``: an Infinity or HART folder, told apart by its
 ``model_index.json``), or with tiny random-weight pipelines built on the spot (``--model tiny`` / ``tiny-hart``; the
-images are noise-like). Nothing is downloaded.
+images are noise-like). ``var-accel bench`` benchmarks the baseline against acceleration methods on a prompt set
+(time, speed-up, FLOPs, memory, fidelity to the baseline; ``diffusers_var_accel.bench``). Nothing is downloaded,
+except a pipeline that ``var-accel bench --model`` names by its Hub id.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 from typing import List, Optional
+
+#: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
+DEFAULT_BENCH_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
 
 
 def _load_pipeline(model: Optional[str], device: str, dtype: str):
@@ -112,6 +117,50 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import finish_distributed, run_bench
+
+    sampling = {k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
+                                  ("top_p", args.top_p)) if v is not None}
+    try:
+        run_bench(model=args.model, prompts=args.prompts, num_prompts=args.num_prompts, seeds=args.seeds, methods=args.methods,
+                  repeats=args.repeats, warmup=args.warmup, batch_size=args.batch_size, output_dir=args.output,
+                  device=args.device, dtype=args.dtype, height=args.height, width=args.width, sampling=sampling,
+                  save_images=not args.no_images, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        finish_distributed()
+    return 0
+
+
+_BENCH_DESCRIPTION = """\
+Generate every (prompt, seed) with the baseline and every acceleration method, and measure per method:
+latency per image (warm-up excluded, methods interleaved, min / median / max) and the speed-up over the baseline;
+counted FLOPs per image (text encoder, transformer and VAE apart) and peak memory; PSNR, SSIM, LPIPS and FID*
+against the baseline image of the same prompt and seed; the shapes scorer's accuracy on shapes prompts.
+
+Writes results.json, results.md (the table), speedup_vs_fidelity.png, scale_breakdown.png, grid.png and every
+method's images (GenEval's folder layout for GenEval prompts). Under torchrun / accelerate launch the (prompt, seed)
+items are split across the processes and the main process writes the same files.
+"""
+
+_BENCH_EPILOG = """\
+examples:
+  var-accel bench                                   # embedded model, 24 shapes prompts, baseline + every preset
+  var-accel bench --prompts geneval --num-prompts 60 --seeds 0-3 --output bench_geneval
+  var-accel bench --model path/to/infinity-2b-diffusers --device cuda --dtype bfloat16 \\
+      --prompts geneval --seeds 0-3 --methods baseline,fastvar,lazyvar,my_scheduler/
+  torchrun --nproc_per_node 8 -m diffusers_var_accel bench --model ... --prompts geneval   # split across processes
+
+Every method generates every (prompt, seed) with torch.Generator(device).manual_seed(seed). Times are whole calls per
+image, after --warmup rounds, methods interleaved per batch; the speed-up is the baseline's median over the method's,
+from the same run. LPIPS and FID* run only when their network weights are already in the torch hub cache (nothing is
+downloaded); otherwise results.json says which metric was skipped and why. Protocol: docs/benchmark_protocol.md.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="var-accel", description="Infinity / HART next-scale generation with training-free acceleration.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +194,41 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--repeats", type=int, default=1, help="timed generations per method and prompt (median reported)")
     demo.add_argument("--output", default="demo_outputs", help="output folder (report.json, grid.png)")
     demo.set_defaults(func=_cmd_demo)
+
+    bench = sub.add_parser(
+        "bench", help="benchmark the baseline against acceleration methods: time, FLOPs, memory, fidelity (JSON, table, plots)",
+        description=_BENCH_DESCRIPTION,
+        epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--model", help="'embedded' (default: the packaged shapes model), a converted Infinity or HART pipeline "
+                       "folder, a Hub id (owner/name), or 'tiny' / 'tiny-hart' (random weights)")
+    bench.add_argument("--prompts", default="shapes", help="'shapes' (default: held-out shapes prompts), 'geneval' (the packaged "
+                       "553 GenEval prompts), or a prompt file: .jsonl (a \"prompt\" per line, e.g. GenEval's "
+                       "evaluation_metadata.jsonl), .json (a list, or MJHQ-30K's meta_data.json) or .txt (one per line)")
+    bench.add_argument("--num-prompts", type=int, help="how many prompts (shapes: the first N, default 24; a file: N spread "
+                       "evenly over it, default all)")
+    bench.add_argument("--seeds", default="0", help="seeds per prompt: '0', '0,1,2' or '0-3' (default 0); GenEval's sample index "
+                       "is the seed's position")
+    bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
+                       help="comma-separated: baseline (always run first), preset names (fastvar, lazyvar, depthvar, arvar), "
+                       "name:key=value overrides, scheduler folders or acceleration_config.json files "
+                       f"(default {','.join(DEFAULT_BENCH_METHODS)})")
+    bench.add_argument("--repeats", type=int, default=3, help="timed rounds per batch of prompts (default 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed rounds of every method first, per process (default 1)")
+    bench.add_argument("--batch-size", type=int, default=1, help="images per call (default 1); each image keeps its own seed")
+    bench.add_argument("--height", type=int, help="image height (default: the model's size)")
+    bench.add_argument("--width", type=int, help="image width (default: the height)")
+    bench.add_argument("--guidance-scale", type=float, help="CFG scale (default: the embedded model's evaluated setting, "
+                       "else the pipeline's default)")
+    bench.add_argument("--tau", type=float, help="sampling temperature (Infinity only)")
+    bench.add_argument("--top-k", type=int, help="top-k (0 = off)")
+    bench.add_argument("--top-p", type=float, help="top-p")
+    bench.add_argument("--device", help="default: the process's GPU if there is one, else the CPU")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="weights dtype when loading --model (default float32)")
+    bench.add_argument("--output", default="bench_outputs", help="output folder (default bench_outputs)")
+    bench.add_argument("--no-images", action="store_true", help="do not write the generated images")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 
