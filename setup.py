@@ -19,7 +19,8 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["diffusers_var_accel", "diffusers_var_accel.*"]),
     package_data={"diffusers_var_accel": ["py.typed", "embedded/*/*.json", "embedded/*/*/*.json", "embedded/*/*/*.safetensors",
-                                         "embedded/*/*/*.txt"]},
+                                         "embedded/*/*/*.txt", "presets/*/*/*.json", "data/geneval/*.jsonl", "data/geneval/LICENSE",
+                                         "data/geneval/README.md"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",
@@ -31,6 +32,7 @@ setup(
         "numpy",
         "pillow",
         "tqdm",
+        "matplotlib",
     ],
     extras_require=extras,
     entry_points={"console_scripts": ["var-accel=diffusers_var_accel.cli:main"]},
