@@ -7,7 +7,6 @@ import json
 import sys
 
 import diffusers.utils.dynamic_modules_utils as dynamic_modules_utils
-import huggingface_hub
 import pytest
 import torch
 from diffusers import DiffusionPipeline
@@ -24,11 +23,8 @@ KINDS = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +38,9 @@ def saved(tmp_path_factory):
 
 
 @pytest.fixture
-def offline_hub(tmp_path, monkeypatch):
-    """A private offline Hub cache and a private diffusers modules cache (where pipeline.py is copied and imported)."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read from the env at import time
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+def offline_hub(offline_hub, tmp_path, monkeypatch):
+    """The shared offline Hub cache plus a private diffusers modules cache (where pipeline.py is copied and imported)."""
+    cache = offline_hub
     monkeypatch.setattr(dynamic_modules_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
     monkeypatch.setattr(sys, "path", list(sys.path))  # diffusers appends the modules cache to sys.path
     before = {k for k in sys.modules if k.startswith("diffusers_modules")}

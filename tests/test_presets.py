@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 
 from diffusers_var_accel import ARVARScheduler, DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler
@@ -37,17 +36,6 @@ def as_json(value):
     return json.loads(json.dumps(value))
 
 
-@pytest.fixture
-def offline_hub(tmp_path, monkeypatch):
-    """A private, offline Hub cache: nothing can be downloaded, nothing outside tmp_path is read or written."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read from the env at import time
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    return cache
 
 
 # ---------------------------------------------------------------------------------------------------------------------
