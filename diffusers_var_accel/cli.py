@@ -25,7 +25,6 @@ DEFAULT_BENCH_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
 def _load_pipeline(model: Optional[str], device: str, dtype: str):
     import torch
 
-    from .pipelines.hart import HARTPipeline
     from .pipelines.infinity import InfinityPipeline
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -41,16 +40,61 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
               "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
         pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
     else:
+        from .hub import has_hub_shim, pipeline_class
+
         index = Path(model) / "model_index.json"
         if not index.is_file():
-            raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints with "
-                             "scripts/convert_infinity_original.py or scripts/convert_hart_original.py first")
-        class_name = json.loads(index.read_text()).get("_class_name")
-        classes = {"InfinityPipeline": InfinityPipeline, "HARTPipeline": HARTPipeline}
-        if class_name not in classes:
-            raise ValueError(f"--model {model} holds a {class_name!r}; var-accel runs {sorted(classes)}")
-        pipe = classes[class_name].from_pretrained(model, torch_dtype=torch_dtype)
+            raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints first with "
+                             "'var-accel convert infinity ...' or 'var-accel convert hart ...' (see var-accel convert --help), "
+                             "or pass 'embedded', 'tiny' or 'tiny-hart'")
+        cls = pipeline_class(model)  # plain or Hub-shim form (["pipeline", "<class>"]) of model_index.json
+        # A folder with the Hub shim (hub.write_hub_shim) makes diffusers execute its pipeline.py, which is the
+        # one-line import of our own class: loading it needs trust_remote_code=True. Only our exact shim is trusted.
+        shim_form = isinstance(json.loads(index.read_text()).get("_class_name"), list)
+        if shim_form and not has_hub_shim(model):
+            raise ValueError(f"--model {model}: model_index.json is in Hub-shim form but pipeline.py is not the "
+                             "diffusers_var_accel shim; restore it with diffusers_var_accel.hub.write_hub_shim(folder, "
+                             "overwrite=True) or undo it with diffusers_var_accel.hub.remove_hub_shim(folder)")
+        options = {"trust_remote_code": True} if shim_form else {}
+        pipe = cls.from_pretrained(model, torch_dtype=torch_dtype, **options)
     return pipe.to(device)
+
+
+def _load_accel(spec: Optional[str], family: str):
+    """``--accel``: anything ``load_acceleration`` takes, plus a JSON file of any name (not only
+    ``acceleration_config.json``, which ``load_acceleration`` reads from the file's folder)."""
+    from .schedulers.scheduling_var_base import VARAccelScheduler, load_acceleration
+
+    if spec is None:
+        return None
+    path = Path(spec)
+    if spec.endswith(".json"):
+        if not path.is_file():
+            raise ValueError(f"--accel {spec}: no such JSON file; pass a preset name (fastvar, lazyvar, depthvar, arvar, "
+                             "infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
+                             "acceleration_config.json")
+        if path.name != VARAccelScheduler.config_name:
+            import shutil
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:  # from_pretrained reads <folder>/acceleration_config.json
+                shutil.copyfile(path, Path(tmp) / VARAccelScheduler.config_name)
+                return load_acceleration(tmp, family)
+    return load_acceleration(spec, family)
+
+
+def _read_prompts(args: argparse.Namespace) -> List[str]:
+    prompts: List[str] = list(args.prompt)
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise ValueError(f"--prompts-file {args.prompts_file}: no such file; give a text file with one prompt per line")
+        prompts += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"--prompts-file {args.prompts_file} holds no prompt (one prompt per line, blank lines skipped)")
+    if not prompts:
+        raise ValueError("give a prompt (var-accel generate \"two red circles\") or --prompts-file FILE")
+    return prompts
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -58,7 +102,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     from .pipelines.hart import HARTPipeline
 
+    if args.batch_size < 1:
+        print(f"error: --batch-size {args.batch_size}: must be 1 or more", file=sys.stderr)
+        return 2
     try:
+        prompts = _read_prompts(args)
         pipe = _load_pipeline(args.model, args.device, args.dtype)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -70,11 +118,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if is_hart and args.tau is not None:
         print("error: --tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)", file=sys.stderr)
         return 2
-    prompts: List[str] = list(args.prompt)
-    if args.prompts_file:
-        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
-    if not prompts:
-        print("error: give a prompt or --prompts-file", file=sys.stderr)
+    try:
+        acceleration = _load_accel(args.accel, pipe.model_family)
+    except (ValueError, TypeError, OSError, KeyError) as err:
+        print(f"error: --accel {args.accel}: {err}", file=sys.stderr)
         return 2
     if is_hart:
         height = args.height or pipe.default_size
@@ -83,24 +130,34 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     width = args.width or height
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
+    options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
+    options.update({k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
+                                      ("top_p", args.top_p)) if v is not None})  # unset: the model's defaults
+    if acceleration is not None:
+        options["acceleration"] = acceleration
     records = []
-    for i, prompt in enumerate(prompts):
-        generator = torch.Generator("cpu").manual_seed(args.seed + i)
+    for first in range(0, len(prompts), args.batch_size):
+        batch = prompts[first:first + args.batch_size]
+        seeds = [args.seed + first + j for j in range(len(batch))]
+        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]  # each image keeps its own seed
         start = time.perf_counter()
         try:
-            options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
-            options.update({k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
-                                              ("top_p", args.top_p)) if v is not None})  # unset: the model's defaults
-            image = pipe(prompt, height=height, width=width, generator=generator, **options).images[0]
+            if len(batch) == 1:
+                images = pipe(batch[0], height=height, width=width, generator=generators[0], **options).images
+            else:
+                images = pipe(batch, height=height, width=width, generator=generators, **options).images
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        seconds = time.perf_counter() - start
-        path = out_dir / f"{i:04d}.png"
-        image.save(path)
-        records.append({"prompt": prompt, "seed": args.seed + i, "file": path.name, "seconds": round(seconds, 3)})
-        print(f"{path}  ({seconds:.2f} s)  {prompt}")
-    (out_dir / "generations.json").write_text(json.dumps({"height": height, "width": width, "images": records}, indent=2))
+        seconds = (time.perf_counter() - start) / len(batch)
+        for j, (prompt, seed, image) in enumerate(zip(batch, seeds, images)):
+            path = out_dir / f"{first + j:04d}.png"
+            image.save(path)
+            records.append({"prompt": prompt, "seed": seed, "file": path.name, "seconds": round(seconds, 3)})
+            print(f"{path}  ({seconds:.2f} s)  {prompt}")
+    report = {"height": height, "width": width, "acceleration": args.accel or "baseline", "batch_size": args.batch_size,
+              "images": records}
+    (out_dir / "generations.json").write_text(json.dumps(report, indent=2))
     return 0
 
 
@@ -135,6 +192,105 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _load_local_tokenizer(folder: str):
+    """The tokenizer class named by the folder's ``tokenizer_config.json`` (else ``AutoTokenizer``), offline."""
+    import transformers
+
+    config = Path(folder) / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    cls = getattr(transformers, name, None) if name else None
+    return (cls or transformers.AutoTokenizer).from_pretrained(folder, local_files_only=True)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.tokenizer is not None and args.text_encoder is None:
+        print("error: --tokenizer needs --text-encoder (the tokenizer defaults to the text encoder's folder)", file=sys.stderr)
+        return 2
+    for flag, value in (("--text-encoder", args.text_encoder), ("--tokenizer", args.tokenizer)):
+        if value is not None and not Path(value).is_dir():
+            print(f"error: {flag} {value}: not a folder; give a local transformers folder (downloaded beforehand)",
+                  file=sys.stderr)
+            return 2
+    output = Path(args.output)
+    if (output / "model_index.json").is_file() and not args.overwrite:
+        print(f"error: --output {output} already holds a pipeline (model_index.json); pass --overwrite or another folder",
+              file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    try:
+        if args.family == "infinity":
+            for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
+                if not Path(value).is_file():
+                    raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
+                                            "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies)")
+            from .pipelines.infinity.convert import convert_infinity_original
+
+            pipe = convert_infinity_original(args.transformer, args.vae, text_encoder_path=args.text_encoder,
+                                             tokenizer_path=args.tokenizer, config=args.config, torch_dtype=dtype)
+        else:
+            if not Path(args.checkpoint).is_dir():
+                raise FileNotFoundError(f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
+                                        "(hart-0.7b-1024px/ with llm/ and tokenizer/) or its llm/ folder")
+            from .pipelines.hart.convert import load_original_hart_pipeline
+
+            text_encoder = tokenizer = None
+            if args.text_encoder is not None:
+                from transformers import AutoModel
+
+                text_encoder = AutoModel.from_pretrained(args.text_encoder, torch_dtype=dtype, local_files_only=True)
+                tokenizer = _load_local_tokenizer(args.tokenizer or args.text_encoder)
+            pipe = load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=dtype,
+                                               text_encoder=text_encoder, tokenizer=tokenizer)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    pipe.save_pretrained(output, safe_serialization=True)
+    if args.hub_shim:
+        from .hub import write_hub_shim
+
+        write_hub_shim(output)
+    components = [name for name in ("transformer", "vae", "text_encoder", "tokenizer") if getattr(pipe, name, None) is not None]
+    print(f"wrote {output} ({', '.join(components)}); run it with: var-accel generate \"a red fox\" --model {output}")
+    return 0
+
+
+_FLOPS_NEEDS_CHECKOUT = ("var-accel flops needs a source checkout of diffusers-var-accel: it runs benchmarks/flops.py, "
+                         "which is not installed with the package. Clone the repository and run it there "
+                         "(python -m diffusers_var_accel flops ... or python benchmarks/flops.py ...).")
+
+
+def _import_flops_module():
+    """``benchmarks.flops`` from the source checkout this package lives in, or ``None`` (installed package)."""
+    import importlib
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "flops.py").is_file():
+        return None
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("benchmarks.flops")
+
+
+def _cmd_flops(argv: List[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print("var-accel flops: counted FLOPs of one generation (benchmarks/flops.py; needs a source checkout).\n"
+              "examples:\n  var-accel flops --model infinity-2b\n  var-accel flops --model hart-0.7b --accel fastvar lazyvar\n")
+    module = _import_flops_module()
+    if module is None:
+        print(f"error: {_FLOPS_NEEDS_CHECKOUT}", file=sys.stderr)
+        return 2
+    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # benchmarks/flops.py's parser names itself after argv[0]
+    try:
+        return module.main(argv)
+    finally:
+        sys.argv[0] = program
+
+
 _BENCH_DESCRIPTION = """\
 Generate every (prompt, seed) with the baseline and every acceleration method, and measure per method:
 latency per image (warm-up excluded, methods interleaved, min / median / max) and the speed-up over the baseline;
@@ -161,14 +317,80 @@ downloaded); otherwise results.json says which metric was skipped and why. Proto
 """
 
 
+_MAIN_DESCRIPTION = """\
+Infinity / HART next-scale (VAR) text-to-image generation with training-free acceleration
+(FastVAR, LazyVAR, DepthVAR, ARVAR). Nothing is downloaded, except a pipeline that bench --model names by Hub id.
+"""
+
+_MAIN_EPILOG = """\
+examples:
+  var-accel demo
+  var-accel generate "two red circles" --accel lazyvar
+  var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
+  var-accel flops --model infinity-2b --accel fastvar lazyvar
+
+Run var-accel COMMAND --help for a command's options. Docs: docs/cli.md.
+"""
+
+_GENERATE_DESCRIPTION = """\
+Generate one PNG per prompt into --output, with generations.json (prompt, seed, file, seconds per image).
+Prompt i (counting the positional prompts first, then the --prompts-file lines) uses seed --seed + i, whatever
+--batch-size is, so batching does not change which seed an image gets.
+"""
+
+_GENERATE_EPILOG = """\
+examples:
+  var-accel generate "two red circles"                                   # embedded shapes model, baseline
+  var-accel generate "two red circles" --accel lazyvar                   # the LazyVAR preset of the model's family
+  var-accel generate --prompts-file prompts.txt --batch-size 4 --seed 10 --output out
+  var-accel generate "a red fox" --model infinity-2b-diffusers --device cuda --dtype bfloat16 \\
+      --height 1024 --width 1024 --accel infinity-2b/fastvar:skip_last_scales=false
+  var-accel generate "a red fox" --model tiny --accel my_lazyvar.json    # a scheduler JSON file (any file name)
+
+--accel takes: baseline (the default); a method preset for the model's family (fastvar, lazyvar, depthvar, arvar);
+a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :key=value,key=value overrides (values
+parsed as JSON); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
+--model takes a folder saved with the Hub shim (diffusers_var_accel.hub.write_hub_shim) too.
+"""
+
+_CONVERT_DESCRIPTION = """\
+Convert official checkpoints into a diffusers-format folder that var-accel generate --model and
+InfinityPipeline / HARTPipeline.from_pretrained load. Loading is strict: missing, unexpected or mis-shaped keys stop
+the conversion (exit status 1) with every offending key listed. Nothing is downloaded: text encoders are local folders.
+"""
+
+_CONVERT_EPILOG = """\
+examples:
+  var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth \\
+      --text-encoder flan-t5-xl --dtype bfloat16 --output infinity-2b-diffusers
+  var-accel convert hart --checkpoint hart-0.7b-1024px --text-encoder Qwen2-VL-1.5B-Instruct --output hart-0.7b-diffusers
+  var-accel convert hart --checkpoint hart-0.7b-1024px --output hart-0.7b-diffusers --hub-shim   # for the Hub
+"""
+
+
+def _add_convert_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-encoder", help="local transformers folder of the text encoder; omit to convert without one "
+                        "(the pipeline then runs from prompt embeddings)")
+    parser.add_argument("--tokenizer", help="local tokenizer folder (default: the --text-encoder folder)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default float32)")
+    parser.add_argument("--output", required=True, help="output folder (created)")
+    parser.add_argument("--overwrite", action="store_true", help="write into an --output that already holds a pipeline")
+    parser.add_argument("--hub-shim", action="store_true", help="also write the Hub pipeline.py shim "
+                        "(diffusers_var_accel.hub.write_hub_shim), so DiffusionPipeline.from_pretrained(..., "
+                        "trust_remote_code=True) loads the folder")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="var-accel", description="Infinity / HART next-scale generation with training-free acceleration.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate images from prompts")
+    parser = argparse.ArgumentParser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}")
+    gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
+                         epilog=_GENERATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
     gen.add_argument("--model", help="'embedded' (the default: the packaged shapes model), a converted Infinity or HART "
-                     "pipeline folder (scripts/convert_*_original.py), or 'tiny' / 'tiny-hart' (random weights)")
+                     "pipeline folder (var-accel convert; with or without the Hub shim), or 'tiny' / 'tiny-hart' "
+                     "(random weights)")
     gen.add_argument("--height", type=int, help="image height (default: the model's own size; Infinity: an official size, 256 "
                      "for the tiny model; the embedded model and HART make one size)")
     gen.add_argument("--width", type=int, help="image width (default: the height)")
@@ -177,9 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tau", type=float, help="sampling temperature (Infinity only; default 0.5)")
     gen.add_argument("--top-k", type=int, help="top-k (Infinity default 900; HART default: the official 600/300)")
     gen.add_argument("--top-p", type=float, help="top-p (Infinity default 0.97; HART default 0 = off)")
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--output", default="outputs", help="output folder (PNG files + generations.json)")
+    gen.add_argument("--accel", metavar="NAME|JSON", help="acceleration: baseline (default), fastvar, lazyvar, depthvar, arvar, "
+                     "a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
+    gen.add_argument("--batch-size", type=int, default=1, help="prompts per pipeline call (default 1); each image keeps "
+                     "its own seed")
     gen.set_defaults(func=_cmd_generate)
 
     demo = sub.add_parser("demo", help="the embedded shapes model: baseline vs every acceleration preset (table, grid, report)",
@@ -229,12 +455,44 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-images", action="store_true", help="do not write the generated images")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(func=_cmd_bench)
+
+    conv = sub.add_parser("convert", help="official Infinity / HART checkpoints -> a diffusers pipeline folder",
+                          description=_CONVERT_DESCRIPTION, epilog=_CONVERT_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    families = conv.add_subparsers(dest="family", required=True, metavar="{infinity,hart}")
+    inf = families.add_parser("infinity", help="Infinity: transformer .pth + VAE .pth (+ a local T5 folder)",
+                              description="Convert the official Infinity transformer and VAE checkpoints.",
+                              epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    inf.add_argument("--transformer", required=True, help="official transformer .pth (plain state dict, e.g. "
+                     "infinity_2b_reg.pth) or a .safetensors copy with the official keys")
+    inf.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth) or .safetensors")
+    inf.add_argument("--config", choices=("infinity-2b", "infinity-8b"), help="named config (default: inferred from the shapes)")
+    _add_convert_common(inf)
+    inf.set_defaults(func=_cmd_convert)
+    hart = families.add_parser("hart", help="HART: the official folder (llm/ + tokenizer/) (+ a local Qwen2 folder)",
+                               description="Convert the official HART folder (hart-0.7b-1024px/: llm/ and tokenizer/).",
+                               epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hart.add_argument("--checkpoint", required=True, help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
+    hart.add_argument("--no-ema", action="store_true", help="use the main weights instead of llm/ema_model.bin")
+    _add_convert_common(hart)
+    hart.set_defaults(func=_cmd_convert)
+
+    # parsed by benchmarks/flops.py itself (main() forwards the arguments); listed here for --help
+    sub.add_parser("flops", add_help=False,
+                   help="counted FLOPs table per model and method: --model infinity-2b|infinity-8b|hart-0.7b|... "
+                   "[--accel ...] (runs benchmarks/flops.py: needs a source checkout, not an installed package)")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "flops":
+            return _cmd_flops(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SystemExit as exit_:  # argparse (--help: 0; a bad value: 2, with the allowed values on stderr)
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -195,12 +195,27 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
     except Exception as err:  # network, missing repository, offline mode: one clear message
         raise ValueError(f"model {model!r}: no local folder of that name, and its model_index.json could not be "
                          f"fetched from the Hub ({type(err).__name__}: {err})") from None
+    from ..hub import HUB_SHIM_FILE, hub_shim_source
+
     classes = {"InfinityPipeline": InfinityPipeline, "HARTPipeline": HARTPipeline}
-    class_name = index.get("_class_name")
+    stored = index.get("_class_name")
+    # the Hub-shim form (hub.write_hub_shim) stores ["pipeline", "<class>"]
+    shim_form = isinstance(stored, list) and len(stored) == 2
+    class_name = stored[1] if shim_form else stored
     if class_name not in classes:
-        raise ValueError(f"model {model!r} holds a {class_name!r}; the benchmark runs {sorted(classes)}")
+        raise ValueError(f"model {model!r} holds a {stored!r}; the benchmark runs {sorted(classes)}")
+    options = {}
+    if shim_form:  # diffusers executes the repo's pipeline.py: trust it only when it is exactly our one-line shim
+        try:
+            shim_text = Path(hf_hub_download(model, HUB_SHIM_FILE)).read_text(encoding="utf-8")
+        except Exception as err:
+            raise ValueError(f"model {model!r}: model_index.json is in Hub-shim form but its {HUB_SHIM_FILE} could not be "
+                             f"fetched ({type(err).__name__}: {err})") from None
+        if shim_text != hub_shim_source(class_name):
+            raise ValueError(f"model {model!r}: {HUB_SHIM_FILE} is not the diffusers_var_accel shim; it is not run")
+        options["trust_remote_code"] = True
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return classes[class_name].from_pretrained(model, torch_dtype=torch_dtype).to(device), False
+    return classes[class_name].from_pretrained(model, torch_dtype=torch_dtype, **options).to(device), False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
