@@ -5,7 +5,7 @@ Install torch first on CPU-only machines (``pip install torch==2.13.0``), otherw
 from setuptools import find_packages, setup
 
 extras = {
-    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2"],
+    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
     "flash": ["flash-attn>=2.6"],
     "eval": ["torchmetrics>=1.6", "scipy>=1.11"],
 }
