@@ -235,7 +235,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         else:
             if not Path(args.checkpoint).is_dir():
                 raise FileNotFoundError(f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
-                                        "(hart-0.7b-1024px/ with llm/ and tokenizer/) or its llm/ folder")
+                                        "(hart-0.7b-1024px/ with llm/config.json and tokenizer/) or its llm/ folder")
             from .pipelines.hart.convert import load_original_hart_pipeline
 
             text_encoder = tokenizer = None
