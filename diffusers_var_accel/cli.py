@@ -205,6 +205,15 @@ def _load_local_tokenizer(folder: str):
     return (cls or transformers.AutoTokenizer).from_pretrained(folder, local_files_only=True)
 
 
+def convert_script_main(family: str, argv: Optional[List[str]] = None) -> int:
+    """``scripts/convert_<family>_original.py``: ``var-accel convert <family>``, replacing an existing output folder
+    as those scripts always have."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--overwrite" not in argv and not any(a in ("-h", "--help") for a in argv):
+        argv.append("--overwrite")
+    return main(["convert", family, *argv])
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     import torch
 

@@ -14,23 +14,17 @@ listed on stderr; the discriminator (``disc.*``) and unused training buffers are
 ``var-accel convert hart`` (same flags) and, as before, replaces an existing output folder.
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diffusers_var_accel.cli import convert_script_main
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from diffusers_var_accel.cli import main as cli_main
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--overwrite" not in argv and not any(a in ("-h", "--help") for a in argv):
-        argv.append("--overwrite")  # the script has always replaced an existing output folder
-    return cli_main(["convert", "hart", *argv])
+def main(argv=None) -> int:
+    return convert_script_main("hart", argv)
 
 
 if __name__ == "__main__":
