@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
@@ -307,6 +308,7 @@ class InfinityBSQVAE(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ encoder / decoder
 
+    @apply_forward_hook
     def encode(self, image_B3HW: torch.Tensor) -> torch.Tensor:
         """Continuous (unquantised) latent of an image.
 
@@ -326,6 +328,7 @@ class InfinityBSQVAE(ModelMixin, ConfigMixin):
         z_BChw = self.encoder(image_B3HW)
         return z_BChw[:, : self.config.codebook_dim]
 
+    @apply_forward_hook
     def decode(self, z_Bdhw: torch.Tensor) -> torch.Tensor:
         """Image of a latent (for generation: the summed codes ``f_hat``), clamped to [-1, 1].
 

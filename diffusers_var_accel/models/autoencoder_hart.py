@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
@@ -478,6 +479,7 @@ class HARTHybridTokenizer(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ decoder / encoder
 
+    @apply_forward_hook
     def decode(self, f_hat_BCvHW: torch.Tensor) -> torch.Tensor:
         """Image of a latent, ``clamp(decoder(post_quant_conv(f_hat)), -1, 1)`` (map to [0, 1] with ``* 0.5 + 0.5``).
 
@@ -497,6 +499,7 @@ class HARTHybridTokenizer(ModelMixin, ConfigMixin):
         """Same as [`~HARTHybridTokenizer.decode`] (generation only needs the decoder)."""
         return self.decode(f_hat_BCvHW)
 
+    @apply_forward_hook
     def encode(self, image_B3HW: torch.Tensor) -> torch.Tensor:
         """Continuous latent ``quant_conv(encoder(image))`` of images in [-1, 1], shape (B, Cv, H / f, W / f)."""
         if image_B3HW.ndim != 4 or image_B3HW.shape[1] != self.config.in_channels:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import HARTAttnProcessor
 from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
@@ -218,7 +219,8 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         patch_nums (`tuple[int]`): side of every scale; scale 0 is predicted from the context tokens.
         vocab_size (`int`): codebook size V of the tokenizer.
         token_channels (`int`): channels Cv of the tokenizer's latent.
-        diffusion_width / diffusion_depth (`int`): the residual diffusion MLP.
+        diffusion_width (`int`): width of the residual diffusion MLP.
+        diffusion_depth (`int`): number of residual blocks of the diffusion MLP.
         num_sampling_steps (`str`): IDDPM respacing of the diffusion head (``"8"``).
         rope_theta (`float`): RoPE base.
     """
@@ -268,6 +270,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         return 1.0 / self.config.rope_theta ** (torch.arange(0, head_dim, step, device=device).float() / head_dim)
 
     # -- conditioning -------------------------------------------------------------------------------------------------
+    @apply_forward_hook
     def encode_condition(self, context_RTD: torch.Tensor, position_ids_RT: torch.Tensor) -> HARTCondition:
         """Project the text features of every row (conditional rows first, then the unconditional ones)."""
         T = self.config.context_tokens
@@ -288,6 +291,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
                 torch.zeros(batch_size, T, device=device, dtype=torch.long))
 
     # -- inputs ---------------------------------------------------------------------------------------------------------
+    @apply_forward_hook
     def embed_start(self, condition: HARTCondition, level_embeddings_TC: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Tokens of the first pass: the projected context plus the level-0 embedding."""
         if level_embeddings_TC is None:
@@ -295,6 +299,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             level_embeddings_TC = self.lvl_embed(torch.zeros(T, device=condition.context_RTC.device, dtype=torch.long))
         return condition.context_RTC + level_embeddings_TC.unsqueeze(0)
 
+    @apply_forward_hook
     def embed_scale_inputs(self, inputs_RLd: torch.Tensor, level_index_L: torch.Tensor,
                            level_embeddings_LC: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``word_embed(latent input) + level embedding`` (scale k has level k).
@@ -305,6 +310,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             level_embeddings_LC = self.lvl_embed(level_index_L)
         return self.word_embed(inputs_RLd) + level_embeddings_LC.unsqueeze(0)
 
+    @apply_forward_hook
     def level_embeddings(self) -> torch.Tensor:
         """The level embedding of every position of a generation, ``(T + sum(pn^2) - 1, C)``: T context tokens at
         level 0, then the tokens of scales 1.. at their level, computed in one call as the official model does (a
@@ -346,11 +352,13 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             x = block(x, condition, context)
         return x
 
+    @apply_forward_hook
     def head_logits(self, hidden_states_RLC: torch.Tensor, head_cond_RC: torch.Tensor) -> torch.Tensor:
         """Codebook logits (fp32) of every token: ``head(AdaLN(x, max-pooled context))``."""
         normed = self.head_nm(hidden_states_RLC.float(), head_cond_RC)
         return self.head(normed.to(self.head.weight.dtype)).float()
 
+    @apply_forward_hook
     def diffusion_condition(self, hidden_states_RLC: torch.Tensor, codes_BLd: torch.Tensor) -> torch.Tensor:
         """Per-token condition of the diffusion head: ``decoder_norm(x + word_embed(codebook codes))``, all rows."""
         embedded = self.word_embed(codes_BLd.to(self.word_embed.weight.dtype))

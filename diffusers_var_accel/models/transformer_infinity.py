@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
@@ -313,6 +314,7 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         self.head = nn.Linear(C, 2 * codebook_dim)
 
     # -- conditioning ------------------------------------------------------------------------------------------------
+    @apply_forward_hook
     def null_text_embeds(self, encoder_attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """The learned unconditional text for prompts padded to ``T`` tokens: ``cfg_uncond[:T]`` per row."""
         B, T = encoder_attention_mask_BT.shape
@@ -320,6 +322,7 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             raise ValueError(f"text length {T} exceeds text_maxlen={self.cfg_uncond.shape[0]} of the unconditional embedding")
         return self.cfg_uncond[:T].unsqueeze(0).expand(B, T, -1)
 
+    @apply_forward_hook
     def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor]) -> InfinityCondition:
         """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call)."""
         mask = None
@@ -333,15 +336,18 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         return InfinityCondition(cond_RC, ada_R16C, text_RTC, mask)
 
     # -- inputs ------------------------------------------------------------------------------------------------------
+    @apply_forward_hook
     def embed_start(self, condition: InfinityCondition) -> torch.Tensor:
         """Tokens of scale 0: pooled text + ``pos_start`` + level 0, shape (R, 1, C)."""
         x = condition.cond_RC.unsqueeze(1) + self.pos_start
         return x + self.lvl_embed.weight[0]
 
+    @apply_forward_hook
     def embed_scale_inputs(self, inputs_RLd: torch.Tensor, level_index_L: torch.Tensor) -> torch.Tensor:
         """``word_embed`` of the up/down-sampled summed codes plus each token's level embedding."""
         return self.word_embed(inputs_RLd) + self.lvl_embed(level_index_L)
 
+    @apply_forward_hook
     def rope_cos_sin(self, positions_L2: torch.Tensor) -> torch.Tensor:
         """cos/sin ``(2, 1, 1, L, c/2)`` for tokens at (row, col) on the RoPE grid: rows use the first c/4 pairs."""
         # inverse frequencies in fp32, c/4 values shared by rows and columns (official rope2d, base 10000)
@@ -368,6 +374,7 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             x = block(x, condition, context)
         return x
 
+    @apply_forward_hook
     def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
         """Raw bit logits ``(R, L, 2d)``: channel ``2k`` / ``2k+1`` is the logit of bit ``k`` being 0 / 1."""
         return self.head(self.head_nm(hidden_states_RLC.float(), cond_RC.float()))

@@ -209,7 +209,11 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     """
 
     model_family = "hart"
-    model_cpu_offload_seq = "text_encoder->transformer->vae"
+    # The tokenizer's codebook and residual convolutions run at every scale, between transformer passes: as a step of
+    # the offload sequence it would swap the transformer out and back at each scale, so model offload keeps it on the
+    # accelerator (it is small next to the transformer and the text encoder).
+    model_cpu_offload_seq = "text_encoder->transformer"
+    _exclude_from_cpu_offload = ["vae"]
     _optional_components = ["text_encoder", "tokenizer", "acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
@@ -356,7 +360,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
             negative_prompt (`str` or `List[str]`, *optional*): its Qwen2 features replace the official all-zero
                 unconditional context in the CFG rows.
-            height / width (`int`, *optional*): must be the model's one size (`default_size`, 1024 for HART-0.7B).
+            height (`int`, *optional*): must be the model's one size (`default_size`, 1024 for HART-0.7B).
+            width (`int`, *optional*): likewise.
             guidance_scale (`float`, *optional*, defaults to 4.5): HART's CFG weight ``cfg``; scale ``si`` uses
                 ``t = cfg * si / (n - 1)`` (linear ramp from 0) and ``(1 + t) cond - t uncond``. 0 disables CFG.
             cfg_list (`List[float]`, *optional*): the weight ``t`` of every scale, overriding the ramp.
@@ -374,7 +379,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 RNG when `generator` is None.
             prompt_embeds (`torch.Tensor`, *optional*): Qwen2 features (B, T, D) bypassing the text encoder, with
                 `prompt_position_ids` (B, T) (``cumsum(mask) - 1``; ``arange(T)`` when omitted).
-            negative_prompt_embeds / negative_prompt_position_ids (`torch.Tensor`, *optional*): likewise.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): likewise, for the unconditional rows.
+            negative_prompt_position_ids (`torch.Tensor`, *optional*): the position ids of `negative_prompt_embeds`.
             use_system_prompt (`bool`, *optional*, defaults to `True`): prepend the official instruction to prompts.
             teacher_tokens (`List[torch.Tensor]`, *optional*): token ids (B, L) used instead of sampling at the first
                 `len(teacher_tokens)` scales.
@@ -388,7 +394,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         Examples:
 
         Returns:
-            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`.
+            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`: the images in its `images` field,
+                or the tuple `(images,)` when `return_dict` is `False`.
         """
         size = self.default_size
         height, width = height or size, width or size
