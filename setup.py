@@ -4,8 +4,14 @@ Install torch first on CPU-only machines (``pip install torch==2.13.0``), otherw
 """
 from setuptools import find_packages, setup
 
+# The documentation site (mkdocs.yml, docs/): `mkdocs build --strict`; tests/test_docs_site.py builds it, so the test
+# extra includes it.
+docs_requires = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26", "pymdown-extensions>=10"]
+
 extras = {
-    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
+    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
+             *docs_requires],
+    "docs": docs_requires,
     "flash": ["flash-attn>=2.6"],
     "eval": ["torchmetrics>=1.6", "scipy>=1.11"],
 }

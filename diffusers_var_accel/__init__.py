@@ -21,7 +21,7 @@ from .schedulers.scheduling_arvar import ARVARScheduler
 from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler
 from .schedulers.scheduling_lazyvar import LazyVARScheduler
-from .schedulers.scheduling_var_base import IdentityScheduler, ScalePlan, VARAccelScheduler
+from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 
 __all__ = [
     "ARVARScheduler",
@@ -32,6 +32,7 @@ __all__ = [
     "HARTTransformer",
     "HART_CONFIGS",
     "INFINITY_CONFIGS",
+    "ComposedScheduler",
     "IdentityScheduler",
     "InfinityBSQVAE",
     "InfinityPipeline",

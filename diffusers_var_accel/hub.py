@@ -370,7 +370,7 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
             so ``DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)`` works; `False` removes it.
         copy_presets (`bool`, *optional*, defaults to `False`): also write the family's packaged presets as
             ``<folder>/<method>/acceleration_config.json`` (loadable with ``from_pretrained(repo, subfolder=method)``).
-        **card_kwargs: arguments of :func:`make_model_card` (``repo_id``, ``license``, ``base_model``, ...).
+        **card_kwargs (`Any`): arguments of :func:`make_model_card` (``repo_id``, ``license``, ``base_model``, ...).
 
     Returns:
         `Path`: the written ``README.md``.

@@ -144,8 +144,9 @@ def fid_star(images, reference_images, feature_extractor: Optional[FeatureExtrac
     """FID*: the Fréchet distance between the features of ``images`` and of ``reference_images`` (e.g. the baseline's).
 
     Args:
-        images / reference_images: sequences of images (tensors ``(3, H, W)`` or ``(1, 3, H, W)`` in [0, 1], uint8
-            arrays or PIL images), or ``(N, 3, H, W)`` tensors.
+        images (`Sequence` or `torch.Tensor`): a sequence of images (tensors ``(3, H, W)`` or ``(1, 3, H, W)`` in
+            [0, 1], uint8 arrays or PIL images), or an ``(N, 3, H, W)`` tensor.
+        reference_images (`Sequence` or `torch.Tensor`): the reference images, in the same forms.
         feature_extractor: ``(B, 3, H, W)`` float in [0, 1] -> ``(B, D)`` features. ``None``: the standard FID
             Inception network if it is available locally (:func:`load_fid_extractor`), else
             :class:`MetricUnavailable` is raised.

@@ -327,15 +327,19 @@ def run_bench(
         output_dir: where the files go.
         device (`str`, *optional*): default: the process's accelerator (``cuda:<local rank>``) if any, else the CPU.
         dtype (`str`, *optional*, defaults to `"float32"`): weights dtype when loading ``model``.
-        height / width (`int`, *optional*): image size (default: the model's).
+        height (`int`, *optional*): image height (default: the model's).
+        width (`int`, *optional*): image width (default: the model's).
         sampling (`dict`, *optional*): call arguments (``guidance_scale``, ``tau``, ``top_k``, ``top_p``...) on top of
             the embedded model's ``EMBEDDED_SAMPLING`` (embedded model) or the pipeline's defaults.
         save_images (`bool`, *optional*, defaults to `True`): write every method's images.
         progress (`bool`, *optional*, defaults to `True`): a progress bar on the main process.
         pipe (*optional*): an already loaded pipeline.
-        fid_feature_extractor / lpips_fn (*optional*): ``"standard"`` (default: the standard networks when their weights
-            are on this machine), a callable (``(B, 3, H, W)`` in [0, 1] -> ``(B, D)`` features; ``(images,
-            references)`` -> ``(B,)`` distances), or ``None`` to skip.
+        fid_feature_extractor (`str` or `Callable`, *optional*): ``"standard"`` (default: the standard FID network
+            when its weights are on this machine), a callable (``(B, 3, H, W)`` in [0, 1] -> ``(B, D)`` features),
+            or ``None`` to skip FID*.
+        lpips_fn (`str` or `Callable`, *optional*): ``"standard"`` (default: the standard LPIPS network when its
+            weights are on this machine), a callable (``(images, references)`` -> ``(B,)`` distances), or ``None``
+            to skip LPIPS.
         verbose (`bool`, *optional*, defaults to `True`): print the table and the output paths (main process).
 
     Raises:

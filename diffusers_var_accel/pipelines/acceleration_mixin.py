@@ -48,8 +48,8 @@ class VARAccelerationMixin:
         the last two scales are skipped. See [`FastVARScheduler`] for the settings.
 
         Args:
-            **overrides: settings of [`FastVARScheduler`] replacing the preset's (e.g. ``skip_last_scales=False``,
-                ``prune_ratios=(0.5, 0.6)``); an unknown name raises a ``ValueError``.
+            **overrides (`Any`): settings of [`FastVARScheduler`] replacing the preset's (e.g.
+                ``skip_last_scales=False``, ``prune_ratios=(0.5, 0.6)``); an unknown name raises a ``ValueError``.
 
         Returns:
             [`FastVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
@@ -76,8 +76,9 @@ class VARAccelerationMixin:
         (20%, 10%, 5%, 1%); the other positions get a zero residual. See [`LazyVARScheduler`] for the settings.
 
         Args:
-            **overrides: settings of [`LazyVARScheduler`] replacing the preset's (e.g. ``keep_ratios=(0.4, 0.2, 0.1,
-                0.02)``, ``parallel_decoding=False``); an unknown name raises a ``ValueError``.
+            **overrides (`Any`): settings of [`LazyVARScheduler`] replacing the preset's (e.g.
+                ``keep_ratios=(0.4, 0.2, 0.1, 0.02)``, ``parallel_decoding=False``); an unknown name raises a
+                ``ValueError``.
 
         Returns:
             [`LazyVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
@@ -106,7 +107,7 @@ class VARAccelerationMixin:
         [`DepthVARScheduler`] for the settings.
 
         Args:
-            **overrides: settings of [`DepthVARScheduler`] replacing the preset's (e.g. ``reference_scale=7``,
+            **overrides (`Any`): settings of [`DepthVARScheduler`] replacing the preset's (e.g. ``reference_scale=7``,
                 ``rotation_step=0``); an unknown name raises a ``ValueError``.
 
         Returns:
@@ -136,7 +137,7 @@ class VARAccelerationMixin:
         != 1) while branch halving is on. See [`ARVARScheduler`] for the settings.
 
         Args:
-            **overrides: settings of [`ARVARScheduler`] replacing the preset's (e.g. ``prune_ratios=(0.5,)``,
+            **overrides (`Any`): settings of [`ARVARScheduler`] replacing the preset's (e.g. ``prune_ratios=(0.5,)``,
                 ``branch_halving_scales=()``); an unknown name raises a ``ValueError``.
 
         Returns:

@@ -135,12 +135,13 @@ def run_next_scale_loop(
 
     Args:
         family: the model-family adapter (transformer + tokenizer steps).
-        condition: the family's text conditioning for all rows (conditional rows first, unconditional after when
-            any guidance scale is not 1).
+        condition (`InfinityCondition` or `HARTCondition`): the family's text conditioning for all rows (conditional
+            rows first, unconditional after when any guidance scale is not 1).
         scale_schedule: ``(1, h, w)`` (or ``(h, w)``) per scale.
         batch_size: number of images B.
-        guidance_scales / temperatures: one value per scale.
-        generator: ``torch.Generator`` or one per image.
+        guidance_scales: one CFG scale per scale.
+        temperatures: one sampling temperature per scale.
+        generator (`torch.Generator` or `List[torch.Generator]`, *optional*): one generator, or one per image.
         scheduler: the acceleration scheduler; ``None`` is :class:`IdentityScheduler`.
         teacher_tokens: tokens to use instead of sampling at the first ``len(teacher_tokens)`` scales.
         on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).

@@ -173,8 +173,8 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
                 preset name over a Hub repo of the same name.
             subfolder (`str`, *optional*): the folder inside it (``from_pretrained(repo_id, subfolder="lazyvar")``;
                 ``("infinity-2b", subfolder="lazyvar")`` is the packaged preset ``"infinity-2b/lazyvar"``).
-            **kwargs: Hub arguments (``cache_dir``, ``force_download``, ``proxies``, ``local_files_only``, ``token``,
-                ``revision``) and settings of the class overriding the stored ones.
+            **kwargs (`Any`): Hub arguments (``cache_dir``, ``force_download``, ``proxies``, ``local_files_only``,
+                ``token``, ``revision``) and settings of the class overriding the stored ones.
 
         Raises:
             ValueError: an unknown preset name (the message lists the available ones), a configuration of another

@@ -148,7 +148,7 @@ def build_tiny_t5(text_channels: int = 32, seed: int = 0, model_max_length: int 
 
     Returns:
         `(T5EncoderModel, PreTrainedTokenizerFast)`: the encoder (eval mode, float32) and the tokenizer. Random
-        weights: the features carry no meaning.
+            weights: the features carry no meaning.
     """
     from transformers import T5Config, T5EncoderModel
 
@@ -200,8 +200,9 @@ def build_tiny_infinity_pipeline(
 
     Args:
         seed (`int`, *optional*, defaults to 0): all weights are a function of the seed and the numbers below.
-        depth (`int`, *optional*, defaults to 2) / embed_dim (`int`, *optional*, defaults to 64) /
-            num_heads (`int`, *optional*, defaults to 2): transformer blocks, width and heads.
+        depth (`int`, *optional*, defaults to 2): transformer blocks.
+        embed_dim (`int`, *optional*, defaults to 64): transformer width.
+        num_heads (`int`, *optional*, defaults to 2): attention heads.
         text_channels (`int`, *optional*, defaults to 32): width of the (tiny T5) text features.
         codebook_dim (`int`, *optional*, defaults to 8): bits per token = VAE latent channels.
         with_text_encoder (`bool`, *optional*, defaults to `True`): include the tiny T5 encoder and tokenizer;
@@ -249,7 +250,7 @@ def build_tiny_qwen2(hidden_size: int = 32, seed: int = 0, model_max_length: int
     (pad id 0, right padding), which is all HART's prompt encoding relies on.
 
     Returns:
-        `(Qwen2Model, PreTrainedTokenizerFast)` in eval mode, float32. Random weights.
+        `(Qwen2Model, PreTrainedTokenizerFast)`: the model and the tokenizer, in eval mode, float32. Random weights.
     """
     from transformers import Qwen2Config, Qwen2Model
 

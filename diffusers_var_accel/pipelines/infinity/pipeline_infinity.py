@@ -258,12 +258,14 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
             negative_prompt (`str` or `List[str]`, *optional*): T5 features of this text replace the learned
                 unconditional embedding in the CFG rows.
-            height (`int`, *optional*) / width (`int`, *optional*): one of the official sizes (15 aspect ratios x 4
-                pixel budgets; default 1024 x 1024), or the one size of a model trained for a fixed schedule (its
-                default); others raise an error that lists the supported sizes.
+            height (`int`, *optional*): with `width`, one of the official sizes (15 aspect ratios x 4 pixel budgets;
+                default 1024 x 1024), or the one size of a model trained for a fixed schedule (its default); others
+                raise an error that lists the supported sizes.
+            width (`int`, *optional*): see `height`.
             guidance_scale (`float`, *optional*, defaults to 4.0): CFG scale for every scale (1 disables CFG).
             cfg_list (`List[float]`, *optional*): one guidance scale per scale; overrides `guidance_scale`.
-            tau (`float`, *optional*, defaults to 0.5) / tau_list (`List[float]`, *optional*): sampling temperature.
+            tau (`float`, *optional*, defaults to 0.5): sampling temperature for every scale.
+            tau_list (`List[float]`, *optional*): one sampling temperature per scale; overrides `tau`.
             top_k (`int`, *optional*, defaults to 900): top-k over the 2 classes of each bit (1 = greedy, 0 = off).
             top_p (`float`, *optional*, defaults to 0.97): nucleus threshold in (0, 1]; `None` disables it.
             num_images_per_prompt (`int`, *optional*, defaults to 1): images per prompt.
@@ -272,7 +274,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 independent of the batch it is in.
             prompt_embeds (`torch.Tensor`, *optional*): T5 features (B, T, D) bypassing the text encoder, with
                 `prompt_attention_mask` (B, T) marking the valid tokens (all valid when omitted).
-            negative_prompt_embeds / negative_prompt_attention_mask (`torch.Tensor`, *optional*): likewise.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): likewise, for the unconditional rows.
+            negative_prompt_attention_mask (`torch.Tensor`, *optional*): the mask of `negative_prompt_embeds`.
             teacher_tokens (`List[torch.Tensor]`, *optional*): bits (B, 1, h, w, d) used instead of sampling at the
                 first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`).
             acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
@@ -287,7 +290,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         Examples:
 
         Returns:
-            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`.
+            [`~diffusers.pipelines.pipeline_utils.ImagePipelineOutput`] or `tuple`: the images in its `images` field,
+                or the tuple `(images,)` when `return_dict` is `False`.
         """
         # 1. Schedule and input checks
         if height is None or width is None:
