@@ -20,6 +20,11 @@ Everything is the real Infinity architecture at a tiny size, with the same class
    self-correction (``--bit-flip``).
 5. **Save** an :class:`InfinityPipeline` folder (safetensors) that ``InfinityPipeline.from_pretrained`` loads offline.
 
+Experiment options (off by default; docs/embedded.md reports what they gave): ``--patch-nums`` (another schedule,
+e.g. an 8x8 final map with a patch-8 VAE), ``--decoder-steps`` (fine-tune the VAE decoder on the transformer's own
+sampled tokens), ``--self-correction`` (feed the model its own samples from a random scale on, with re-quantised
+targets), ``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder).
+
 Fixed seeds; every stage prints its losses. The defaults take under an hour on 2 otherwise idle CPU cores (see
 ``--help``; ``--device cuda`` runs the same recipe on a GPU in minutes, with different rounding and so different
 weights):
@@ -53,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-images", type=int, default=20000, help="training scenes (rendered once)")
     p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--patch-nums", default=",".join(map(str, PATCH_NUMS)),
+                   help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
+                        "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels")
     p.add_argument("--vae-steps", type=int, default=1500)
     p.add_argument("--vae-batch-size", type=int, default=16)
     p.add_argument("--vae-base-ch", type=int, default=48, help="VAE channels of the finest level (a multiple of 32)")
@@ -76,9 +84,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bit-flip", type=float, default=0.0,
                    help="bitwise self-correction (Infinity): flip each teacher bit with a probability drawn per image "
                         "from [0, BIT_FLIP] and re-quantise the later scales' targets from the flipped sum")
+    p.add_argument("--self-correction", type=float, default=0.0,
+                   help="probability that a training image is fed the model's own sampled bits from a random scale on "
+                        "(self-correction with the model's errors instead of random flips)")
+    p.add_argument("--resume", action="store_true",
+                   help="with --pipeline-path: continue training its transformer and text encoder for --steps steps")
     p.add_argument("--scale-loss-weight", type=float, default=0.5,
                    help="weight every token of scale (h, w) by (h*w)**-ALPHA (normalised); 0.5 is Infinity's "
                         "reweight_loss_by_scale, which gives the coarse scales, where the layout is decided, more weight")
+    p.add_argument("--decoder-steps", type=int, default=0,
+                   help="after the transformer: fine-tune the VAE decoder on the transformer's own sampled tokens "
+                        "(see finetune_decoder); 0 = off")
+    p.add_argument("--decoder-lr", type=float, default=5e-4)
+    p.add_argument("--decoder-clean-fraction", type=float, default=0.25,
+                   help="fraction of decoder fine-tuning images decoded from their ground-truth tokens only")
+    p.add_argument("--decoder-sampling", default="2.0:0.5",
+                   help="'guidance:tau' with which the transformer's tokens are sampled for decoder fine-tuning")
+    p.add_argument("--pipeline-path", default=None,
+                   help="start from this trained pipeline folder (its VAE, transformer and text encoder, trained with "
+                        "the same data settings) and run only the decoder fine-tuning and evaluation")
     p.add_argument("--device", default="cpu", help="torch device to train on (the defaults are sized for a CPU)")
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="after saving, score N validation prompts (heldout_prompts(N, seed=1), not the held-out set)")
@@ -138,7 +162,7 @@ def train_vae(args, images, schedule):
     torch.manual_seed(args.seed + 1)
     ch_mult = tuple(int(v) for v in args.vae_ch_mult.split(","))
     vae = InfinityBSQVAE(codebook_dim=args.codebook_dim, base_ch=args.vae_base_ch, encoder_ch_mult=ch_mult, decoder_ch_mult=ch_mult,
-                         num_res_blocks=args.vae_res_blocks, patch_size=args.image_size // PATCH_NUMS[-1]).to(args.device)
+                         num_res_blocks=args.vae_res_blocks, patch_size=args.image_size // args.patch_nums[-1]).to(args.device)
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 2)
     start = time.time()
@@ -175,13 +199,15 @@ def encode_dataset(vae, images, device, batch: int = 256) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None):
+def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, replace_bits=None, replace_from=None):
     """Teacher-forcing inputs (scales 1..) and target bits (all scales) of latents ``z`` (B, d, H, W).
 
     This is the multi-scale residual quantisation of generation (``quantize_multiscale``, ``add_scale_codes``,
     ``next_scale_input``). With ``flip_max > 0`` it is Infinity's bitwise self-correction: each image draws a flip
     probability from [0, flip_max], the bits added to ``f_hat`` are flipped with it, and every later scale's targets
     are the bits of the residual left by the flipped sum, so the model learns to correct its own earlier mistakes.
+    With ``replace_bits`` (B, L, d) and ``replace_from`` (B,), image b adds ``replace_bits`` instead of its true bits
+    at scales ``>= replace_from[b]`` (the model's own samples: self-correction with the errors it actually makes).
     """
     B, d = z.shape[:2]
     final = schedule[-1]
@@ -196,6 +222,10 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None):
         if p is not None:
             flips = torch.rand(bits.shape, generator=generator) < p.view(B, 1, 1, 1)
             bits = bits ^ flips.to(bits.device)
+        if replace_bits is not None:
+            start = sum(hh * ww for _, hh, ww in schedule[:si])
+            own = replace_bits[:, start:start + h * w].reshape(B, h, w, d).permute(0, 3, 1, 2).bool()
+            bits = torch.where((replace_from <= si).view(B, 1, 1, 1), own, bits)
         codes = vae.bits_to_codes(bits.permute(0, 2, 3, 1))
         f_hat = vae.add_scale_codes(f_hat, codes, final, is_last_scale=si == len(schedule) - 1)
         if si < len(schedule) - 1:
@@ -203,21 +233,29 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None):
     return torch.cat(inputs, dim=1), torch.cat(targets, dim=1).long()
 
 
-def train_transformer(args, vae, captions, latents, schedule):
+def train_transformer(args, vae, captions, latents, schedule, resume=None):
+    """Train the transformer and the text encoder (from scratch, or from ``resume=(transformer, text_encoder,
+    tokenizer)``). With ``--self-correction P``, an image of the batch is, with probability P, fed its own sampled
+    bits from a random scale on (a no-grad teacher-forced pass first), with the targets re-quantised from that sum."""
     from diffusers_var_accel import InfinityTransformer
     from diffusers_var_accel.models.forward_context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
     device = args.device
-    text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3)
-    torch.manual_seed(args.seed + 4)
-    transformer = InfinityTransformer(depth=args.depth, embed_dim=args.embed_dim, num_heads=args.num_heads, mlp_ratio=4.0,
-                                      text_channels=args.text_dim, text_maxlen=tokenizer.model_max_length,
-                                      codebook_dim=args.codebook_dim, block_chunks=1, scale_schedule=schedule)
-    with torch.no_grad():  # the official initialisation scale of the learned unconditional text and start token
-        transformer.cfg_uncond.normal_(0, 0.02)
-        transformer.pos_start.normal_(0, math.sqrt(1 / args.embed_dim / 3))
-        transformer.head.weight.mul_(0.1)
+    if resume is not None:
+        transformer, text_encoder, tokenizer = resume
+        transformer.requires_grad_(True)
+        text_encoder.requires_grad_(True)
+    else:
+        text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3)
+        torch.manual_seed(args.seed + 4)
+        transformer = InfinityTransformer(depth=args.depth, embed_dim=args.embed_dim, num_heads=args.num_heads, mlp_ratio=4.0,
+                                          text_channels=args.text_dim, text_maxlen=tokenizer.model_max_length,
+                                          codebook_dim=args.codebook_dim, block_chunks=1, scale_schedule=schedule)
+        with torch.no_grad():  # the official initialisation scale of the learned unconditional text and start token
+            transformer.cfg_uncond.normal_(0, 0.02)
+            transformer.pos_start.normal_(0, math.sqrt(1 / args.embed_dim / 3))
+            transformer.head.weight.mul_(0.1)
     transformer.to(device)
     text_encoder.to(device)
     family = InfinityScaleFamily(transformer, vae, schedule, schedule[-1][-2:], top_k=0, top_p=None)
@@ -243,10 +281,20 @@ def train_transformer(args, vae, captions, latents, schedule):
         null = transformer.null_text_embeds(mask).to(text.dtype)
         text = torch.where(drop.to(device).view(-1, 1, 1), null, text)
         condition = transformer.encode_condition(text, mask)
-        with torch.no_grad():
-            inputs, target = teacher_batch(vae, latents[idx].to(device), schedule, args.bit_flip, g)
-        x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
         context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
+        with torch.no_grad():
+            z = latents[idx].to(device)
+            own, first_own = None, None
+            if args.self_correction > 0:  # the model's own samples (conditional logits, tau 1) given the true prefix
+                inputs, _ = teacher_batch(vae, z, schedule)
+                x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
+                own_logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float()
+                p_one = own_logits.unflatten(-1, (-1, 2)).softmax(-1)[..., 1]
+                own = torch.rand(p_one.shape, generator=g).to(device) < p_one
+                first_own = torch.randint(1, len(schedule), (args.batch_size,), generator=g).to(device)
+                first_own[torch.rand(args.batch_size, generator=g).to(device) >= args.self_correction] = len(schedule)
+            inputs, target = teacher_batch(vae, z, schedule, args.bit_flip, g, own, first_own)
+        x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
         hidden = transformer(x, condition, context)
         logits = transformer.head_logits(hidden, condition.cond_RC).float()  # (B, L, 2d)
         bit_loss = F.cross_entropy(logits.reshape(-1, 2), target.reshape(-1), reduction="none").view(target.shape)
@@ -270,6 +318,75 @@ def train_transformer(args, vae, captions, latents, schedule):
     return transformer.eval(), text_encoder.eval(), tokenizer
 
 
+def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, images, latents, schedule):
+    """Fine-tune the VAE decoder on the tokens the transformer actually samples (encoder and codebook frozen).
+
+    The decoder was trained on the summed codes of ground-truth tokens only; generated tokens differ from them at
+    the fine scales, mostly on object edges, and it decodes such sums to blurred, merged blobs. Here each training
+    image gets a random scale k: its scales before k keep their ground-truth bits, scales k.. take bits sampled from
+    the transformer's teacher-forced logits (one block-causal pass, classifier-free guidance and temperature as in
+    generation), and the decoder learns to reconstruct the clean image from their sum. A fraction of the images keep
+    all ground-truth bits, so decoding real tokens stays as good. The tokens, and so the transformer, are unchanged.
+    """
+    from diffusers_var_accel.models.forward_context import VARForwardContext
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+
+    device = args.device
+    guidance, tau = (float(v) for v in args.decoder_sampling.split(":"))
+    family = InfinityScaleFamily(transformer, vae, schedule, schedule[-1][-2:], top_k=0, top_p=None)
+    lengths = [h * w for _, h, w in schedule]
+    scale_ids = torch.repeat_interleave(torch.arange(len(schedule)), torch.tensor(lengths)).to(device)
+    rope = family.rope_cos_sin(range(len(schedule)))
+    for module in (transformer, text_encoder):
+        module.eval().requires_grad_(False)
+    vae.eval().requires_grad_(False)
+    vae.decoder.train().requires_grad_(True)
+    params = list(vae.decoder.parameters())
+    opt = torch.optim.AdamW(params, lr=args.decoder_lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(args.seed + 6)
+    start = time.time()
+    for step in range(1, args.decoder_steps + 1):
+        idx = torch.randint(0, len(captions), (args.batch_size,), generator=g)
+        B = args.batch_size
+        with torch.no_grad():
+            inputs, target = teacher_batch(vae, latents[idx].to(device), schedule)
+            tokens = tokenizer([captions[i] for i in idx.tolist()], padding="longest", return_tensors="pt").to(device)
+            text = text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+            mask = tokens.attention_mask.bool()
+            text = torch.cat((text, transformer.null_text_embeds(mask).to(text.dtype)))
+            condition = transformer.encode_condition(text, torch.cat((mask, mask)))
+            x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs.repeat(2, 1, 1), scale_ids[1:])), dim=1)
+            context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
+            logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float() / tau
+            logits = (guidance * logits[:B] + (1 - guidance) * logits[B:]).unflatten(-1, (-1, 2))  # (B, L, d, 2)
+            p_one = logits.softmax(-1)[..., 1]
+            sampled = torch.rand(p_one.shape, generator=g).to(device) < p_one
+            first_sampled = torch.randint(0, len(schedule), (B,), generator=g).to(device)
+            first_sampled[torch.rand(B, generator=g).to(device) < args.decoder_clean_fraction] = len(schedule)
+            use_sampled = (scale_ids[None, :] >= first_sampled[:, None]).unsqueeze(-1)  # (B, L, 1)
+            bits = torch.where(use_sampled, sampled, target.bool())
+            f_hat, offset = None, 0
+            for si, (_, h, w) in enumerate(schedule):
+                codes = vae.bits_to_codes(bits[:, offset:offset + h * w].reshape(B, h, w, -1))
+                f_hat = vae.add_scale_codes(f_hat, codes, schedule[-1], is_last_scale=si == len(schedule) - 1)
+                offset += h * w
+        x_img = images[idx].to(device)
+        recon = vae.decoder(f_hat)
+        loss = F.l1_loss(recon, x_img) + F.mse_loss(recon, x_img)
+        if args.vae_edge_weight:
+            loss = loss + args.vae_edge_weight * (F.l1_loss(recon.diff(dim=-1), x_img.diff(dim=-1))
+                                                  + F.l1_loss(recon.diff(dim=-2), x_img.diff(dim=-2)))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        for group in opt.param_groups:  # cosine decay to 10 %
+            group["lr"] = args.decoder_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.decoder_steps)))
+        if step % args.log_every == 0 or step == 1:
+            print(f"[decoder] step {step:5d}/{args.decoder_steps}  rec {loss.item():.4f}  ({time.time() - start:.0f} s)", flush=True)
+    vae.decoder.eval().requires_grad_(False)
+    return vae
+
+
 def evaluate_validation(folder: str, n: int, settings: str) -> None:
     """Scorer accuracy on ``heldout_prompts(n, seed=1)`` (validation, disjoint draws from the held-out set) for each
     'guidance:tau:top_k' setting: how the embedded model's sampling settings are chosen."""
@@ -287,18 +404,47 @@ def evaluate_validation(folder: str, n: int, settings: str) -> None:
               f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }", flush=True)
 
 
+def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae") -> None:
+    """Reconstruction PSNR through the quantiser, and the scorer's accuracy on decoded ground-truth tokens of 240
+    unseen scenes: the ceiling of the model, the best a perfect transformer could reach with this tokenizer."""
+    from diffusers_var_accel.data.scorer import score_batch
+    from diffusers_var_accel.data.shapes import make_dataset
+
+    with torch.no_grad():
+        f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256].to(args.device)), schedule)
+        psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat).cpu() + 1) / 2, (images[:256] + 1) / 2)).item()
+    print(f"[{label}] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
+    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size)
+    x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
+    with torch.no_grad():
+        f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)
+        decoded = ((vae.decode(f_hat).cpu() + 1) / 2).permute(0, 2, 3, 1).numpy()
+    report = score_batch([caption for _, caption, _ in held], list(decoded))
+    print(f"[{label}] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
+          f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }  ({(time.time() - t0) / 60:.1f} min)", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.patch_nums = tuple(int(v) for v in args.patch_nums.split(","))
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    schedule = tuple((1, p, p) for p in PATCH_NUMS)
+    schedule = tuple((1, p, p) for p in args.patch_nums)
     t0 = time.time()
     images, captions = render_dataset(args.num_images, args.seed, args.image_size)
     print(f"[data] {len(captions)} scenes of {args.image_size}x{args.image_size} ({time.time() - t0:.0f} s); e.g. {captions[:3]}", flush=True)
-    if args.vae_path:
-        from diffusers_var_accel import InfinityBSQVAE
+    from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline
 
+    pipe = None
+    if args.pipeline_path:
+        pipe = InfinityPipeline.from_pretrained(args.pipeline_path).to(args.device)
+        vae = pipe.vae.eval()
+        if [list(s) for s in pipe.transformer.config.scale_schedule] != [list(s) for s in schedule]:
+            raise SystemExit(f"--pipeline-path {args.pipeline_path} has the schedule {pipe.transformer.config.scale_schedule}, "
+                             f"not {schedule} (--patch-nums)")
+        print(f"[pipeline] loaded {args.pipeline_path}", flush=True)
+    elif args.vae_path:
         vae = InfinityBSQVAE.from_pretrained(args.vae_path).to(args.device).eval()
         print(f"[vae] loaded {args.vae_path}", flush=True)
     else:
@@ -306,32 +452,18 @@ def main(argv=None) -> int:
     for p in vae.parameters():
         p.requires_grad_(False)
     latents = encode_dataset(vae, images, args.device)
-    with torch.no_grad():
-        f_hat, _ = multiscale_f_hat(vae, latents[:256].to(args.device), schedule)
-        psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat).cpu() + 1) / 2, (images[:256] + 1) / 2)).item()
-    print(f"[vae] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
-    # The tokenizer caps the model: the scorer's accuracy on decoded ground-truth tokens of unseen scenes is the best
-    # a perfect transformer could reach.
-    from diffusers_var_accel.data.scorer import score_batch
-    from diffusers_var_accel.data.shapes import make_dataset
-
-    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size)
-    x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
-    with torch.no_grad():
-        f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)
-        decoded = ((vae.decode(f_hat).cpu() + 1) / 2).permute(0, 2, 3, 1).numpy()
-    report = score_batch([caption for _, caption, _ in held], list(decoded))
-    print(f"[vae] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
-          f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }  ({(time.time() - t0) / 60:.1f} min)", flush=True)
+    report_tokenizer(vae, images, args, schedule, t0)
     if args.vae_only:
         vae.to("cpu").save_pretrained(Path(args.output) / "vae", safe_serialization=True)
         return 0
-    transformer, text_encoder, tokenizer = train_transformer(args, vae, captions, latents, schedule)
-
-    from diffusers_var_accel import InfinityPipeline
-
-    pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer).to("cpu")
-    pipe.save_pretrained(args.output, safe_serialization=True)
+    if pipe is None or args.resume:
+        resume = (pipe.transformer, pipe.text_encoder, pipe.tokenizer) if pipe is not None else None
+        transformer, text_encoder, tokenizer = train_transformer(args, vae, captions, latents, schedule, resume)
+        pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+    if args.decoder_steps:
+        finetune_decoder(args, vae, pipe.transformer, pipe.text_encoder, pipe.tokenizer, captions, images, latents, schedule)
+        report_tokenizer(vae, images, args, schedule, t0, label="decoder")
+    pipe.to("cpu").save_pretrained(args.output, safe_serialization=True)
     size_mb = sum(f.stat().st_size for f in Path(args.output).rglob("*") if f.is_file()) / 2**20
     print(f"wrote {args.output} ({size_mb:.1f} MB) in {(time.time() - t0) / 60:.1f} min", flush=True)
     if args.eval_prompts:
