@@ -224,7 +224,8 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, repla
             bits = bits ^ flips.to(bits.device)
         if replace_bits is not None:
             start = sum(hh * ww for _, hh, ww in schedule[:si])
-            own = replace_bits[:, start:start + h * w].reshape(B, h, w, d).permute(0, 3, 1, 2).bool()
+            own = replace_bits[:, start:start + h * w].reshape(B, h, w, d).permute(0, 3, 1, 2)
+            own = torch.empty_like(bits).copy_(own)  # the true bits' memory layout: the same kernels, the same rounding
             bits = torch.where((replace_from <= si).view(B, 1, 1, 1), own, bits)
         codes = vae.bits_to_codes(bits.permute(0, 2, 3, 1))
         f_hat = vae.add_scale_codes(f_hat, codes, final, is_last_scale=si == len(schedule) - 1)

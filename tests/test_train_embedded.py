@@ -1,0 +1,81 @@
+"""``scripts/train_embedded.py``: its teacher-forcing targets are generation's quantisation, and a tiny end-to-end run
+writes a pipeline folder that loads and generates (the real run takes about an hour; docs/embedded.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("train_embedded", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("train_embedded", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def vae_and_latents():
+    torch.manual_seed(0)
+    vae = InfinityBSQVAE(codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1, 1), num_res_blocks=1,
+                         patch_size=4).eval()
+    schedule = tuple((1, p, p) for p in (1, 2, 3, 4))
+    with torch.no_grad():
+        z = vae.encode(torch.rand(3, 3, 16, 16) * 2 - 1)
+    return vae, z, schedule
+
+
+def test_teacher_targets_are_the_multiscale_quantisation(train, vae_and_latents):
+    vae, z, schedule = vae_and_latents
+    with torch.no_grad():
+        inputs, target = train.teacher_batch(vae, z, schedule)
+        bits = vae.quantize_multiscale(z, schedule)
+    expected = torch.cat([b.reshape(b.shape[0], -1, b.shape[-1]) for b in bits], dim=1).long()
+    assert torch.equal(target, expected)
+    assert inputs.shape == (3, sum(h * w for _, h, w in schedule[1:]), z.shape[1])
+
+
+def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_rest(train, vae_and_latents):
+    vae, z, schedule = vae_and_latents
+    n = len(schedule)
+    lengths = [h * w for _, h, w in schedule]
+    with torch.no_grad():
+        inputs, target = train.teacher_batch(vae, z, schedule)
+        # its own true bits, or no scale replaced: the plain teacher batch
+        same = train.teacher_batch(vae, z, schedule, replace_bits=target, replace_from=torch.zeros(3, dtype=torch.long))
+        none = train.teacher_batch(vae, z, schedule, replace_bits=1 - target, replace_from=torch.full((3,), n))
+        # image 0 adds flipped bits from scale 2 on; images 1 and 2 are untouched
+        start = torch.tensor([2, n, n])
+        inputs_r, target_r = train.teacher_batch(vae, z, schedule, replace_bits=1 - target, replace_from=start)
+    for a, b in ((same, (inputs, target)), (none, (inputs, target))):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.equal(inputs_r[1:], inputs[1:]) and torch.equal(target_r[1:], target[1:])
+    before = sum(lengths[:2])
+    assert torch.equal(target_r[0, :before], target[0, :before])  # targets before the replaced scales are unchanged
+    assert torch.equal(inputs_r[0, :lengths[1]], inputs[0, :lengths[1]])  # the input of scale 1 is the true prefix
+    assert not torch.equal(inputs_r[0, before - lengths[0]:], inputs[0, before - lengths[0]:])  # later inputs see the flips
+    assert not torch.equal(target_r[0, before + lengths[2]:], target[0, before + lengths[2]:])  # and are re-quantised
+
+
+def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread):
+    output = tmp_path / "model"
+    args = ["--output", str(output), "--num-images", "48", "--vae-steps", "2", "--vae-base-ch", "32", "--vae-ch-mult", "1,1,1",
+            "--steps", "2", "--depth", "2", "--embed-dim", "32", "--num-heads", "2", "--codebook-dim", "8", "--text-dim", "16",
+            "--batch-size", "4", "--vae-batch-size", "4", "--self-correction", "0.5", "--decoder-steps", "2", "--log-every", "1"]
+    assert train.main(args) == 0
+    pipe = InfinityPipeline.from_pretrained(output)
+    pipe.set_progress_bar_config(disable=True)
+    assert [tuple(s) for s in pipe.transformer.config.scale_schedule] == [(1, p, p) for p in train.PATCH_NUMS]
+    a = pipe("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
+    b = pipe("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
+    assert a.shape == (1, 3, 64, 64) and torch.equal(a, b)
