@@ -156,6 +156,15 @@ def multiscale_f_hat(vae, z, schedule):
     return f_hat, bits
 
 
+def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, edge_weight: float) -> torch.Tensor:
+    """L1 + L2, plus an L1 loss on horizontal and vertical pixel differences: the edges of flat shapes are what the
+    scorer reads, and plain L1 / L2 blurs them."""
+    loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
+    if edge_weight:
+        loss = loss + edge_weight * (F.l1_loss(recon.diff(dim=-1), x.diff(dim=-1)) + F.l1_loss(recon.diff(dim=-2), x.diff(dim=-2)))
+    return loss
+
+
 def train_vae(args, images, schedule):
     from diffusers_var_accel import InfinityBSQVAE
 
@@ -173,10 +182,7 @@ def train_vae(args, images, schedule):
         f_hat, _ = multiscale_f_hat(vae, z.detach(), schedule)
         z_q = z + (f_hat - z).detach()  # straight-through: the decoder sees the quantised sum, the encoder gets its gradient
         recon = vae.decoder(z_q)
-        rec_loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
-        if args.vae_edge_weight:  # edges of flat shapes are what the scorer reads; plain L1/L2 blurs them
-            rec_loss = rec_loss + args.vae_edge_weight * (
-                F.l1_loss(recon.diff(dim=-1), x.diff(dim=-1)) + F.l1_loss(recon.diff(dim=-2), x.diff(dim=-2)))
+        rec_loss = reconstruction_loss(recon, x, args.vae_edge_weight)
         commit = F.mse_loss(z, f_hat)
         loss = rec_loss + 0.25 * commit
         opt.zero_grad(set_to_none=True)
@@ -373,10 +379,7 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
                 offset += h * w
         x_img = images[idx].to(device)
         recon = vae.decoder(f_hat)
-        loss = F.l1_loss(recon, x_img) + F.mse_loss(recon, x_img)
-        if args.vae_edge_weight:
-            loss = loss + args.vae_edge_weight * (F.l1_loss(recon.diff(dim=-1), x_img.diff(dim=-1))
-                                                  + F.l1_loss(recon.diff(dim=-2), x_img.diff(dim=-2)))
+        loss = reconstruction_loss(recon, x_img, args.vae_edge_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
