@@ -165,6 +165,15 @@ def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, edge_weight: float
     return loss
 
 
+def cosine_step(opt, loss: torch.Tensor, base_lr: float, step: int, total: int) -> None:
+    """One optimiser step, then the learning rate of the next one: a cosine decay from ``base_lr`` to 10 % of it."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    for group in opt.param_groups:
+        group["lr"] = base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total)))
+
+
 def train_vae(args, images, schedule):
     from diffusers_var_accel import InfinityBSQVAE
 
@@ -185,11 +194,7 @@ def train_vae(args, images, schedule):
         rec_loss = reconstruction_loss(recon, x, args.vae_edge_weight)
         commit = F.mse_loss(z, f_hat)
         loss = rec_loss + 0.25 * commit
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        for group in opt.param_groups:  # cosine decay to 10 %
-            group["lr"] = args.vae_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.vae_steps)))
+        cosine_step(opt, loss, args.vae_lr, step, args.vae_steps)
         if step % args.log_every == 0 or step == 1:
             print(f"[vae] step {step:5d}/{args.vae_steps}  rec {rec_loss.item():.4f}  commit {commit.item():.4f}  "
                   f"({time.time() - start:.0f} s)", flush=True)
@@ -380,11 +385,7 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
         x_img = images[idx].to(device)
         recon = vae.decoder(f_hat)
         loss = reconstruction_loss(recon, x_img, args.vae_edge_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        for group in opt.param_groups:  # cosine decay to 10 %
-            group["lr"] = args.decoder_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.decoder_steps)))
+        cosine_step(opt, loss, args.decoder_lr, step, args.decoder_steps)
         if step % args.log_every == 0 or step == 1:
             print(f"[decoder] step {step:5d}/{args.decoder_steps}  rec {loss.item():.4f}  ({time.time() - start:.0f} s)", flush=True)
     vae.decoder.eval().requires_grad_(False)
