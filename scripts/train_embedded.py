@@ -96,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="after the transformer: fine-tune the VAE decoder on the transformer's own sampled tokens "
                         "(see finetune_decoder); 0 = off")
     p.add_argument("--decoder-lr", type=float, default=5e-4)
+    p.add_argument("--decoder-tokens", choices=("own", "truncated"), default="own",
+                   help="from a random scale on: the transformer's sampled bits ('own'), or nothing ('truncated': the "
+                        "decoder learns to draw from partial sums)")
     p.add_argument("--decoder-clean-fraction", type=float, default=0.25,
                    help="fraction of decoder fine-tuning images decoded from their ground-truth tokens only")
     p.add_argument("--decoder-sampling", default="2.0:0.5",
@@ -330,6 +333,38 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     return transformer.eval(), text_encoder.eval(), tokenizer
 
 
+def summed_codes(vae, bits_BLd: torch.Tensor, schedule, keep=None) -> torch.Tensor:
+    """``f_hat`` of per-scale bits concatenated over the schedule; with ``keep`` (B, L, 1), dropped tokens add no code."""
+    B, f_hat, offset = bits_BLd.shape[0], None, 0
+    for si, (_, h, w) in enumerate(schedule):
+        codes = vae.bits_to_codes(bits_BLd[:, offset:offset + h * w].reshape(B, h, w, -1))
+        if keep is not None:
+            codes = codes * keep[:, offset:offset + h * w].reshape(B, 1, h, w).to(codes.dtype)  # codes are (B, d, h, w)
+        f_hat = vae.add_scale_codes(f_hat, codes, schedule[-1], is_last_scale=si == len(schedule) - 1)
+        offset += h * w
+    return f_hat
+
+
+def own_samples(transformer, text_encoder, tokenizer, family, captions, inputs, scale_ids, rope, guidance: float,
+                tau: float, generator) -> torch.Tensor:
+    """Bits (B, L, d) sampled from the transformer's teacher-forced logits (one block-causal pass over the true
+    prefix of every scale), with classifier-free guidance and temperature as in generation."""
+    from diffusers_var_accel.models.forward_context import VARForwardContext
+
+    B, device = inputs.shape[0], inputs.device
+    tokens = tokenizer(captions, padding="longest", return_tensors="pt").to(device)
+    text = text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+    mask = tokens.attention_mask.bool()
+    text = torch.cat((text, transformer.null_text_embeds(mask).to(text.dtype)))
+    condition = transformer.encode_condition(text, torch.cat((mask, mask)))
+    x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs.repeat(2, 1, 1), scale_ids[1:])), dim=1)
+    context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
+    logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float() / tau
+    logits = (guidance * logits[:B] + (1 - guidance) * logits[B:]).unflatten(-1, (-1, 2))  # (B, L, d, 2)
+    p_one = logits.softmax(-1)[..., 1]
+    return torch.rand(p_one.shape, generator=generator).to(device) < p_one
+
+
 def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, images, latents, schedule):
     """Fine-tune the VAE decoder on the tokens the transformer actually samples (encoder and codebook frozen).
 
@@ -339,8 +374,9 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
     the transformer's teacher-forced logits (one block-causal pass, classifier-free guidance and temperature as in
     generation), and the decoder learns to reconstruct the clean image from their sum. A fraction of the images keep
     all ground-truth bits, so decoding real tokens stays as good. The tokens, and so the transformer, are unchanged.
+    With ``--decoder-tokens truncated`` the scales from k on add nothing instead (k from the middle of the schedule):
+    the decoder learns to draw from partial sums, and no transformer pass is needed.
     """
-    from diffusers_var_accel.models.forward_context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
     device = args.device
@@ -362,29 +398,18 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
         B = args.batch_size
         with torch.no_grad():
             inputs, target = teacher_batch(vae, latents[idx].to(device), schedule)
-            tokens = tokenizer([captions[i] for i in idx.tolist()], padding="longest", return_tensors="pt").to(device)
-            text = text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
-            mask = tokens.attention_mask.bool()
-            text = torch.cat((text, transformer.null_text_embeds(mask).to(text.dtype)))
-            condition = transformer.encode_condition(text, torch.cat((mask, mask)))
-            x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs.repeat(2, 1, 1), scale_ids[1:])), dim=1)
-            context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
-            logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float() / tau
-            logits = (guidance * logits[:B] + (1 - guidance) * logits[B:]).unflatten(-1, (-1, 2))  # (B, L, d, 2)
-            p_one = logits.softmax(-1)[..., 1]
-            sampled = torch.rand(p_one.shape, generator=g).to(device) < p_one
-            first_sampled = torch.randint(0, len(schedule), (B,), generator=g).to(device)
+            lowest = len(schedule) // 2 if args.decoder_tokens == "truncated" else 0  # a sum of 1-4 scales draws little
+            first_sampled = torch.randint(lowest, len(schedule), (B,), generator=g).to(device)
             first_sampled[torch.rand(B, generator=g).to(device) < args.decoder_clean_fraction] = len(schedule)
             use_sampled = (scale_ids[None, :] >= first_sampled[:, None]).unsqueeze(-1)  # (B, L, 1)
-            bits = torch.where(use_sampled, sampled, target.bool())
-            f_hat, offset = None, 0
-            for si, (_, h, w) in enumerate(schedule):
-                codes = vae.bits_to_codes(bits[:, offset:offset + h * w].reshape(B, h, w, -1))
-                f_hat = vae.add_scale_codes(f_hat, codes, schedule[-1], is_last_scale=si == len(schedule) - 1)
-                offset += h * w
+            if args.decoder_tokens == "truncated":  # the sum stops before scale k: no transformer pass needed
+                f_hat = summed_codes(vae, target.bool(), schedule, keep=~use_sampled)
+            else:
+                sampled = own_samples(transformer, text_encoder, tokenizer, family, [captions[i] for i in idx.tolist()],
+                                      inputs, scale_ids, rope, guidance, tau, g)
+                f_hat = summed_codes(vae, torch.where(use_sampled, sampled, target.bool()), schedule)
         x_img = images[idx].to(device)
-        recon = vae.decoder(f_hat)
-        loss = reconstruction_loss(recon, x_img, args.vae_edge_weight)
+        loss = reconstruction_loss(vae.decoder(f_hat), x_img, args.vae_edge_weight)
         cosine_step(opt, loss, args.decoder_lr, step, args.decoder_steps)
         if step % args.log_every == 0 or step == 1:
             print(f"[decoder] step {step:5d}/{args.decoder_steps}  rec {loss.item():.4f}  ({time.time() - start:.0f} s)", flush=True)
