@@ -457,6 +457,10 @@ def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae")
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.patch_nums = tuple(int(v) for v in args.patch_nums.split(","))
+    if args.resume and not args.pipeline_path:
+        raise SystemExit("--resume continues the transformer of --pipeline-path FOLDER; give that folder")
+    if args.decoder_tokens != "own" and not args.decoder_steps:
+        raise SystemExit(f"--decoder-tokens {args.decoder_tokens} needs --decoder-steps N > 0 (the decoder stage is off)")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
