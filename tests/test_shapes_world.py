@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from diffusers_var_accel.data import shapes
+from diffusers_var_accel.data.scorer import score
 from diffusers_var_accel.data.shapes import (
     CATEGORIES,
     COLORS,
@@ -213,3 +214,75 @@ def test_render_rejects_unknown_background():
     with pytest.raises(ValueError):
         render_scene(s)
     assert set(COLORS) == set(PALETTE)
+
+
+def test_lattice_scenes_have_edges_on_the_lattice_and_the_same_captions():
+    """``lattice`` rounds sizes and box corners to multiples of it; captions (drawn first) and the sampler's rules
+    (margin, gaps, position) are unchanged."""
+    lattice = 1 / 16
+    for i in range(300):
+        free = sample_scene(np.random.default_rng([5, i]))
+        snapped = sample_scene(np.random.default_rng([5, i]), lattice=lattice)
+        assert snapped.caption == free.caption and snapped.metadata == free.metadata
+        for o in snapped.objects:
+            for v in (*o.box(), o.size):
+                assert abs(v / lattice - round(v / lattice)) < 1e-9, (snapped.caption, o)
+            x0, y0, x1, y1 = o.box()
+            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
+        for j, a in enumerate(snapped.objects):
+            for b in snapped.objects[:j]:
+                ax0, ay0, ax1, ay1 = a.box()
+                bx0, by0, bx1, by1 = b.box()
+                assert ax1 < bx0 or bx1 < ax0 or ay1 < by0 or by1 < ay0
+        if snapped.category == "position":
+            (ax, ay), (bx, by) = snapped.objects[0].center_xy, snapped.objects[1].center_xy
+            along = {"left of": bx - ax, "right of": ax - bx, "above": by - ay, "below": ay - by}[snapped.metadata["relation"]]
+            assert along >= 0.25 - 1e-9
+    # Squares of a 1/16 lattice cover whole 4x4 pixel cells at 64x64: every cell is one flat colour.
+    scene = sample_scene(np.random.default_rng([5, 0]), category="single_object", lattice=lattice)
+    scene.objects[0].shape = "square"
+    scene.background = "white"
+    cells = np.asarray(render_scene(scene)).reshape(16, 4, 16, 4, 3)
+    assert (cells == cells[:, :1, :, :1]).all()
+    images = make_dataset(4, seed=2, lattice=lattice)
+    assert [c for _, c, _ in images] == [c for _, c, _ in make_dataset(4, seed=2)]
+
+
+def test_object_size_ranges_can_be_replaced():
+    sizes = ((0.25, 0.3125), (0.34, 0.40))
+    seen = set()
+    for i in range(300):
+        scene = sample_scene(np.random.default_rng([6, i]), lattice=1 / 16, sizes=sizes)
+        assert scene.caption == sample_scene(np.random.default_rng([6, i])).caption
+        seen |= {round(o.size * 64) for o in scene.objects}
+    assert seen == {16, 20, 24}  # 4, 5 and 6 cells of the lattice: never the default ranges' 12 px
+    assert {round(o.size * 64) for _, _, s in make_dataset(40, seed=1, sizes=sizes) for o in s.objects} >= {16}
+
+
+def test_canonical_layout_follows_the_caption():
+    """``layout="canonical"``: fixed places from the caption (one in the middle, two in a row in the order named or a
+    column for above / below, three in a triangle), one size per scene, a plain background; captions unchanged."""
+    sizes = ((0.25, 0.3125), (0.34, 0.40))
+    for i in range(300):
+        scene = sample_scene(np.random.default_rng([8, i]), lattice=1 / 16, sizes=sizes, layout="canonical")
+        assert scene.caption == sample_scene(np.random.default_rng([8, i])).caption
+        assert "+" not in scene.background
+        assert len({o.size for o in scene.objects}) == 1
+        centers = [o.center_xy for o in scene.objects]
+        for j, a in enumerate(scene.objects):
+            x0, y0, x1, y1 = a.box()
+            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
+            for b in scene.objects[:j]:
+                bx0, by0, bx1, by1 = b.box()
+                assert x1 < bx0 or bx1 < x0 or y1 < by0 or by1 < y0
+        if len(centers) == 1:
+            assert abs(centers[0][0] - 0.5) <= 1 / 16 and abs(centers[0][1] - 0.5) <= 1 / 16
+        relation = scene.metadata["relation"]
+        if len(centers) == 2:
+            (ax, ay), (bx, by) = centers
+            want = {"left of": bx - ax, "right of": ax - bx, "above": by - ay, "below": ay - by}.get(relation, bx - ax)
+            assert want >= 0.25, scene.caption
+        if scene.category == "position":
+            assert score(scene.caption, render_scene(scene))["correct"], scene.caption
+    with pytest.raises(ValueError, match="layout"):
+        sample_scene(1, layout="grid")

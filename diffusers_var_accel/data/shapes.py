@@ -11,7 +11,10 @@ the right, y downwards), and each shape fills a ``size`` x ``size`` box centred 
 diameter, the square's side, the triangle's base and height). Sizes are drawn from a *small* range
 (:data:`SMALL_SIZE`, 12-17 px at 64x64) or a *large* one (:data:`LARGE_SIZE`, 19-26 px at 64x64), so an object spans
 at least 3 tokens of a 16x16 token map. Objects never overlap: their boxes keep a gap of :data:`MIN_GAP` and a margin
-of :data:`MARGIN` from the canvas edges (positions are sampled with rejection).
+of :data:`MARGIN` from the canvas edges (positions are sampled with rejection). For training a small model,
+:func:`sample_scene` can round sizes and box corners to a lattice (``lattice``), replace the size ranges (``sizes``)
+and put the objects at fixed places that follow from the caption (``layout="canonical"``); captions never depend on
+these options.
 
 Palette
 -------
@@ -89,6 +92,7 @@ from PIL import Image, ImageDraw
 
 __all__ = [
     "BACKGROUNDS",
+    "CANONICAL_CENTERS",
     "CATEGORIES",
     "COLORS",
     "COUNT_WORDS",
@@ -369,21 +373,41 @@ def _boxes_apart(a: ShapeObject, b: ShapeObject) -> bool:
     return ax1 + MIN_GAP <= bx0 or bx1 + MIN_GAP <= ax0 or ay1 + MIN_GAP <= by0 or by1 + MIN_GAP <= ay0
 
 
+def _snap(value: float, lattice: Optional[float]) -> float:
+    return value if lattice is None else round(value / lattice) * lattice
+
+
 def _place(
-    rng: np.random.Generator, specs: List[Tuple[str, str]], relation: Optional[str], tries: int = 400
+    rng: np.random.Generator,
+    specs: List[Tuple[str, str]],
+    relation: Optional[str],
+    tries: int = 400,
+    lattice: Optional[float] = None,
+    sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None,
 ) -> List[ShapeObject]:
     """Objects of the given (shape, colour) with random sizes and non-overlapping positions (rejection sampling).
 
     Sizes are re-drawn every ``tries`` rejected placements, drifting to the small range if large objects do not fit.
+    With ``lattice``, every size and box corner is rounded to a multiple of it (placements that then break the margin
+    are rejected). ``sizes`` replaces the ``(small, large)`` size ranges (:data:`SMALL_SIZE`, :data:`LARGE_SIZE`).
     """
+    small, large = sizes if sizes is not None else (SMALL_SIZE, LARGE_SIZE)
     for attempt in range(100):
         large_p = 0.5 if attempt < 5 else 0.0
-        sizes = [float(rng.uniform(*(LARGE_SIZE if rng.random() < large_p else SMALL_SIZE))) for _ in specs]
+        drawn = [float(rng.uniform(*(large if rng.random() < large_p else small))) for _ in specs]
+        drawn = [_snap(s, lattice) for s in drawn]
         for _ in range(tries):
             objs = []
-            for (shape, color), s in zip(specs, sizes):
+            for (shape, color), s in zip(specs, drawn):
                 lo, hi = MARGIN + s / 2, 1.0 - MARGIN - s / 2
-                objs.append(ShapeObject(shape, color, (float(rng.uniform(lo, hi)), float(rng.uniform(lo, hi))), s))
+                center = [float(rng.uniform(lo, hi)), float(rng.uniform(lo, hi))]
+                if lattice is not None:
+                    center = [_snap(c - s / 2, lattice) + s / 2 for c in center]
+                objs.append(ShapeObject(shape, color, (center[0], center[1]), s))
+            if lattice is not None and not all(
+                MARGIN - 1e-9 <= c - o.size / 2 and c + o.size / 2 <= 1.0 - MARGIN + 1e-9 for o in objs for c in o.center_xy
+            ):
+                continue
             if not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
                 continue
             if relation is not None and not _position_holds(objs[0].center_xy, objs[1].center_xy, relation):
@@ -392,19 +416,72 @@ def _place(
     raise RuntimeError(f"could not place {specs}")  # pragma: no cover - the small sizes always fit
 
 
-def sample_scene(rng: Union[np.random.Generator, int, None] = None, category: Optional[str] = None) -> ShapeScene:
+#: Fixed object centres of the ``"canonical"`` layout, by number of objects (the first-named object first).
+CANONICAL_CENTERS: Dict[str, Tuple[Tuple[float, float], ...]] = {
+    "one": ((0.5, 0.5),),
+    "row": ((0.28, 0.5), (0.72, 0.5)),
+    "column": ((0.5, 0.28), (0.5, 0.72)),
+    "three": ((0.28, 0.28), (0.72, 0.28), (0.5, 0.72)),
+}
+
+
+def _place_canonical(
+    rng: np.random.Generator,
+    specs: List[Tuple[str, str]],
+    relation: Optional[str],
+    lattice: Optional[float],
+    sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]],
+) -> List[ShapeObject]:
+    """Objects at the fixed centres of :data:`CANONICAL_CENTERS` (one size per scene): the layout follows from the
+    caption (one object in the middle; two side by side in the order named, or one above the other for ``above`` /
+    ``below``; three in a triangle), so only sizes and colours are random."""
+    small, large = sizes if sizes is not None else (SMALL_SIZE, LARGE_SIZE)
+    size = _snap(float(rng.uniform(*(large if rng.random() < 0.5 and len(specs) < 3 else small))), lattice)
+    if len(specs) == 1:
+        centers = CANONICAL_CENTERS["one"]
+    elif len(specs) == 3:
+        centers = CANONICAL_CENTERS["three"]
+    else:
+        centers = CANONICAL_CENTERS["column" if relation in ("above", "below") else "row"]
+        if relation in ("right of", "below"):
+            centers = centers[::-1]
+    objs = []
+    for (shape, color), (cx, cy) in zip(specs, centers):
+        x0, y0 = _snap(cx - size / 2, lattice), _snap(cy - size / 2, lattice)
+        objs.append(ShapeObject(shape, color, (x0 + size / 2, y0 + size / 2), size))
+    return objs
+
+
+def sample_scene(
+    rng: Union[np.random.Generator, int, None] = None,
+    category: Optional[str] = None,
+    lattice: Optional[float] = None,
+    sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None,
+    layout: str = "random",
+) -> ShapeScene:
     """A random scene whose caption holds; the category is drawn uniformly from :data:`CATEGORIES` unless given.
 
-    ``rng`` is a numpy ``Generator`` (advanced in place) or an integer seed.
+    ``rng`` is a numpy ``Generator`` (advanced in place) or an integer seed. ``lattice`` (a fraction of the canvas
+    side, e.g. ``1 / 16``: one token of a 16x16 map) rounds every object's size and box corners to multiples of it,
+    so that object edges fall on token boundaries (fewer distinct token contents for a small model to learn); the
+    caption is drawn before the geometry, so it does not depend on ``lattice``. ``sizes`` replaces the ``(small,
+    large)`` object size ranges (fractions of the side; default :data:`SMALL_SIZE`, :data:`LARGE_SIZE`).
+    ``layout="canonical"`` puts the objects at fixed places that follow from the caption (see
+    :func:`_place_canonical`) on a plain background, instead of random places on a plain or two-tone one.
     """
+    if layout not in ("random", "canonical"):
+        raise ValueError(f"unknown layout {layout!r}; expected 'random' or 'canonical'")
     rng = _as_rng(rng)
     if category is None:
         category = _choice(rng, CATEGORIES)
     meaning = _sample_meaning(rng, category)
     # Objects without a named colour get a random one each.
     specs = [(o["shape"], o["color"] or _choice(rng, COLORS)) for o in meaning["objects"] for _ in range(o["count"])]
-    objects = _place(rng, specs, meaning["relation"])
-    plain = rng.random() < 0.5
+    if layout == "canonical":
+        objects = _place_canonical(rng, specs, meaning["relation"], lattice, sizes)
+    else:
+        objects = _place(rng, specs, meaning["relation"], lattice=lattice, sizes=sizes)
+    plain = layout == "canonical" or rng.random() < 0.5
     background = _choice(rng, BACKGROUNDS[:len(NEUTRAL_TONES)] if plain else BACKGROUNDS[len(NEUTRAL_TONES):])
     return ShapeScene(objects, background, caption_from_metadata(meaning), category, meaning)
 
@@ -459,11 +536,19 @@ def render_scene(scene: ShapeScene, size: int = 64, antialias: bool = True) -> I
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def make_dataset(n: int, seed: int = 0, size: int = 64) -> List[Tuple[Image.Image, str, ShapeScene]]:
-    """``n`` samples ``(image, caption, scene)``; sample ``i`` is drawn from ``default_rng([seed, i])``."""
+def make_dataset(
+    n: int,
+    seed: int = 0,
+    size: int = 64,
+    lattice: Optional[float] = None,
+    sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None,
+    layout: str = "random",
+) -> List[Tuple[Image.Image, str, ShapeScene]]:
+    """``n`` samples ``(image, caption, scene)``; sample ``i`` is drawn from ``default_rng([seed, i])`` (``lattice``,
+    ``sizes``, ``layout``: see :func:`sample_scene`)."""
     out = []
     for i in range(n):
-        scene = sample_scene(np.random.default_rng([seed, i]))
+        scene = sample_scene(np.random.default_rng([seed, i]), lattice=lattice, sizes=sizes, layout=layout)
         out.append((render_scene(scene, size), scene.caption, scene))
     return out
 
