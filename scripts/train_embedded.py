@@ -23,7 +23,9 @@ Everything is the real Infinity architecture at a tiny size, with the same class
 Experiment options (off by default; docs/embedded.md reports what they gave): ``--patch-nums`` (another schedule,
 e.g. an 8x8 final map with a patch-8 VAE), ``--decoder-steps`` (fine-tune the VAE decoder on the transformer's own
 sampled tokens), ``--self-correction`` (feed the model its own samples from a random scale on, with re-quantised
-targets), ``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder).
+targets), ``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder), ``--lattice`` /
+``--object-sizes`` / ``--layout`` (an easier training world: edges on token boundaries, 16-24 px objects, places that
+follow from the caption).
 
 Fixed seeds; every stage prints its losses. The defaults take under an hour on 2 otherwise idle CPU cores (see
 ``--help``; ``--device cuda`` runs the same recipe on a GPU in minutes, with different rounding and so different
@@ -58,6 +60,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-images", type=int, default=20000, help="training scenes (rendered once)")
     p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--lattice", type=int, default=0,
+                   help="N > 0: training scenes have object sizes and box corners on multiples of 1/N of the canvas "
+                        "(N = 16: one token of the 16x16 map), so edges fall on token boundaries; 0 = continuous")
+    p.add_argument("--layout", choices=("random", "canonical"), default="random",
+                   help="training scenes: objects at random places on plain or two-tone backgrounds, or at fixed places "
+                        "that follow from the caption on plain ones (shapes.sample_scene)")
+    p.add_argument("--object-sizes", default=None,
+                   help="'small_lo,small_hi,large_lo,large_hi': the training scenes' object size ranges, fractions of the "
+                        "canvas side (default: the world's, 0.19,0.27,0.30,0.40)")
     p.add_argument("--patch-nums", default=",".join(map(str, PATCH_NUMS)),
                    help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
                         "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels")
@@ -141,10 +152,22 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
     return T5EncoderModel(config), tokenizer
 
 
-def render_dataset(n: int, seed: int, size: int):
+def world_options(args) -> dict:
+    """The ``make_dataset`` options of ``--lattice`` and ``--object-sizes``."""
+    sizes = None
+    if args.object_sizes:
+        v = [float(x) for x in args.object_sizes.split(",")]
+        if len(v) != 4 or not (0 < v[0] <= v[1] and 0 < v[2] <= v[3] < 1):
+            raise SystemExit(f"--object-sizes {args.object_sizes!r}: expected 'small_lo,small_hi,large_lo,large_hi', "
+                             "increasing pairs of fractions in (0, 1)")
+        sizes = ((v[0], v[1]), (v[2], v[3]))
+    return {"lattice": 1.0 / args.lattice if args.lattice else None, "sizes": sizes, "layout": args.layout}
+
+
+def render_dataset(n: int, seed: int, size: int, **world):
     from diffusers_var_accel.data.shapes import make_dataset
 
-    samples = make_dataset(n, seed=seed, size=size)
+    samples = make_dataset(n, seed=seed, size=size, **world)
     images = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in samples])).permute(0, 3, 1, 2)
     captions = [caption for _, caption, _ in samples]
     return images.float().div(127.5).sub(1.0), captions  # [-1, 1]
@@ -444,7 +467,7 @@ def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae")
         f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256].to(args.device)), schedule)
         psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat).cpu() + 1) / 2, (images[:256] + 1) / 2)).item()
     print(f"[{label}] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
-    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size)
+    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size, **world_options(args))
     x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
     with torch.no_grad():
         f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)
@@ -466,7 +489,9 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     schedule = tuple((1, p, p) for p in args.patch_nums)
     t0 = time.time()
-    images, captions = render_dataset(args.num_images, args.seed, args.image_size)
+    if args.lattice < 0:
+        raise SystemExit(f"--lattice {args.lattice}: expected 0 (off) or a positive number of cells per side")
+    images, captions = render_dataset(args.num_images, args.seed, args.image_size, **world_options(args))
     print(f"[data] {len(captions)} scenes of {args.image_size}x{args.image_size} ({time.time() - t0:.0f} s); e.g. {captions[:3]}", flush=True)
     from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline
 

@@ -71,7 +71,8 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
     output = tmp_path / "model"
     args = ["--output", str(output), "--num-images", "48", "--vae-steps", "2", "--vae-base-ch", "32", "--vae-ch-mult", "1,1,1",
             "--steps", "2", "--depth", "2", "--embed-dim", "32", "--num-heads", "2", "--codebook-dim", "8", "--text-dim", "16",
-            "--batch-size", "4", "--vae-batch-size", "4", "--self-correction", "0.5", "--decoder-steps", "2", "--log-every", "1"]
+            "--batch-size", "4", "--vae-batch-size", "4", "--self-correction", "0.5", "--decoder-steps", "2", "--log-every", "1",
+            "--lattice", "16"]
     assert train.main(args) == 0
     pipe = InfinityPipeline.from_pretrained(output)
     pipe.set_progress_bar_config(disable=True)
