@@ -103,18 +103,24 @@ def test_scenes_show_what_captions_say(scenes):
             assert along >= 0.25 and abs(across) < along, s.caption
 
 
+def assert_inside_and_apart(scene: ShapeScene) -> None:
+    """Every box keeps the margin from the canvas edges, and no two boxes touch."""
+    for o in scene.objects:
+        x0, y0, x1, y1 = o.box()
+        assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9, scene.caption
+    for i, a in enumerate(scene.objects):
+        for b in scene.objects[:i]:
+            ax0, ay0, ax1, ay1 = a.box()
+            bx0, by0, bx1, by1 = b.box()
+            assert ax1 < bx0 or bx1 < ax0 or ay1 < by0 or by1 < ay0, scene.caption
+
+
 def test_objects_inside_canvas_and_apart(scenes):
     for s in scenes:
         for o in s.objects:
             assert o.shape in SHAPES and o.color in PALETTE
             assert o.size * 64 >= 12
-            x0, y0, x1, y1 = o.box()
-            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
-        for i, a in enumerate(s.objects):
-            for b in s.objects[:i]:
-                ax0, ay0, ax1, ay1 = a.box()
-                bx0, by0, bx1, by1 = b.box()
-                assert ax1 < bx0 or bx1 < ax0 or ay1 < by0 or by1 < ay0
+        assert_inside_and_apart(s)
 
 
 def test_rendered_pixels(scenes):
@@ -227,13 +233,7 @@ def test_lattice_scenes_have_edges_on_the_lattice_and_the_same_captions():
         for o in snapped.objects:
             for v in (*o.box(), o.size):
                 assert abs(v / lattice - round(v / lattice)) < 1e-9, (snapped.caption, o)
-            x0, y0, x1, y1 = o.box()
-            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
-        for j, a in enumerate(snapped.objects):
-            for b in snapped.objects[:j]:
-                ax0, ay0, ax1, ay1 = a.box()
-                bx0, by0, bx1, by1 = b.box()
-                assert ax1 < bx0 or bx1 < ax0 or ay1 < by0 or by1 < ay0
+        assert_inside_and_apart(snapped)
         if snapped.category == "position":
             (ax, ay), (bx, by) = snapped.objects[0].center_xy, snapped.objects[1].center_xy
             along = {"left of": bx - ax, "right of": ax - bx, "above": by - ay, "below": ay - by}[snapped.metadata["relation"]]
@@ -269,12 +269,7 @@ def test_canonical_layout_follows_the_caption():
         assert "+" not in scene.background
         assert len({o.size for o in scene.objects}) == 1
         centers = [o.center_xy for o in scene.objects]
-        for j, a in enumerate(scene.objects):
-            x0, y0, x1, y1 = a.box()
-            assert min(x0, y0) >= MARGIN - 1e-9 and max(x1, y1) <= 1 - MARGIN + 1e-9
-            for b in scene.objects[:j]:
-                bx0, by0, bx1, by1 = b.box()
-                assert x1 < bx0 or bx1 < x0 or y1 < by0 or by1 < y0
+        assert_inside_and_apart(scene)
         if len(centers) == 1:
             assert abs(centers[0][0] - 0.5) <= 1 / 16 and abs(centers[0][1] - 0.5) <= 1 / 16
         relation = scene.metadata["relation"]
