@@ -153,7 +153,7 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
 
 
 def world_options(args) -> dict:
-    """The ``make_dataset`` options of ``--lattice`` and ``--object-sizes``."""
+    """The ``make_dataset`` options of ``--lattice``, ``--object-sizes`` and ``--layout``."""
     sizes = None
     if args.object_sizes:
         v = [float(x) for x in args.object_sizes.split(",")]

@@ -281,3 +281,6 @@ def test_canonical_layout_follows_the_caption():
             assert score(scene.caption, render_scene(scene))["correct"], scene.caption
     with pytest.raises(ValueError, match="layout"):
         sample_scene(1, layout="grid")
+    with pytest.raises(ValueError, match="does not fit the canonical layout"):  # two 0.45 boxes cannot sit in a row
+        for i in range(20):
+            sample_scene(np.random.default_rng([8, i]), sizes=((0.45, 0.45), (0.45, 0.45)), layout="canonical")

@@ -449,6 +449,10 @@ def _place_canonical(
     for (shape, color), (cx, cy) in zip(specs, centers):
         x0, y0 = _snap(cx - size / 2, lattice), _snap(cy - size / 2, lattice)
         objs.append(ShapeObject(shape, color, (x0 + size / 2, y0 + size / 2), size))
+    inside = all(MARGIN - 1e-9 <= v and v <= 1.0 - MARGIN + 1e-9 for o in objs for v in o.box())
+    if not inside or not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
+        raise ValueError(f"object size {size:.3f} (sizes={sizes}) does not fit the canonical layout of {len(objs)} "
+                         f"objects with the margin {MARGIN} and gap {MIN_GAP}; use smaller sizes")
     return objs
 
 
