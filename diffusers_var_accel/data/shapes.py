@@ -373,6 +373,11 @@ def _boxes_apart(a: ShapeObject, b: ShapeObject) -> bool:
     return ax1 + MIN_GAP <= bx0 or bx1 + MIN_GAP <= ax0 or ay1 + MIN_GAP <= by0 or by1 + MIN_GAP <= ay0
 
 
+def _inside_margin(objs: List[ShapeObject]) -> bool:
+    """Whether every box keeps :data:`MARGIN` from the canvas edges (up to rounding)."""
+    return all(MARGIN - 1e-9 <= v <= 1.0 - MARGIN + 1e-9 for o in objs for v in o.box())
+
+
 def _snap(value: float, lattice: Optional[float]) -> float:
     return value if lattice is None else round(value / lattice) * lattice
 
@@ -404,9 +409,7 @@ def _place(
                 if lattice is not None:
                     center = [_snap(c - s / 2, lattice) + s / 2 for c in center]
                 objs.append(ShapeObject(shape, color, (center[0], center[1]), s))
-            if lattice is not None and not all(
-                MARGIN - 1e-9 <= c - o.size / 2 and c + o.size / 2 <= 1.0 - MARGIN + 1e-9 for o in objs for c in o.center_xy
-            ):
+            if lattice is not None and not _inside_margin(objs):
                 continue
             if not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
                 continue
@@ -449,8 +452,7 @@ def _place_canonical(
     for (shape, color), (cx, cy) in zip(specs, centers):
         x0, y0 = _snap(cx - size / 2, lattice), _snap(cy - size / 2, lattice)
         objs.append(ShapeObject(shape, color, (x0 + size / 2, y0 + size / 2), size))
-    inside = all(MARGIN - 1e-9 <= v and v <= 1.0 - MARGIN + 1e-9 for o in objs for v in o.box())
-    if not inside or not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
+    if not _inside_margin(objs) or not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
         raise ValueError(f"object size {size:.3f} (sizes={sizes}) does not fit the canonical layout of {len(objs)} "
                          f"objects with the margin {MARGIN} and gap {MIN_GAP}; use smaller sizes")
     return objs
