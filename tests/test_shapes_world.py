@@ -284,3 +284,29 @@ def test_canonical_layout_follows_the_caption():
     with pytest.raises(ValueError, match="does not fit the canonical layout"):  # two 0.45 boxes cannot sit in a row
         for i in range(20):
             sample_scene(np.random.default_rng([8, i]), sizes=((0.45, 0.45), (0.45, 0.45)), layout="canonical")
+
+
+def test_unnamed_color_and_background_make_a_scene_a_function_of_its_caption():
+    """``unnamed_color`` colours every object whose caption names no colour, ``background`` fixes the background; with
+    the canonical layout and one size, two scenes with the same caption are the same image. Captions unchanged."""
+    world = dict(lattice=1 / 16, sizes=((0.375, 0.375), (0.375, 0.375)), layout="canonical", unnamed_color="blue",
+                 background="black")
+    by_caption = {}
+    for i in range(400):
+        scene = sample_scene(np.random.default_rng([9, i]), **world)
+        assert scene.caption == sample_scene(np.random.default_rng([9, i])).caption
+        assert scene.background == "black"
+        named = [o["color"] for o in scene.metadata["objects"] for _ in range(o["count"])]
+        assert [o.color for o in scene.objects] == [c or "blue" for c in named]
+        image = np.asarray(render_scene(scene))
+        if scene.caption in by_caption:
+            assert np.array_equal(by_caption[scene.caption], image), scene.caption
+        by_caption[scene.caption] = image
+        if i < 120:
+            assert score(scene.caption, image)["correct"], scene.caption
+    assert len(by_caption) < 400  # some captions repeated, so the equality above was exercised
+    assert [c for _, c, _ in make_dataset(5, seed=3, **world)] == [c for _, c, _ in make_dataset(5, seed=3)]
+    with pytest.raises(ValueError, match="unnamed_color 'pink'"):
+        sample_scene(1, unnamed_color="pink")
+    with pytest.raises(ValueError, match="background 'navy'"):
+        sample_scene(1, background="navy")

@@ -464,6 +464,8 @@ def sample_scene(
     lattice: Optional[float] = None,
     sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None,
     layout: str = "random",
+    unnamed_color: Optional[str] = None,
+    background: Optional[str] = None,
 ) -> ShapeScene:
     """A random scene whose caption holds; the category is drawn uniformly from :data:`CATEGORIES` unless given.
 
@@ -474,21 +476,30 @@ def sample_scene(
     large)`` object size ranges (fractions of the side; default :data:`SMALL_SIZE`, :data:`LARGE_SIZE`).
     ``layout="canonical"`` puts the objects at fixed places that follow from the caption (see
     :func:`_place_canonical`) on a plain background, instead of random places on a plain or two-tone one.
+    ``unnamed_color`` (one of :data:`COLORS`) is the colour of every object whose caption names none, instead of a
+    random colour each; ``background`` (one of :data:`BACKGROUNDS`) replaces the random background. With the
+    canonical layout and one object size these make a scene a function of its caption (see docs/embedded.md).
     """
     if layout not in ("random", "canonical"):
         raise ValueError(f"unknown layout {layout!r}; expected 'random' or 'canonical'")
+    if unnamed_color is not None and unnamed_color not in COLORS:
+        raise ValueError(f"unknown unnamed_color {unnamed_color!r}; expected one of {COLORS}")
+    if background is not None and background not in BACKGROUNDS:
+        raise ValueError(f"unknown background {background!r}; expected one of {BACKGROUNDS}")
     rng = _as_rng(rng)
     if category is None:
         category = _choice(rng, CATEGORIES)
     meaning = _sample_meaning(rng, category)
-    # Objects without a named colour get a random one each.
-    specs = [(o["shape"], o["color"] or _choice(rng, COLORS)) for o in meaning["objects"] for _ in range(o["count"])]
+    # Objects without a named colour get a random one each (or ``unnamed_color``).
+    specs = [(o["shape"], o["color"] or unnamed_color or _choice(rng, COLORS))
+             for o in meaning["objects"] for _ in range(o["count"])]
     if layout == "canonical":
         objects = _place_canonical(rng, specs, meaning["relation"], lattice, sizes)
     else:
         objects = _place(rng, specs, meaning["relation"], lattice=lattice, sizes=sizes)
-    plain = layout == "canonical" or rng.random() < 0.5
-    background = _choice(rng, BACKGROUNDS[:len(NEUTRAL_TONES)] if plain else BACKGROUNDS[len(NEUTRAL_TONES):])
+    if background is None:
+        plain = layout == "canonical" or rng.random() < 0.5
+        background = _choice(rng, BACKGROUNDS[:len(NEUTRAL_TONES)] if plain else BACKGROUNDS[len(NEUTRAL_TONES):])
     return ShapeScene(objects, background, caption_from_metadata(meaning), category, meaning)
 
 
@@ -549,12 +560,15 @@ def make_dataset(
     lattice: Optional[float] = None,
     sizes: Optional[Tuple[Tuple[float, float], Tuple[float, float]]] = None,
     layout: str = "random",
+    unnamed_color: Optional[str] = None,
+    background: Optional[str] = None,
 ) -> List[Tuple[Image.Image, str, ShapeScene]]:
     """``n`` samples ``(image, caption, scene)``; sample ``i`` is drawn from ``default_rng([seed, i])`` (``lattice``,
-    ``sizes``, ``layout``: see :func:`sample_scene`)."""
+    ``sizes``, ``layout``, ``unnamed_color``, ``background``: see :func:`sample_scene`)."""
     out = []
     for i in range(n):
-        scene = sample_scene(np.random.default_rng([seed, i]), lattice=lattice, sizes=sizes, layout=layout)
+        scene = sample_scene(np.random.default_rng([seed, i]), lattice=lattice, sizes=sizes, layout=layout,
+                             unnamed_color=unnamed_color, background=background)
         out.append((render_scene(scene, size), scene.caption, scene))
     return out
 
