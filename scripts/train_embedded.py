@@ -69,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--object-sizes", default=None,
                    help="'small_lo,small_hi,large_lo,large_hi': the training scenes' object size ranges, fractions of the "
                         "canvas side (default: the world's, 0.19,0.27,0.30,0.40)")
+    p.add_argument("--unnamed-color", default=None,
+                   help="training scenes: the colour of objects whose caption names none (default: random each)")
+    p.add_argument("--background", default=None, help="training scenes: one background for all (default: random)")
     p.add_argument("--patch-nums", default=",".join(map(str, PATCH_NUMS)),
                    help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
                         "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels")
@@ -120,6 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="torch device to train on (the defaults are sized for a CPU)")
     p.add_argument("--eval-prompts", type=int, default=0,
                    help="after saving, score N validation prompts (heldout_prompts(N, seed=1), not the held-out set)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also score the validation prompts (--eval-prompts, first --eval-settings) every N transformer "
+                        "steps: a learning curve (0 = off)")
     p.add_argument("--eval-settings", default="3.0:1.0:0",
                    help="sampling settings to evaluate, 'guidance:tau:top_k' separated by commas")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -153,7 +159,8 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
 
 
 def world_options(args) -> dict:
-    """The ``make_dataset`` options of ``--lattice``, ``--object-sizes`` and ``--layout``."""
+    """The ``make_dataset`` options of ``--lattice``, ``--object-sizes``, ``--layout``, ``--unnamed-color`` and
+    ``--background``."""
     sizes = None
     if args.object_sizes:
         v = [float(x) for x in args.object_sizes.split(",")]
@@ -161,7 +168,8 @@ def world_options(args) -> dict:
             raise SystemExit(f"--object-sizes {args.object_sizes!r}: expected 'small_lo,small_hi,large_lo,large_hi', "
                              "increasing pairs of fractions in (0, 1)")
         sizes = ((v[0], v[1]), (v[2], v[3]))
-    return {"lattice": 1.0 / args.lattice if args.lattice else None, "sizes": sizes, "layout": args.layout}
+    return {"lattice": 1.0 / args.lattice if args.lattice else None, "sizes": sizes, "layout": args.layout,
+            "unnamed_color": args.unnamed_color, "background": args.background}
 
 
 def render_dataset(n: int, seed: int, size: int, **world):
@@ -275,7 +283,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     """Train the transformer and the text encoder (from scratch, or from ``resume=(transformer, text_encoder,
     tokenizer)``). With ``--self-correction P``, an image of the batch is, with probability P, fed its own sampled
     bits from a random scale on (a no-grad teacher-forced pass first), with the targets re-quantised from that sum."""
-    from diffusers_var_accel import InfinityTransformer
+    from diffusers_var_accel import InfinityPipeline, InfinityTransformer
     from diffusers_var_accel.models.forward_context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
@@ -350,6 +358,13 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
                 last = (logits[:, -lengths[-1]:].reshape(-1, 2).argmax(-1) == target[:, -lengths[-1]:].reshape(-1)).float().mean().item()
             print(f"[transformer] step {step:5d}/{args.steps}  loss {loss.item():.4f}  bit acc {acc:.3f} (last scale {last:.3f})  "
                   f"lr {lr:.2e}  ({time.time() - start:.0f} s)", flush=True)
+        if args.eval_every and args.eval_prompts and step % args.eval_every == 0 and step < args.steps:
+            t_eval = time.time()  # the learning curve's evaluations do not count against the time limit
+            pipe = InfinityPipeline(transformer=transformer.eval(), vae=vae, text_encoder=text_encoder.eval(), tokenizer=tokenizer)
+            evaluate_validation(pipe, args.eval_prompts, args.eval_settings.split(",")[0], label=f"eval step {step}")
+            transformer.train()
+            text_encoder.train()
+            start += time.time() - t_eval
         if args.time_limit_minutes and time.time() - start > 60 * args.time_limit_minutes:
             print(f"[transformer] time limit reached at step {step}", flush=True)
             break
@@ -440,20 +455,21 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
     return vae
 
 
-def evaluate_validation(folder: str, n: int, settings: str) -> None:
+def evaluate_validation(folder, n: int, settings: str, label: str = "eval") -> None:
     """Scorer accuracy on ``heldout_prompts(n, seed=1)`` (validation, disjoint draws from the held-out set) for each
-    'guidance:tau:top_k' setting: how the embedded model's sampling settings are chosen."""
+    'guidance:tau:top_k' setting: how the embedded model's sampling settings are chosen. ``folder`` is a pipeline
+    folder or a pipeline."""
     from diffusers_var_accel import InfinityPipeline
     from diffusers_var_accel.data.shapes import heldout_prompts
     from diffusers_var_accel.evaluation import evaluate_shapes
 
-    pipe = InfinityPipeline.from_pretrained(folder)
+    pipe = InfinityPipeline.from_pretrained(folder) if isinstance(folder, (str, Path)) else folder
     prompts = heldout_prompts(n, seed=1)
     for setting in settings.split(","):
         guidance, tau, top_k = setting.split(":")
         sampling = dict(guidance_scale=float(guidance), tau=float(tau), top_k=int(top_k), top_p=None)
         report = evaluate_shapes(pipe, prompts=prompts, sampling=sampling, batch_size=20, progress=False)
-        print(f"[eval] {setting}  validation accuracy {report['overall']:.3f}  "
+        print(f"[{label}] {setting}  validation accuracy {report['overall']:.3f}  "
               f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }", flush=True)
 
 
