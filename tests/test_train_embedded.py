@@ -67,13 +67,27 @@ def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_
     assert not torch.equal(target_r[0, before + lengths[2]:], target[0, before + lengths[2]:])  # and are re-quantised
 
 
-def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread):
+def test_world_options_map_the_scene_flags(train):
+    args = train.parse_args(["--lattice", "16", "--object-sizes", "0.375,0.375,0.375,0.375", "--layout", "canonical",
+                             "--unnamed-color", "blue", "--background", "black"])
+    assert train.world_options(args) == {"lattice": 1 / 16, "sizes": ((0.375, 0.375), (0.375, 0.375)), "layout": "canonical",
+                                         "unnamed_color": "blue", "background": "black"}
+    assert train.world_options(train.parse_args([])) == {"lattice": None, "sizes": None, "layout": "random",
+                                                         "unnamed_color": None, "background": None}
+    with pytest.raises(SystemExit, match="object-sizes"):
+        train.world_options(train.parse_args(["--object-sizes", "0.4,0.3,0.3,0.4"]))
+
+
+def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread, capsys):
     output = tmp_path / "model"
     args = ["--output", str(output), "--num-images", "48", "--vae-steps", "2", "--vae-base-ch", "32", "--vae-ch-mult", "1,1,1",
             "--steps", "2", "--depth", "2", "--embed-dim", "32", "--num-heads", "2", "--codebook-dim", "8", "--text-dim", "16",
             "--batch-size", "4", "--vae-batch-size", "4", "--self-correction", "0.5", "--decoder-steps", "2", "--log-every", "1",
-            "--lattice", "16"]
+            "--lattice", "16", "--eval-prompts", "2", "--eval-every", "1", "--eval-settings", "2:0.5:0"]
     assert train.main(args) == 0
+    log = capsys.readouterr().out
+    assert "[eval step 1] 2:0.5:0  validation accuracy" in log  # the learning curve's point after step 1
+    assert "[eval] 2:0.5:0  validation accuracy" in log  # and the final model's
     pipe = InfinityPipeline.from_pretrained(output)
     pipe.set_progress_bar_config(disable=True)
     assert [tuple(s) for s in pipe.transformer.config.scale_schedule] == [(1, p, p) for p in train.PATCH_NUMS]
