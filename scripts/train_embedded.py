@@ -72,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--unnamed-color", default=None,
                    help="training scenes: the colour of objects whose caption names none (default: random each)")
     p.add_argument("--background", default=None, help="training scenes: one background for all (default: random)")
+    p.add_argument("--category-weights", default=None,
+                   help="training scenes: 'category=weight,...' relative weights of the caption categories (missing "
+                        "ones weigh 0; default: uniform)")
     p.add_argument("--patch-nums", default=",".join(map(str, PATCH_NUMS)),
                    help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
                         "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels")
@@ -159,8 +162,8 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
 
 
 def world_options(args) -> dict:
-    """The ``make_dataset`` options of ``--lattice``, ``--object-sizes``, ``--layout``, ``--unnamed-color`` and
-    ``--background``."""
+    """The ``make_dataset`` options of ``--lattice``, ``--object-sizes``, ``--layout``, ``--unnamed-color``,
+    ``--background`` and ``--category-weights``."""
     sizes = None
     if args.object_sizes:
         v = [float(x) for x in args.object_sizes.split(",")]
@@ -168,8 +171,14 @@ def world_options(args) -> dict:
             raise SystemExit(f"--object-sizes {args.object_sizes!r}: expected 'small_lo,small_hi,large_lo,large_hi', "
                              "increasing pairs of fractions in (0, 1)")
         sizes = ((v[0], v[1]), (v[2], v[3]))
+    weights = None
+    if args.category_weights:
+        try:
+            weights = {k.strip(): float(v) for k, v in (item.split("=") for item in args.category_weights.split(","))}
+        except ValueError:
+            raise SystemExit(f"--category-weights {args.category_weights!r}: expected 'category=weight,...'") from None
     return {"lattice": 1.0 / args.lattice if args.lattice else None, "sizes": sizes, "layout": args.layout,
-            "unnamed_color": args.unnamed_color, "background": args.background}
+            "unnamed_color": args.unnamed_color, "background": args.background, "category_weights": weights}
 
 
 def render_dataset(n: int, seed: int, size: int, **world):
@@ -483,7 +492,8 @@ def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae")
         f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256].to(args.device)), schedule)
         psnr = -10 * torch.log10(F.mse_loss((vae.decode(f_hat).cpu() + 1) / 2, (images[:256] + 1) / 2)).item()
     print(f"[{label}] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
-    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size, **world_options(args))
+    world = {**world_options(args), "category_weights": None}  # the ceiling over uniform categories, as in evaluation
+    held = make_dataset(240, seed=args.seed + 1000, size=args.image_size, **world)
     x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
     with torch.no_grad():
         f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)

@@ -310,3 +310,16 @@ def test_unnamed_color_and_background_make_a_scene_a_function_of_its_caption():
         sample_scene(1, unnamed_color="pink")
     with pytest.raises(ValueError, match="background 'navy'"):
         sample_scene(1, background="navy")
+
+
+def test_category_weights_change_how_often_each_category_is_drawn():
+    weights = {"position": 3, "color_attr": 1}
+    data = make_dataset(200, seed=4, category_weights=weights)
+    counts = Counter(scene.category for _, _, scene in data)
+    assert set(counts) == {"position", "color_attr"} and counts["position"] > 2 * counts["color_attr"]
+    assert all(score(caption, image)["correct"] for image, caption, _ in data[:40])
+    assert [c for _, c, _ in make_dataset(30, seed=4)] == [c for _, c, _ in make_dataset(30, seed=4, category_weights=None)]
+    with pytest.raises(ValueError, match="unknown categories \\['colour'\\]"):
+        make_dataset(1, category_weights={"colour": 1})
+    with pytest.raises(ValueError, match="category_weights"):
+        make_dataset(1, category_weights={"position": 0})

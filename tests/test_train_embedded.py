@@ -69,13 +69,16 @@ def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_
 
 def test_world_options_map_the_scene_flags(train):
     args = train.parse_args(["--lattice", "16", "--object-sizes", "0.375,0.375,0.375,0.375", "--layout", "canonical",
-                             "--unnamed-color", "blue", "--background", "black"])
+                             "--unnamed-color", "blue", "--background", "black", "--category-weights", "position=3,colors=0.5"])
     assert train.world_options(args) == {"lattice": 1 / 16, "sizes": ((0.375, 0.375), (0.375, 0.375)), "layout": "canonical",
-                                         "unnamed_color": "blue", "background": "black"}
+                                         "unnamed_color": "blue", "background": "black",
+                                         "category_weights": {"position": 3.0, "colors": 0.5}}
     assert train.world_options(train.parse_args([])) == {"lattice": None, "sizes": None, "layout": "random",
-                                                         "unnamed_color": None, "background": None}
+                                                         "unnamed_color": None, "background": None, "category_weights": None}
     with pytest.raises(SystemExit, match="object-sizes"):
         train.world_options(train.parse_args(["--object-sizes", "0.4,0.3,0.3,0.4"]))
+    with pytest.raises(SystemExit, match="category-weights"):
+        train.world_options(train.parse_args(["--category-weights", "position:3"]))
 
 
 def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread, capsys):

@@ -562,12 +562,29 @@ def make_dataset(
     layout: str = "random",
     unnamed_color: Optional[str] = None,
     background: Optional[str] = None,
+    category_weights: Optional[Dict[str, float]] = None,
 ) -> List[Tuple[Image.Image, str, ShapeScene]]:
     """``n`` samples ``(image, caption, scene)``; sample ``i`` is drawn from ``default_rng([seed, i])`` (``lattice``,
-    ``sizes``, ``layout``, ``unnamed_color``, ``background``: see :func:`sample_scene`)."""
+    ``sizes``, ``layout``, ``unnamed_color``, ``background``: see :func:`sample_scene`).
+
+    ``category_weights`` (category -> relative weight; missing categories weigh 0) draws each sample's category with
+    these weights instead of uniformly: a training set can give more of its images to the categories with many
+    distinct captions (``position`` has about a thousand, ``single_object`` three).
+    """
+    p = None
+    if category_weights is not None:
+        unknown = sorted(set(category_weights) - set(CATEGORIES))
+        if unknown:
+            raise ValueError(f"unknown categories {unknown} in category_weights; expected some of {CATEGORIES}")
+        w = np.array([float(category_weights.get(c, 0.0)) for c in CATEGORIES])
+        if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
+            raise ValueError(f"category_weights {category_weights}: expected finite weights >= 0 with a positive sum")
+        p = w / w.sum()
     out = []
     for i in range(n):
-        scene = sample_scene(np.random.default_rng([seed, i]), lattice=lattice, sizes=sizes, layout=layout,
+        rng = np.random.default_rng([seed, i])
+        category = None if p is None else CATEGORIES[int(rng.choice(len(CATEGORIES), p=p))]
+        scene = sample_scene(rng, category=category, lattice=lattice, sizes=sizes, layout=layout,
                              unnamed_color=unnamed_color, background=background)
         out.append((render_scene(scene, size), scene.caption, scene))
     return out
