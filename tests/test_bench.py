@@ -31,6 +31,7 @@ from diffusers_var_accel.bench.probe import PeakMemory
 from diffusers_var_accel.bench.prompts import select_evenly
 from diffusers_var_accel.bench.runner import check_methods, method_folders
 from diffusers_var_accel.cli import DEFAULT_BENCH_METHODS, main
+from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.metrics import psnr, ssim
 
 
@@ -255,7 +256,7 @@ def test_bench_writes_the_json_table_plots_and_geneval_layout(bench_run):
             assert sorted(p.name for p in (folder / "samples").iterdir()) == ["0000.png", "0001.png"]
     run = results["run"]
     assert run["geneval_layout"] and run["num_items"] == 4 and run["seeds"] == [0, 1] and run["num_processes"] == 1
-    assert run["model"] == "embedded" and run["sampling"]["guidance_scale"] == 3.0  # the embedded model's settings
+    assert run["model"] == "embedded" and all(run["sampling"][k] == v for k, v in EMBEDDED_SAMPLING.items())  # its settings
     assert (run["height"], run["width"]) == (64, 64)
 
 

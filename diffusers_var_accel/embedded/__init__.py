@@ -23,7 +23,7 @@ EMBEDDED_MODEL_PATH = Path(__file__).resolve().parent / "shapes-infinity-tiny"
 EMBEDDED_MODEL_NAMES = ("embedded", "shapes-infinity-tiny")
 
 #: Sampling settings the embedded model is evaluated with (docs/embedded.md).
-EMBEDDED_SAMPLING: Dict[str, Any] = dict(guidance_scale=3.0, tau=1.0, top_k=0, top_p=None)
+EMBEDDED_SAMPLING: Dict[str, Any] = dict(guidance_scale=2.0, tau=1.0, top_k=0, top_p=None)
 
 
 def embedded_model_path() -> Path:
