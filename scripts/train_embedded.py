@@ -20,19 +20,25 @@ Everything is the real Infinity architecture at a tiny size, with the same class
    self-correction (``--bit-flip``).
 5. **Save** an :class:`InfinityPipeline` folder (safetensors) that ``InfinityPipeline.from_pretrained`` loads offline.
 
-Experiment options (off by default; docs/embedded.md reports what they gave): ``--patch-nums`` (another schedule,
-e.g. an 8x8 final map with a patch-8 VAE), ``--decoder-steps`` (fine-tune the VAE decoder on the transformer's own
-sampled tokens), ``--self-correction`` (feed the model its own samples from a random scale on, with re-quantised
-targets), ``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder), ``--lattice`` /
-``--object-sizes`` / ``--layout`` (an easier training world: edges on token boundaries, 16-24 px objects, places that
-follow from the caption).
+Options (off by default; docs/embedded.md reports what they gave): ``--patch-nums`` (another schedule, e.g. an 8x8
+final map with a patch-8 VAE), ``--decoder-steps`` (fine-tune the VAE decoder on the transformer's own sampled
+tokens), ``--self-correction`` (feed the model its own samples from a random scale on, with re-quantised targets),
+``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder), ``--vae-only`` / ``--vae-path`` (train the
+tokenizer alone / reuse one), the training world (``--lattice``, ``--object-sizes``, ``--layout``,
+``--unnamed-color``, ``--background``, ``--category-weights``: see ``shapes.sample_scene`` and ``make_dataset``) and
+``--eval-every`` (a validation learning curve).
 
-Fixed seeds; every stage prints its losses. The defaults take under an hour on 2 otherwise idle CPU cores (see
-``--help``; ``--device cuda`` runs the same recipe on a GPU in minutes, with different rounding and so different
-weights):
+Fixed seeds; every stage prints its losses. ``--device cuda`` runs the same recipe on a GPU in minutes, with other
+rounding and so other weights. The packaged model is the output of these two commands, 16 + 40 minutes on 2
+otherwise idle CPU cores (the first trains the tokenizer on random layouts, the second the transformer and the text
+encoder on scenes that follow from their captions; docs/embedded.md says why):
 
-    python scripts/train_embedded.py --output diffusers_var_accel/embedded/shapes-infinity-tiny \
-        --eval-prompts 120 --eval-settings 3:1:0,3:0.5:0
+    python scripts/train_embedded.py --vae-only --output /tmp/embedded-vae \
+        --lattice 16 --object-sizes 0.25,0.3125,0.34,0.40 --vae-steps 1400
+    python scripts/train_embedded.py --vae-path /tmp/embedded-vae/vae \
+        --output diffusers_var_accel/embedded/shapes-infinity-tiny \
+        --lattice 16 --object-sizes 0.375,0.375,0.375,0.375 --layout canonical --unnamed-color blue --background black \
+        --steps 1700 --eval-prompts 120 --eval-every 400 --eval-settings 3:0.5:0,2:0.5:0,3:1:0
 """
 
 from __future__ import annotations
