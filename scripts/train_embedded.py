@@ -373,7 +373,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
                 last = (logits[:, -lengths[-1]:].reshape(-1, 2).argmax(-1) == target[:, -lengths[-1]:].reshape(-1)).float().mean().item()
             print(f"[transformer] step {step:5d}/{args.steps}  loss {loss.item():.4f}  bit acc {acc:.3f} (last scale {last:.3f})  "
                   f"lr {lr:.2e}  ({time.time() - start:.0f} s)", flush=True)
-        if args.eval_every and args.eval_prompts and step % args.eval_every == 0 and step < args.steps:
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             t_eval = time.time()  # the learning curve's evaluations do not count against the time limit
             pipe = InfinityPipeline(transformer=transformer.eval(), vae=vae, text_encoder=text_encoder.eval(), tokenizer=tokenizer)
             evaluate_validation(pipe, args.eval_prompts, args.eval_settings.split(",")[0], label=f"eval step {step}")
@@ -514,6 +514,8 @@ def main(argv=None) -> int:
     args.patch_nums = tuple(int(v) for v in args.patch_nums.split(","))
     if args.resume and not args.pipeline_path:
         raise SystemExit("--resume continues the transformer of --pipeline-path FOLDER; give that folder")
+    if args.eval_every and not args.eval_prompts:
+        raise SystemExit(f"--eval-every {args.eval_every} scores --eval-prompts N validation prompts; give N > 0")
     if args.decoder_tokens != "own" and not args.decoder_steps:
         raise SystemExit(f"--decoder-tokens {args.decoder_tokens} needs --decoder-steps N > 0 (the decoder stage is off)")
     if args.threads:

@@ -79,6 +79,8 @@ def test_world_options_map_the_scene_flags(train):
         train.world_options(train.parse_args(["--object-sizes", "0.4,0.3,0.3,0.4"]))
     with pytest.raises(SystemExit, match="category-weights"):
         train.world_options(train.parse_args(["--category-weights", "position:3"]))
+    with pytest.raises(SystemExit, match="eval-every 5 scores --eval-prompts"):  # not silently skipped
+        train.main(["--eval-every", "5"])
 
 
 def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread, capsys):
