@@ -9,14 +9,14 @@ __version__ = "0.1.0.dev0"
 
 from .models.autoencoder_bsq import InfinityBSQVAE
 from .models.autoencoder_hart import HARTHybridTokenizer
-from .models.cache import ScaleKVCache
-from .models.forward_context import VARForwardContext
+from .next_scale.cache import ScaleKVCache
+from .next_scale.context import VARForwardContext
 from .models.infinity_resolutions import infinity_scale_schedule, schedule_for_size, supported_sizes
 from .models.transformer_hart import HART_CONFIGS, HARTTransformer
 from .models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from .pipelines.hart.pipeline_hart import HARTPipeline
 from .pipelines.infinity.pipeline_infinity import InfinityPipeline
-from .pipelines.next_scale import NextScaleState, run_next_scale_loop
+from .next_scale import NextScaleState, run_next_scale_loop
 from .schedulers.scheduling_arvar import ARVARScheduler
 from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-from .forward_context import VARForwardContext, block_causal_mask
+from ..next_scale.context import VARForwardContext, block_causal_mask
 
 _FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 

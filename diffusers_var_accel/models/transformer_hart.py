@@ -36,7 +36,8 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 from .attention_processor import HARTAttnProcessor
 from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
-from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
+from ..next_scale.context import VARForwardContext
+from ..next_scale.executor import execute_blocks
 from .routing import TokenRoutedBlock
 
 #: HART-0.7B at 1024x1024 (ARCHITECTURE facts: 24 x 1536 llama blocks, 300 Qwen2-1.5B context tokens, 14 scales,
@@ -173,18 +174,15 @@ class HARTBlock(TokenRoutedBlock):
         self.attn = HARTAttention(embed_dim, num_heads, layer_idx, attn_l2_norm)
         self.ffn = HARTFeedForward(embed_dim, mlp_hidden)
 
-    def _sublayers(self, x, condition: HARTCondition, context: VARForwardContext, block_index, route: bool):
-        def self_attn(x_sub, index):
-            index = block_index if index is None else index
-            rope = None if index is None else gather_rope(context.rope_cos_sin, index)
-            scale_ids = None if index is None else gather_scale_ids(context.token_scale_ids, index)
-            return self.attn(self.ln_wo_grad(x_sub), context, rope, scale_ids)
+    def _sublayers(self, x, condition: HARTCondition, context: VARForwardContext):
+        def self_attn(x_sub, ctx):
+            return self.attn(self.ln_wo_grad(x_sub), ctx)
 
-        def ffn(x_sub, index):
+        def ffn(x_sub, ctx):
             return self.ffn(self.ln_wo_grad(x_sub))
 
-        x = self._routed("self_attn", x, self_attn, context, route)
-        return self._routed("ffn", x, ffn, context, route)
+        x = self._routed("self_attn", x, self_attn, context)
+        return self._routed("ffn", x, ffn, context)
 
 
 class HARTHeadNorm(nn.Module):
@@ -347,10 +345,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
     # -- blocks and heads -----------------------------------------------------------------------------------------------
     def forward(self, hidden_states_RLC: torch.Tensor, condition: HARTCondition, context: VARForwardContext) -> torch.Tensor:
         """Run every block on the tokens of one pass (the caller owns the KV cache in ``context``)."""
-        x = hidden_states_RLC
-        for block in self.blocks:
-            x = block(x, condition, context)
-        return x
+        return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
     @apply_forward_hook
     def head_logits(self, hidden_states_RLC: torch.Tensor, head_cond_RC: torch.Tensor) -> torch.Tensor:

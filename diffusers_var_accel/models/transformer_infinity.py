@@ -25,7 +25,8 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor
 from .checkpoint_utils import build_and_load_strict, load_original_state_dict
-from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
+from ..next_scale.context import VARForwardContext
+from ..next_scale.executor import execute_blocks
 from .routing import TokenRoutedBlock
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
@@ -205,28 +206,25 @@ class InfinityBlock(TokenRoutedBlock):
         self.ca_norm = nn.LayerNorm(embed_dim, eps=norm_eps, elementwise_affine=True)
         self.ada_gss = nn.Parameter(torch.zeros(1, 1, 6, embed_dim))
 
-    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext, block_index, route: bool):
-        """The three sublayers on ``x``: all tokens of the pass, or the tokens ``block_index`` a block router kept."""
+    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext):
+        """The three sublayers on the tokens ``x`` that ``context`` describes."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + condition.ada_R16C).unbind(2)
         eps = self.norm_eps
 
-        def self_attn(x_sub, index):
-            index = block_index if index is None else index
-            rope = None if index is None else gather_rope(context.rope_cos_sin, index)
-            scale_ids = None if index is None else gather_scale_ids(context.token_scale_ids, index)
-            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), context, rope, scale_ids).mul_(gamma1)
+        def self_attn(x_sub, ctx):
+            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), ctx).mul_(gamma1)
 
-        def cross_attn(x_sub, index):
+        def cross_attn(x_sub, ctx):
             norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
             x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
             return self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T).float()
 
-        def ffn(x_sub, index):
+        def ffn(x_sub, ctx):
             return self.ffn(ada_layer_norm(x_sub, scale2, shift2, eps)).mul(gamma2)
 
-        x = self._routed("self_attn", x, self_attn, context, route)
-        x = self._routed("cross_attn", x, cross_attn, context, route)
-        return self._routed("ffn", x, ffn, context, route)
+        x = self._routed("self_attn", x, self_attn, context)
+        x = self._routed("cross_attn", x, cross_attn, context)
+        return self._routed("ffn", x, ffn, context)
 
 
 class InfinityHeadNorm(nn.Module):
@@ -369,10 +367,7 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
     # -- trunk and head ----------------------------------------------------------------------------------------------
     def forward(self, hidden_states_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
         """Run every block over this pass's tokens; the context carries the KV cache, RoPE and any token routing."""
-        x = hidden_states_RLC
-        for block in self.blocks:
-            x = block(x, condition, context)
-        return x
+        return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
     @apply_forward_hook
     def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:

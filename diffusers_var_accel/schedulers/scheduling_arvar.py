@@ -32,16 +32,16 @@ Shape legend: ``R`` rows (``2B`` under CFG, conditional first), ``H`` heads, ``L
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
 #   loadable base class up in the module named in model_index.json)
 
-from ..models.forward_context import scatter_tokens
+from ..next_scale.maps import resize_token_map
+from ..next_scale.plan import EarlierScale, PassRoutes, RecordRequest, TokenRoute
 from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
@@ -59,14 +59,6 @@ def num_kept_tokens(num_tokens: int, ratio: float) -> int:
     return num_tokens - int(num_tokens * float(ratio))
 
 
-def upsample_tokens(x_RlC: torch.Tensor, source_hw, hw, mode: str = "bilinear") -> torch.Tensor:
-    """The tokens of an ``h x w`` map interpolated to ``hw`` (in fp32, returned in ``x``'s dtype): ``(R, L, C)``."""
-    R, _, C = x_RlC.shape
-    x = x_RlC.float().reshape(R, *source_hw, C).permute(0, 3, 1, 2)
-    x = F.interpolate(x, size=tuple(hw), mode=mode, align_corners=False if mode in ("bilinear", "bicubic") else None)
-    return x.permute(0, 2, 3, 1).reshape(R, hw[0] * hw[1], C).to(x_RlC.dtype)
-
-
 def self_attention_saliency(probs_RHqS: torch.Tensor, source_hw) -> torch.Tensor:
     """Eq. (1): the attention each key of the scale itself (the last ``h*w`` keys) receives, mean over heads and
     queries, in fp32: ``(R, h, w)``. Takes the full map ``(R, H, q, S)`` or the loop's ``"key_mean"`` map ``(R, S)``
@@ -80,53 +72,24 @@ def self_attention_saliency(probs_RHqS: torch.Tensor, source_hw) -> torch.Tensor
 def retrospect_tokens(saliency_Rhw: torch.Tensor, hw, ratio: float, mode: str = "bilinear") -> torch.Tensor:
     """Eq. (2): per row, the ``K`` most salient positions of the saliency interpolated to ``hw``, in position order
     ``(R, K)`` (a stable sort: ties go to the earlier position)."""
-    score_RL = upsample_tokens(saliency_Rhw.flatten(1).unsqueeze(-1), saliency_Rhw.shape[-2:], hw, mode)[..., 0]
+    score_RL = resize_token_map(saliency_Rhw.flatten(1), tuple(saliency_Rhw.shape[-2:]), hw, mode)
     keep = num_kept_tokens(score_RL.shape[1], ratio)
     return torch.sort(score_RL, dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
 
 
-def structural_reconstruction(canvas_RlC, source_hw, hw, index_RK, computed_RKC, mode: str = "bilinear") -> torch.Tensor:
-    """Eq. (3): the earlier output upsampled to ``hw``, the kept positions overwritten by their fresh outputs."""
-    return scatter_tokens(upsample_tokens(canvas_RlC.to(computed_RKC.dtype), source_hw, hw, mode), index_RK, computed_RKC)
+@dataclass
+class ARVARCallState:
+    """What ARVAR keeps during one call.
 
+    Args:
+        saliency: ``{source scale: {layer: (R, h, w)}}`` Eq. (1) of the recorded attention.
+        outputs: ``{source scale: {layer: (R, l, C)}}`` block outputs for Eq. (3).
+        kept: ``{(T, layer): (R, K)}`` the positions each pruned layer computed.
+    """
 
-def _match_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` for a pass of ``rows`` rows: the conditional rows of a halved pass, or copies of them for both halves."""
-    if x.shape[0] == rows:
-        return x
-    return x[:rows] if x.shape[0] > rows else x.repeat(rows // x.shape[0], *([1] * (x.dim() - 1)))
-
-
-class _OutputRecorder:
-    """Router of a source scale ``T - N``: every token runs the pruned layers, and each block output is kept."""
-
-    def __init__(self, layers, outputs: Dict[int, torch.Tensor]):
-        self.layers, self.outputs = layers, outputs
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        if sublayer != "block" or layer_idx not in self.layers:
-            return None
-        return torch.arange(x_RLC.shape[1], device=x_RLC.device).expand(x_RLC.shape[0], -1)
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        self.outputs[layer_idx] = computed_RKC  # every token, in order: Y_{T-N}
-        return computed_RKC
-
-
-class _RetrospectRouter:
-    """Router of a pruned scale ``T``: the kept tokens (Eq. 2) run the block, the canvas fills the rest (Eq. 3)."""
-
-    def __init__(self, kept: Dict[int, torch.Tensor], outputs: Dict[int, torch.Tensor], source_hw, hw, mode: str):
-        self.kept, self.outputs, self.source_hw, self.hw, self.mode = kept, outputs, source_hw, hw, mode
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        if sublayer != "block" or layer_idx not in self.kept:
-            return None
-        return _match_rows(self.kept[layer_idx], x_RLC.shape[0])
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        canvas = _match_rows(self.outputs[layer_idx], x_RLC.shape[0])
-        return structural_reconstruction(canvas, self.source_hw, self.hw, index_RK, computed_RKC, self.mode)
+    saliency: Dict[int, Dict[int, torch.Tensor]] = field(default_factory=dict)
+    outputs: Dict[int, Dict[int, torch.Tensor]] = field(default_factory=dict)
+    kept: Dict[Tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,6 +139,7 @@ class ARVARScheduler(VARAccelScheduler):
 
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/arvar`` and ``hart-0.7b/arvar``.
     presets = PackagedPresets("arvar")
+    call_state_class = ARVARCallState
 
     @register_to_config
     def __init__(
@@ -239,12 +203,9 @@ class ARVARScheduler(VARAccelScheduler):
             raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
         return range(start, min(end, num_layers))
 
-    def _data(self, state) -> dict:  # saliency, block outputs and kept indices of this call (in the loop's state)
-        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"saliency": {}, "outputs": {}, "kept": {}})
-
     def kept_tokens(self, state) -> Dict[Tuple[int, int], torch.Tensor]:
         """The positions each pruned layer computed in the call of ``state``: ``{(T, layer): (R of T - M, K)}``."""
-        return self._data(state)["kept"]
+        return self.call_state(state).kept
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(self, scale_schedule):
@@ -260,33 +221,47 @@ class ARVARScheduler(VARAccelScheduler):
                              f"(no unconditional rows: Infinity guidance_scale 1, HART guidance_scale 0); enable guidance or set "
                              f"branch_halving_scales=()")
 
-    def token_router(self, state, plan):
+    def acted_scales(self, scale_schedule):
+        scales = self.resolve(scale_schedule)
+        return (scales.halved | frozenset(k for k, r in scales.prune_ratios.items() if r > 0)
+                | frozenset(scales.attention_sources.values()) | frozenset(scales.activation_sources.values()))
+
+    def route_pass(self, state, plan):
+        """A canvas source ``T - N`` records its block outputs; a pruned scale ``T`` routes every pruned block to its
+        retrospect tokens (Eq. 2) and fills the others with the upsampled canvas (Eq. 3)."""
         scales, scale_set = self.resolve(state.scale_schedule), set(plan.scale_indices)
         ours = scale_set & {*scales.attention_sources, *scales.attention_sources.values(), *scales.activation_sources.values()}
         if len(scale_set) > 1 and ours:
             raise ValueError(f"ARVAR's pruned and source scales {sorted(ours)} must run alone, not in the group {plan.scale_indices}")
-        k, data, layers = plan.scale_indices[0], self._data(state), self._layers(state.kv_cache.num_layers)
+        k, call, layers = plan.scale_indices[0], self.call_state(state), self._layers(state.model.num_layers)
         if k in scales.activation_sources.values():
-            return _OutputRecorder(layers, data["outputs"].setdefault(k, {}))
+            return PassRoutes(record=RecordRequest(block_outputs=frozenset(layers)))
         if k not in scales.attention_sources:
             return None
         m_source, n_source = scales.attention_sources[k], scales.activation_sources[k]
-        saliency, outputs = data["saliency"].pop(m_source, {}), data["outputs"].pop(n_source, {})
+        saliency, outputs = call.saliency.pop(m_source, {}), call.outputs.pop(n_source, {})
         if any(layer not in saliency or layer not in outputs for layer in layers):
             raise RuntimeError(f"ARVAR has no attention map or block output of some of layers {list(layers)} for pruned scale {k}: its "
                                f"sources {m_source} / {n_source} did not run in full (skipped or routed by another scheduler?)")
         hw, ratio, mode = tuple(state.scale_schedule[k][-2:]), scales.prune_ratios[k], self.config.upsample_mode
-        kept = {layer: retrospect_tokens(saliency[layer], hw, ratio, mode) for layer in layers}
-        data["kept"].update({(k, layer): index for layer, index in kept.items()})
-        return _RetrospectRouter(kept, outputs, tuple(state.scale_schedule[n_source][-2:]), hw, mode)
+        source_hw = tuple(state.scale_schedule[n_source][-2:])
+        routes = {}
+        for layer in layers:
+            kept = call.kept[(k, layer)] = retrospect_tokens(saliency[layer], hw, ratio, mode)
+            canvas = EarlierScale(outputs[layer], source_hw, mode=mode, in_float32=True)
+            routes[(layer, "block")] = TokenRoute(index=kept, fill=canvas)
+        return PassRoutes(routes=routes)
 
     def after_scale(self, state, plan, hidden_states_RLC):
-        k = plan.scale_indices[0]
-        if k not in self.resolve(state.scale_schedule).attention_sources.values():
+        k, scales = plan.scale_indices[0], self.resolve(state.scale_schedule)
+        call, layers = self.call_state(state), set(self._layers(state.model.num_layers))
+        if k in scales.activation_sources.values():
+            call.outputs[k] = {layer: out for layer, out in state.records.block_outputs.items() if layer in layers}
+        if k not in scales.attention_sources.values():
             return
-        hw, saliency = tuple(state.scale_schedule[k][-2:]), self._data(state)["saliency"].setdefault(k, {})
-        for layer in sorted(state.attention_maps.keys() & set(self._layers(state.kv_cache.num_layers))):  # missing: see T
-            probs = state.attention_maps[layer]
+        hw, saliency = tuple(state.scale_schedule[k][-2:]), call.saliency.setdefault(k, {})
+        for layer in sorted(state.records.attention.keys() & layers):  # missing: see T
+            probs = state.records.attention[layer]
             if probs.dim() == 4 and probs.shape[-2] != hw[0] * hw[1]:  # a "full" map tells how many queries ran
                 raise RuntimeError(f"the attention source scale {k} computed {probs.shape[-2]} of its {hw[0] * hw[1]} tokens in "
                                    f"layer {layer}; it must run in full (routed by another scheduler?)")

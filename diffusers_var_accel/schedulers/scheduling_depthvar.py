@@ -30,16 +30,16 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG), ``N`` tokens of a sca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
 #   loadable base class up in the module named in model_index.json)
 
-from ..models.forward_context import scatter_tokens
+from ..next_scale.maps import place_values, resize_map, unpermute, values_at
+from ..next_scale.plan import LayerProxy, PassRoutes, RecordRequest, TokenRoute
 from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
 
@@ -76,7 +76,7 @@ def layer_masks(scores: torch.Tensor, num_layers: int, offsets: Optional[torch.T
     if not 0 <= min_depth <= num_layers:
         raise ValueError(f"min_depth {min_depth} is outside 0..{num_layers} for a {num_layers}-layer model")
     order = torch.tensor(bit_reversal_permutation(num_layers))
-    position = torch.empty_like(order).scatter_(0, order, torch.arange(num_layers))  # layer -> place in the sequence
+    position = torch.argsort(order)  # layer -> place in the sequence (the inverse permutation)
     depth = (scores * num_layers).floor().clamp(min_depth, num_layers).long()
     offsets = torch.zeros_like(depth) if offsets is None else offsets.long()
     return torch.remainder(position - offsets.unsqueeze(-1), num_layers) < depth.unsqueeze(-1)
@@ -103,51 +103,29 @@ def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, b
     device = order_BN.device
 
     def by_token(values_N):  # a value per rank -> a (B, h, w) map
-        values_BN = values_N.to(device).expand(B, N)
-        return torch.empty_like(values_BN).scatter_(1, order_BN, values_BN).view(B, *hw)
+        return unpermute(values_N.to(device).expand(B, N), order_BN).view(B, *hw)
 
     layer_index = {l: order_BN[:, mask[:, l].nonzero()[:, 0].to(device)].sort(dim=1).values for l in range(num_layers)}
     return ScaleDepth(by_token(scores.float()), by_token(mask.sum(-1)), layer_index)
 
 
-def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t`` with ``rows`` rows: a CFG-halved pass has the conditional rows only; they stand in for the others."""
-    return t[:rows] if t.shape[0] >= rows else t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
+@dataclass
+class DepthSource:
+    """One scale's record for the next pass: its layer deltas ``{l: (R, N, C)}`` and the summed change of Eq. (1)
+    ``(R, N)``."""
+
+    scale: int
+    hw: Tuple[int, int]
+    deltas: Dict[int, torch.Tensor]
+    change: torch.Tensor
 
 
-class _DepthRouter:
-    """Block routing of a pass: layer ``l`` computes ``layer_index[l]`` (all tokens when ``None``), the others take the
-    proxy of Eq. (4); with a ``record``, each layer's delta and the sum of Eq. (1) are kept for the next scale."""
+@dataclass
+class DepthVARCallState:
+    """What DepthVAR keeps during one call: the last source scale and the depth plan of every dynamic scale."""
 
-    def __init__(self, layer_index, previous, hw, record):
-        self.layer_index, self.previous, self.hw, self.record = layer_index, previous, hw, record
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        if sublayer != "block":
-            return None
-        R, N = x_RLC.shape[:2]
-        if self.layer_index is None:
-            return torch.arange(N, device=x_RLC.device).expand(R, N)
-        index_BK = self.layer_index[layer_idx]
-        return index_BK.repeat(R // index_BK.shape[0], 1)
-
-    def proxy(self, layer_idx, x_RLC):
-        """``up(r_{i-1}^l - r_{i-1}^{l-1})`` of Eq. (4), bilinear to this scale, ``(R, N, C)``."""
-        R, _, C = x_RLC.shape
-        delta = _rows(self.previous["deltas"][layer_idx], R).transpose(1, 2).reshape(R, C, *self.previous["hw"])
-        up = F.interpolate(delta.float(), size=self.hw, mode="bilinear", align_corners=False)
-        return up.flatten(2).transpose(1, 2).to(x_RLC.dtype)
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        if self.layer_index is None:
-            out = computed_RKC  # every token, in order: the block's full output
-        else:
-            out = scatter_tokens(x_RLC + self.proxy(layer_idx, x_RLC), index_RK, computed_RKC)
-        if self.record is not None:
-            delta = self.record["deltas"][layer_idx] = out - x_RLC
-            change = delta.float().abs().mean(dim=-1)  # Eq. (1), summed over the layers as they run
-            self.record["change"] = change if self.record["change"] is None else self.record["change"] + change
-        return out
+    source: Optional[DepthSource] = None
+    plans: Dict[int, ScaleDepth] = field(default_factory=dict)
 
 
 class DepthVARScheduler(VARAccelScheduler):
@@ -167,6 +145,9 @@ class DepthVARScheduler(VARAccelScheduler):
         start_scale (`int`, *optional*): first scale with dynamic depth, a 0-based scale index as everywhere in the
             library (negative = from the end); `None` = the scale after ``R``. Earlier scales run at full depth. Scales
             up to ``R`` have budget 1 (full depth, ``S = 1``) even when dynamic.
+        end_scale (`int`, *optional*): last scale with dynamic depth (0-based, negative = from the end); `None` = the
+            last scale. Later scales run at full depth, so DepthVAR can stand before another method's scales (a
+            LazyVAR group).
         rotation_step (`float`, defaults to 0.25): percentile rotation per dynamic scale, in [0, 1); 0 disables it.
         min_depth (`int`, defaults to 1): every token runs at least this many layers (0 allows pure-proxy tokens).
         cyclic_layer_offsets (`bool`, defaults to `True`): start each token's bit-reversal sequence at ``rank mod L``
@@ -188,12 +169,14 @@ class DepthVARScheduler(VARAccelScheduler):
 
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/depthvar`` and ``hart-0.7b/depthvar``.
     presets = PackagedPresets("depthvar")
+    call_state_class = DepthVARCallState
 
     @register_to_config
     def __init__(
         self,
         reference_scale: int = 9,
         start_scale: Optional[int] = None,
+        end_scale: Optional[int] = None,
         rotation_step: float = 0.25,
         min_depth: int = 1,
         cyclic_layer_offsets: bool = True,
@@ -206,6 +189,8 @@ class DepthVARScheduler(VARAccelScheduler):
             raise ValueError(f"reference_scale must be a 1-based scale number (1, 2, ...) or negative from the end (-1 = last), got {reference_scale!r}")
         if start_scale is not None and not _is_int(start_scale):
             raise ValueError(f"start_scale must be a scale index (negative = from the end) or None, got {start_scale!r}")
+        if end_scale is not None and not _is_int(end_scale):
+            raise ValueError(f"end_scale must be a scale index (negative = from the end) or None, got {end_scale!r}")
         if isinstance(rotation_step, bool) or not isinstance(rotation_step, (int, float)) or not 0 <= rotation_step < 1:
             raise ValueError(f"rotation_step must be a percentile shift in [0, 1), got {rotation_step!r}")
         if not _is_int(min_depth) or min_depth < 0:
@@ -228,63 +213,106 @@ class DepthVARScheduler(VARAccelScheduler):
         start = ref + 1 if self.config.start_scale is None else resolve_scale_index(self.config.start_scale, n, "start_scale")
         if start == 0:
             raise ValueError("start_scale resolves to scale 0, which has no previous scale to rank its tokens by; use >= 1")
+        end = n - 1 if self.config.end_scale is None else resolve_scale_index(self.config.end_scale, n, "end_scale")
+        if end < start:
+            raise ValueError(f"end_scale {self.config.end_scale} resolves to scale {end}, before the first dynamic scale {start} "
+                             f"of the {n}-scale schedule")
         tokens = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
-        return {i: min(1.0, tokens[ref] / tokens[i]) for i in range(start, n)}
+        return {i: min(1.0, tokens[ref] / tokens[i]) for i in range(start, end + 1)}
 
     def depth_plans(self, state) -> Dict[int, ScaleDepth]:
         """The depth plan of every dynamic scale of the call of ``state`` (per call: it lives in the loop's state)."""
-        return self._data(state)["plans"]
-
-    def _data(self, state) -> dict:
-        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"plans": {}})
+        return self.call_state(state).plans
 
     # -- extension points ---------------------------------------------------------------------------------------------
+    def acted_scales(self, scale_schedule):
+        budgets = self.budgets(scale_schedule)
+        return frozenset(budgets) | {min(budgets) - 1}
+
     def plan_scales(self, scale_schedule):
         self.budgets(scale_schedule)  # raise early on a setting that does not fit the schedule
         return super().plan_scales(scale_schedule)
 
     def before_scale(self, state, plan):
-        budgets, data, k = self.budgets(state.scale_schedule), self._data(state), plan.scale_indices[0]
-        if k not in budgets or plan.skip:
+        """Eqs. (1)-(3) for the dynamic scales of the pass, ranked by the last scale before it (in a grouped pass every
+        scale is ranked by the scale before the group, as the group's inputs all come from it)."""
+        budgets, call = self.budgets(state.scale_schedule), self.call_state(state)
+        dynamic = [k for k in plan.scale_indices if k in budgets]
+        if not dynamic or plan.skip:
             return
-        previous = data.get("previous")
-        if previous is None or previous["scale"] != k - 1:
-            raise RuntimeError(f"DepthVAR needs the layer deltas of scale {k - 1} for scale {k}, but that scale did not run "
-                               "through DepthVAR's router (skipped, grouped, or routed by another scheduler?)")
-        hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
-        ranking = previous["change"].view(-1, state.batch_size, 1, *previous["hw"]).mean(0)
-        ranking_BN = F.interpolate(ranking, size=hw, mode="bilinear", align_corners=False).flatten(1)  # Eq. (1)
-        phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
-        data["plans"][k] = plan_depth(ranking_BN, hw, len(state.kv_cache), budgets[k], phase, self.config.min_depth,
-                                      self.config.cyclic_layer_offsets)
+        source = call.source
+        previous = state.previous_plan()
+        if source is None or previous is None or source.scale != previous.scale_indices[-1]:
+            raise RuntimeError(f"DepthVAR needs the layer deltas of scale {plan.scale_indices[0] - 1} for scale {dynamic[0]}, but "
+                               "that scale did not run through DepthVAR (skipped, grouped with others, or routed by another "
+                               "scheduler?)")
+        B = state.batch_size
+        ranking_BHW = source.change.view(-1, B, *source.hw).mean(0)  # Eq. (1), mean over an image's CFG rows
+        for k in dynamic:
+            hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
+            phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
+            call.plans[k] = plan_depth(resize_map(ranking_BHW, hw, "bilinear"), hw, state.model.num_layers, budgets[k], phase,
+                                       self.config.min_depth, self.config.cyclic_layer_offsets)
 
-    def token_router(self, state, plan):
-        budgets, data = self.budgets(state.scale_schedule), self._data(state)
-        involved = [k for k in plan.scale_indices if k in budgets or k + 1 in budgets]
-        if not involved:
-            return None
-        if len(plan.scale_indices) > 1:
-            raise ValueError(f"DepthVAR routes one scale per pass; scales {plan.scale_indices} are decoded together")
-        k = plan.scale_indices[0]
-        hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
-        record = {"scale": k, "hw": hw, "deltas": {}, "change": None} if k + 1 in budgets else None
-        data["current"] = record
-        depth = data["plans"].get(k)
-        return _DepthRouter(None if depth is None else depth.layer_index, data.get("previous"), hw, record)
-
-    def restore_codes(self, state, scale_index, codes_Bdhw):
-        depth = self._data(state)["plans"].get(scale_index)
-        # no blending configured, or a shape-only run (FLOP counting on meta tensors): no values to weight by
-        if depth is None or not self.config.code_blending or (depth.scores.is_meta and not codes_Bdhw.is_meta):
-            return codes_Bdhw
-        return codes_Bdhw * depth.scores.unsqueeze(1).to(codes_Bdhw.dtype)  # Eq. (5)
+    def route_pass(self, state, plan):
+        """Eq. (4): layer ``l`` computes the tokens whose depth reaches it, the others take the source's upsampled
+        layer delta; Eq. (5): codes weighted by the score. A pass whose next pass is dynamic records its deltas. When
+        an earlier member of a composition keeps only some tokens of the pass, the depths are planned among those."""
+        budgets, call = self.budgets(state.scale_schedule), self.call_state(state)
+        nxt = state.next_plan()
+        record = nxt is not None and not nxt.skip and any(k in budgets for k in nxt.scale_indices)
+        if record and len(plan.scale_indices) > 1:
+            raise ValueError(f"DepthVAR ranks scale {nxt.scale_indices[0]} by the scale before it, but that scale is decoded in "
+                             f"the group {list(plan.scale_indices)}; end the dynamic scales before the group (end_scale)")
+        num_layers = state.model.num_layers
+        routes = PassRoutes(record=RecordRequest(block_deltas=frozenset(range(num_layers))) if record else RecordRequest())
+        if not any(k in call.plans for k in plan.scale_indices):
+            return routes if routes else None
+        outer = state.pass_routes.routes.get((0, "block")) if state.pass_routes is not None else None
+        kept = state.pass_routes.residual_tokens if outer is not None else {}
+        if outer is not None and any(k not in kept for k in plan.scale_indices):
+            raise ValueError(f"DepthVAR nests within another member's kept tokens only when it names them per scale "
+                             f"(residual_tokens); scales {list(plan.scale_indices)}")
+        schedule, source = state.scale_schedule, call.source
+        hws = tuple((int(schedule[k][-2]), int(schedule[k][-1])) for k in plan.scale_indices)
+        per_layer: Dict[int, List[torch.Tensor]] = {l: [] for l in range(num_layers)}
+        offset = 0
+        for k, hw in zip(plan.scale_indices, hws):
+            depth = call.plans.get(k)
+            count = kept[k].shape[1] if outer is not None else hw[0] * hw[1]
+            if depth is not None and outer is not None:  # rank the kept tokens only (sizes stay configured)
+                ranking = values_at(resize_map(call.source.change.view(-1, state.batch_size, *source.hw).mean(0), hw, "bilinear"), kept[k])
+                phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
+                depth = plan_depth(ranking, (count,), num_layers, budgets[k], phase, self.config.min_depth,
+                                   self.config.cyclic_layer_offsets)
+                full = torch.ones(state.batch_size, hw[0] * hw[1], device=depth.scores.device)
+                call.plans[k] = ScaleDepth(place_values(full, kept[k], depth.scores).view(state.batch_size, *hw),
+                                           depth.depth, depth.layer_index)
+            for l in range(num_layers):
+                if depth is None:  # a scale of the pass at full depth
+                    index = torch.arange(offset, offset + count, device=source.change.device).expand(state.batch_size, -1)
+                else:
+                    index = depth.layer_index[l] + offset
+                per_layer[l].append(index)
+            if depth is not None and self.config.code_blending:
+                routes.code_weights[k] = call.plans[k].scores  # Eq. (5)
+            offset += count
+        for l in range(num_layers):
+            index = per_layer[l][0] if len(per_layer[l]) == 1 else torch.cat(per_layer[l], dim=1)
+            route = TokenRoute(index=index, fill=LayerProxy(source.deltas[l], source.hw, hws))
+            routes.routes[(l, "block")] = route.within(outer) if outer is not None else route
+        return routes
 
     def after_scale(self, state, plan, hidden_states_RLC):
-        data = self._data(state)
-        record = data.pop("current", None)
-        data.pop("previous", None)  # one scale of deltas at a time
-        if record is not None:
-            data["previous"] = record
+        deltas = state.records.block_deltas
+        if not deltas:
+            return
+        change = None
+        for l in sorted(deltas):  # Eq. (1), summed over the layers in order
+            layer_change = deltas[l].float().abs().mean(dim=-1)
+            change = layer_change if change is None else change + layer_change
+        k = plan.scale_indices[0]
+        self.call_state(state).source = DepthSource(k, tuple(int(v) for v in state.scale_schedule[k][-2:]), dict(deltas), change)
 
 
 def _is_int(value) -> bool:

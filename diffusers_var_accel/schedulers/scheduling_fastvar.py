@@ -28,16 +28,15 @@ Shape legend: ``R`` rows (``2B`` under CFG), ``L`` tokens of the scale, ``K`` ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
 #   loadable base class up in the module named in model_index.json)
 
-from ..models.forward_context import scatter_tokens
+from ..next_scale.plan import EarlierScale, PassRoutes, RecordRequest, TokenRoute
 from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
@@ -65,53 +64,21 @@ def pivotal_tokens(x_RLC: torch.Tensor, ratio: float) -> torch.Tensor:
     return pivotal_token_scores(x_RLC).topk(keep, dim=-1, sorted=False).indices.sort(dim=-1).values
 
 
-def restore_from_cache(cached_RlC: torch.Tensor, cached_hw: Tuple[int, int], hw: Tuple[int, int], index_RK: torch.Tensor,
-                       computed_RKC: torch.Tensor) -> torch.Tensor:
-    """CTR: the cached update area-interpolated from ``cached_hw`` to ``hw``, with the kept rows overwritten."""
-    R, _, C = cached_RlC.shape
-    canvas = cached_RlC.reshape(R, *cached_hw, C).permute(0, 3, 1, 2)
-    canvas = F.interpolate(canvas, size=tuple(hw), mode="area").permute(0, 2, 3, 1).reshape(R, hw[0] * hw[1], C)
-    return scatter_tokens(canvas, index_RK, computed_RKC)
+class PivotalTokens:
+    """PTS as a selector: the executor calls it on the residual stream before every pruned sublayer."""
 
+    def __init__(self, ratio: float):
+        self.ratio = ratio
 
-class _CacheWriter:
-    """Router of the cache scale: every token of the pruned layers is "kept", and each sublayer's update is stored."""
-
-    def __init__(self, layers, cache: Dict[Tuple[int, str], torch.Tensor]):
-        self.layers, self.cache = layers, cache
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        if sublayer not in PRUNED_SUBLAYERS or layer_idx not in self.layers:
-            return None
-        return torch.arange(x_RLC.shape[1], device=x_RLC.device).expand(x_RLC.shape[0], -1)
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        self.cache[(layer_idx, sublayer)] = computed_RKC  # all tokens, in order: the full update
-        return computed_RKC
-
-
-class _PrunedRouter:
-    """Router of a pruned scale: PTS before every sublayer of the pruned layers, CTR for the other tokens."""
-
-    def __init__(self, layers, ratio: float, hw, cache, cached_hw, scale_index: int, cache_scale: int):
-        self.layers, self.ratio, self.hw = layers, ratio, hw
-        self.cache, self.cached_hw, self.scale_index, self.cache_scale = cache, cached_hw, scale_index, cache_scale
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        if sublayer not in PRUNED_SUBLAYERS or layer_idx not in self.layers:
-            return None
+    def __call__(self, x_RLC: torch.Tensor) -> torch.Tensor:
         return pivotal_tokens(x_RLC, self.ratio)
 
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        cached = self.cache.get((layer_idx, sublayer))
-        if cached is None:
-            raise RuntimeError(
-                f"FastVAR has no cached {sublayer} update of layer {layer_idx} for scale {self.scale_index}: the cache "
-                f"scale {self.cache_scale} did not run dense in this call (skipped or routed by another scheduler?)"
-            )
-        if cached.shape[0] < x_RLC.shape[0]:
-            raise RuntimeError(f"the FastVAR cache holds {cached.shape[0]} rows, scale {self.scale_index} runs {x_RLC.shape[0]}")
-        return restore_from_cache(cached[: x_RLC.shape[0]], self.cached_hw, self.hw, index_RK, computed_RKC)
+
+@dataclass
+class FastVARCallState:
+    """What FastVAR keeps during one call: the cache scale's sublayer updates ``{(layer, sublayer): (R, l, C)}``."""
+
+    cache: Dict[Tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,6 +134,7 @@ class FastVARScheduler(VARAccelScheduler):
 
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/fastvar`` and ``hart-0.7b/fastvar``.
     presets = PackagedPresets("fastvar")
+    call_state_class = FastVARCallState
 
     @register_to_config
     def __init__(
@@ -234,16 +202,18 @@ class FastVARScheduler(VARAccelScheduler):
             raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
         return range(start, min(end, num_layers))
 
-    def _cache(self, state) -> Dict[Tuple[int, str], torch.Tensor]:
-        """The cached sublayer updates of this call (per call: they live in the loop's state)."""
-        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {})
-
     # -- extension points ---------------------------------------------------------------------------------------------
+    def acted_scales(self, scale_schedule):
+        scales = self.resolve(scale_schedule)
+        return frozenset(scales.prune_ratios) | (frozenset() if scales.cache_scale is None else frozenset({scales.cache_scale}))
+
     def plan_scales(self, scale_schedule):
         skipped = self.resolve(scale_schedule).skipped
         return [ScalePlan((i,), skip=i in skipped) for i in range(len(scale_schedule))]
 
-    def token_router(self, state, plan):
+    def route_pass(self, state, plan):
+        """The cache scale records every pruned sublayer's update (CTR); a pruned scale routes every pruned sublayer
+        to its pivotal tokens (PTS, chosen before each sublayer) and fills the others from the cached update."""
         scales = self.resolve(state.scale_schedule)
         routed = [k for k in plan.scale_indices if k in scales.prune_ratios or k == scales.cache_scale]
         if not routed:
@@ -251,11 +221,24 @@ class FastVARScheduler(VARAccelScheduler):
         if len(plan.scale_indices) > 1:
             raise ValueError(f"FastVAR routes single-scale passes; scale {routed[0]} is decoded in the group {plan.scale_indices}")
         k, schedule = routed[0], state.scale_schedule
-        layers = self._layers(state.kv_cache.num_layers)
+        layers = self._layers(state.model.num_layers)
         if k == scales.cache_scale:
-            return _CacheWriter(layers, self._cache(state))
-        cached_hw = tuple(schedule[scales.cache_scale][-2:])
-        return _PrunedRouter(layers, scales.prune_ratios[k], tuple(schedule[k][-2:]), self._cache(state), cached_hw, k, scales.cache_scale)
+            return PassRoutes(record=RecordRequest(sublayer_updates=frozenset((l, s) for l in layers for s in PRUNED_SUBLAYERS)))
+        cache = self.call_state(state).cache
+        missing = [l for l in layers if not any((l, s) in cache for s in PRUNED_SUBLAYERS)]
+        if missing:
+            raise RuntimeError(
+                f"FastVAR has no cached updates of layers {missing} for scale {k}: the cache scale {scales.cache_scale} did not "
+                "run dense in this call (skipped or routed by another scheduler?)"
+            )
+        cached_hw, select = tuple(schedule[scales.cache_scale][-2:]), PivotalTokens(scales.prune_ratios[k])
+        routes = {key: TokenRoute(selector=select, fill=EarlierScale(update, cached_hw, mode="area"))
+                  for key, update in cache.items() if key[0] in layers}
+        return PassRoutes(routes=routes)
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        if plan.scale_indices[0] == self.resolve(state.scale_schedule).cache_scale:
+            self.call_state(state).cache = dict(state.records.sublayer_updates)
 
 
 def _is_index(value) -> bool:

@@ -34,6 +34,7 @@ scale, ``l = h*w`` its tokens, ``n`` kept tokens of one scale, ``K`` kept tokens
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -42,7 +43,8 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
 #   loadable base class up in the module named in model_index.json)
 
-from ..models.forward_context import scatter_tokens
+from ..next_scale.maps import cells_marked, position_mask, resize_map, values_at
+from ..next_scale.plan import PassRoutes, TokenRoute
 from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
@@ -89,47 +91,40 @@ def lazyvar_keep_indices(
         `list[torch.Tensor]`: per scale, ``(B, n)`` flat token indices in ascending order (the same ``n`` per row).
     """
     B, H, W = update_index_BHW.shape
-    u_B1HW = update_index_BHW.unsqueeze(1).float()
     areas = [h * w for h, w in scale_hws]
     counts = [num_kept_tokens(r, l) for r, l in zip(keep_ratios, areas)]
-    claimed_BP = torch.zeros(B, H * W, dtype=torch.bool, device=u_B1HW.device)
+    claimed_BP = torch.zeros(B, H * W, dtype=torch.bool, device=update_index_BHW.device)
     kept: List[Optional[torch.Tensor]] = [None] * len(scale_hws)
     for m in reversed(range(len(scale_hws))):  # the largest scale takes the highest-update tokens
         (h, w), n, l = scale_hws[m], counts[m], areas[m]
-        u_Bl = F.interpolate(u_B1HW, size=(h, w), mode="area").flatten(1)
+        u_Bl = resize_map(update_index_BHW, (h, w), "area")  # the index averaged over each token's area
         skip = 0
         if cumulative_index == "claimed":
             cell_P = _cell_of_position((h, w), (H, W), u_Bl.device).expand(B, -1)
-            taken_Bl = torch.zeros(B, l, device=u_Bl.device).scatter_reduce(1, cell_P, claimed_BP.float(), "amax") > 0
-            u_Bl = u_Bl - 3.0 * taken_Bl  # u is in [0, 2]: every claimed token sorts after every free one
+            u_Bl = u_Bl - 3.0 * cells_marked(claimed_BP, cell_P, l)  # u is in [0, 2]: claimed tokens sort after free ones
         elif cumulative_index == "count":
             cum_final = sum(counts[k] * (H * W) / areas[k] for k in range(m + 1, len(scale_hws)))
             skip = min(l, round(cum_final * l / (H * W)))
         order_Bl = torch.sort(u_Bl, dim=1, descending=True, stable=True).indices
         kept[m] = order_Bl[:, skip:skip + n].sort(dim=1).values
         if cumulative_index == "claimed":
-            kept_Bl = torch.zeros(B, l, dtype=torch.bool, device=u_Bl.device).scatter_(1, kept[m], True)
-            claimed_BP |= kept_Bl.gather(1, cell_P)
+            claimed_BP |= values_at(position_mask(kept[m], l), cell_P)
     return kept
 
 
-class _KeptTokenRouter:
-    """Block routing of a LazyVAR pass: the kept tokens run every block, the others keep their input."""
+@dataclass
+class LazyVARCallState:
+    """What LazyVAR keeps during one call.
 
-    def __init__(self, index_BK: torch.Tensor):
-        self.index_BK = index_BK
-        self._per_rows: Dict[int, torch.Tensor] = {}
+    Args:
+        f_hat_before: the summed latent before the scale whose update index is read.
+        update_index: ``(B, H, W)`` the last update index.
+        kept: ``{scale: (B, n)}`` the positions each pruned scale computes.
+    """
 
-    def select(self, layer_idx, sublayer, hidden_states_RLC):
-        if sublayer != "block":
-            return None
-        R = hidden_states_RLC.shape[0]
-        if R not in self._per_rows:  # rows [cond_0..cond_{B-1}, uncond_0..]: image b's choice for both of its rows
-            self._per_rows[R] = self.index_BK.repeat(R // self.index_BK.shape[0], 1)
-        return self._per_rows[R]
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, hidden_states_RLC):
-        return scatter_tokens(hidden_states_RLC, index_RK, computed_RKC)
+    f_hat_before: Optional[torch.Tensor] = None
+    update_index: Optional[torch.Tensor] = None
+    kept: Dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class LazyVARScheduler(VARAccelScheduler):
@@ -171,6 +166,7 @@ class LazyVARScheduler(VARAccelScheduler):
 
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/lazyvar`` and ``hart-0.7b/lazyvar``.
     presets = PackagedPresets("lazyvar")
+    call_state_class = LazyVARCallState
 
     @register_to_config
     def __init__(
@@ -220,12 +216,13 @@ class LazyVARScheduler(VARAccelScheduler):
 
     def kept_tokens(self, state) -> Dict[int, torch.Tensor]:
         """The tokens each pruned scale computed in the call of ``state``: ``{scale: (B, n) flat indices}``."""
-        return self._data(state)["kept"]
-
-    def _data(self, state) -> dict:
-        return state.scheduler_data.setdefault(f"{type(self).__name__}@{id(self):x}", {"kept": {}})
+        return self.call_state(state).kept
 
     # -- extension points ---------------------------------------------------------------------------------------------
+    def acted_scales(self, scale_schedule):
+        group = self.group(len(scale_schedule))
+        return frozenset(group) | frozenset(self._indexed_scales(group))
+
     def plan_scales(self, scale_schedule):
         num_scales = len(scale_schedule)
         group, ratios = self.group(num_scales), [float(r) for r in self.config.keep_ratios]
@@ -239,21 +236,23 @@ class LazyVARScheduler(VARAccelScheduler):
 
     def before_scale(self, state, plan):
         group = self.group(state.num_scales)
-        data = self._data(state)
+        call = self.call_state(state)
         if plan.scale_indices[-1] in self._indexed_scales(group):
-            data["f_hat_before"] = state.f_hat
+            call.f_hat_before = state.f_hat
         if plan.scale_indices[0] not in group or plan.skip:
             return
         hws = [tuple(state.scale_schedule[k][-2:]) for k in plan.scale_indices]
         ratios = [self.config.keep_ratios[k - group[0]] for k in plan.scale_indices]
         mode = self.config.cumulative_index if self.config.parallel_decoding else None
-        if "update_index" not in data:
+        if call.update_index is None:
             raise ValueError(f"LazyVAR needs the update index of scale {plan.scale_indices[0] - 1}, which did not run")
-        kept = lazyvar_keep_indices(data["update_index"], hws, ratios, mode)
-        data["kept"].update(zip(plan.scale_indices, kept))
+        kept = lazyvar_keep_indices(call.update_index, hws, ratios, mode)
+        call.kept.update(zip(plan.scale_indices, kept))
 
-    def token_router(self, state, plan):
-        kept = self._data(state)["kept"]
+    def route_pass(self, state, plan):
+        """The kept tokens of the pass run every block (one span: gathered once, scattered once); the other
+        positions pass through and get a zero residual."""
+        kept = self.call_state(state).kept
         if plan.scale_indices[0] not in kept:
             return None
         schedule, offset, parts = state.scale_schedule, 0, []
@@ -261,17 +260,14 @@ class LazyVARScheduler(VARAccelScheduler):
             parts.append(kept[k] + offset)
             offset += schedule[k][-2] * schedule[k][-1]
         index_BK = torch.cat(parts, dim=1)
-        return None if index_BK.shape[1] == offset else _KeptTokenRouter(index_BK)
-
-    def restore_codes(self, state, scale_index, codes_Bdhw):
-        kept = self._data(state)["kept"].get(scale_index)
-        if kept is None:
-            return codes_Bdhw
-        B, _, h, w = codes_Bdhw.shape
-        keep_Bl = torch.zeros(B, h * w, dtype=torch.bool, device=codes_Bdhw.device).scatter_(1, kept, True)
-        return codes_Bdhw.masked_fill(~keep_Bl.view(B, 1, h, w), 0)  # zero residual at the pruned positions
+        if index_BK.shape[1] == offset:
+            return None  # every token kept: the dense pass
+        route = TokenRoute(index=index_BK)
+        return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
+                          residual_tokens={k: kept[k] for k in plan.scale_indices})
 
     def after_scale(self, state, plan, hidden_states_RLC):
-        data = self._data(state)
+        call = self.call_state(state)
         if plan.scale_indices[-1] in self._indexed_scales(self.group(state.num_scales)):
-            data["update_index"] = update_index(data.pop("f_hat_before"), state.f_hat)
+            call.update_index = update_index(call.f_hat_before, state.f_hat)
+            call.f_hat_before = None

@@ -1,109 +1,43 @@
 """The acceleration-scheduler protocol of the next-scale loop, the identity scheduler and composition.
 
-A scheduler decides; the loop, the transformer's token-routing seam and the attention processors carry the
-decision out. The loop consults a scheduler at these named extension points:
+A scheduler decides; the executor (:mod:`diffusers_var_accel.next_scale.executor`) and the loop carry the decision
+out. The loop consults a scheduler at these named extension points:
 
 * :meth:`VARAccelScheduler.plan_scales` - one :class:`ScalePlan` per transformer pass: which scales it decodes
   (several = one pass with a block-causal mask), whether it is skipped, whether only the conditional CFG half runs,
   and whose self-attention maps are recorded.
-* :meth:`VARAccelScheduler.before_scale` - called before each pass (read ``state``: f_hat, previous hidden states).
-* :meth:`VARAccelScheduler.token_router` - a :class:`~diffusers_var_accel.models.forward_context.TokenRouter` for the
-  pass: which tokens each block / sublayer computes (``select``) and how the others are restored (``restore``);
-  per-token layer masks are a router that selects, per layer, the tokens that run it.
-* :meth:`VARAccelScheduler.restore_codes` - the codes of each scale before they enter ``f_hat`` (e.g. a zero
-  residual at pruned positions).
-* :meth:`VARAccelScheduler.after_scale` - called after the pass, with its last hidden states and the recorded
-  attention maps, before the next plan.
+* :meth:`VARAccelScheduler.before_scale` - called before each pass (read ``state``: f_hat, what earlier passes kept).
+* :meth:`VARAccelScheduler.route_pass` - the pass's :class:`~diffusers_var_accel.next_scale.plan.PassRoutes`: which
+  tokens each block or sublayer computes and how the others are filled, what is recorded for later scales, which
+  positions get a zero residual and how codes are weighted.
+* :meth:`VARAccelScheduler.after_scale` - called after the pass and its sampling, with what the pass recorded
+  (``state.records``), before the next plan.
 
 Plans are keyed by scale index, never by width; configurations may count scales from the end (``-1`` is the last
 scale) so that one preset fits every pixel budget of a model. All per-call data lives in the loop's
-``NextScaleState``. Schedulers are ``ConfigMixin`` objects saved as ``acceleration_config.json``.
+``NextScaleState`` (each method's in a typed object, :meth:`VARAccelScheduler.call_state`). Schedulers are
+``ConfigMixin`` objects saved as ``acceleration_config.json``.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, Union
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, Union
 
-import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..next_scale.plan import ATTENTION_MAP_KINDS, PassRoutes, ScalePlan, resolve_scale_index, validate_plans  # noqa: F401
+
 if TYPE_CHECKING:  # pragma: no cover
-    from ..models.forward_context import TokenRouter
-    from ..pipelines.next_scale import NextScaleState
+    from ..next_scale.state import NextScaleState
 
 #: Model families the library knows; a scheduler's ``model_family`` must be one of them (or ``None`` = any).
 MODEL_FAMILIES = ("infinity", "hart")
 
 _SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
-
-#: What a recorded self-attention map keeps (see ``ScalePlan.attention_map``).
-ATTENTION_MAP_KINDS = ("key_mean", "full")
-
-
-@dataclass(frozen=True)
-class ScalePlan:
-    """What the loop does for one transformer pass.
-
-    Args:
-        scale_indices (`tuple[int]`): the scales decoded in this pass, consecutive and ascending. More than one means
-            parallel decoding: every scale's input is interpolated from the summed latent before the pass, and the
-            pass uses a block-causal attention mask (a scale sees earlier scales and itself).
-        skip (`bool`, defaults to `False`): run no transformer pass and add no codes for these scales.
-        cfg_halve (`bool`, defaults to `False`): under CFG, run only the conditional rows through the blocks; their
-            output stands in for the unconditional rows (the guidance difference at these scales is zero).
-        record_attention_layers (`frozenset[int]`): self-attention layers whose probabilities are computed
-            explicitly and handed to ``after_scale`` (in ``state.attention_maps[layer]``).
-        attention_map (`str`, defaults to `"key_mean"`): what is kept of a recorded map: ``"key_mean"`` the attention
-            each key receives, averaged over heads and queries, ``(R, S)`` fp32 (small: one row per key); ``"full"``
-            the probabilities ``(R, H, L, S)`` (memory grows with layers x heads x queries x keys).
-    """
-
-    scale_indices: Tuple[int, ...]
-    skip: bool = False
-    cfg_halve: bool = False
-    record_attention_layers: FrozenSet[int] = field(default_factory=frozenset)
-    attention_map: str = "key_mean"
-
-    def __post_init__(self):
-        if self.attention_map not in ATTENTION_MAP_KINDS:
-            raise ValueError(f"attention_map must be one of {ATTENTION_MAP_KINDS}, got {self.attention_map!r}")
-
-
-def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
-    """Every scale in exactly one plan, in order; groups consecutive; nothing beyond the last scale.
-
-    Raises:
-        ValueError: naming the offending plan and what is allowed.
-    """
-    expected = 0
-    for plan in plans:
-        idx = tuple(plan.scale_indices)
-        if not idx:
-            raise ValueError(f"a scale plan has no scale indices: {plan}")
-        if idx[-1] >= num_scales:
-            raise ValueError(f"plan {idx} crosses the last scale: scale indices must be < {num_scales}")
-        if idx != tuple(range(expected, expected + len(idx))):
-            raise ValueError(f"plan {idx} is out of order: the next plan must start at scale {expected} and be consecutive")
-        if 0 in idx and len(idx) > 1:
-            raise ValueError(f"plan {idx} groups scale 0 with later scales; scale 0 (the start token) runs alone")
-        expected += len(idx)
-    if expected != num_scales:
-        raise ValueError(f"plans cover scales 0..{expected - 1} but the schedule has {num_scales} scales")
-
-
-def resolve_scale_index(index: int, num_scales: int, what: str = "scale index") -> int:
-    """A scale index of a schedule with ``num_scales`` scales; negative values count from the end (-1 = last).
-
-    Raises:
-        ValueError: the index is outside ``[-num_scales, num_scales)``.
-    """
-    if not -num_scales <= int(index) < num_scales:
-        raise ValueError(f"{what} {index} is outside the schedule's {num_scales} scales (allowed: {-num_scales}..{num_scales - 1})")
-    return int(index) % num_scales
 
 
 def check_ratio(value: float, name: str) -> float:
@@ -229,19 +163,28 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     def before_scale(self, state: "NextScaleState", plan: ScalePlan) -> None:
         """Hook before a pass (default: nothing)."""
 
-    def token_router(self, state: "NextScaleState", plan: ScalePlan) -> Optional["TokenRouter"]:
-        """The token router of a pass, or ``None`` to compute every token (default)."""
+    def route_pass(self, state: "NextScaleState", plan: ScalePlan) -> Optional[PassRoutes]:
+        """What the pass computes beyond its plan (token routes, records, residual positions, code weights), or
+        ``None`` for a dense pass (default). In a composition, ``state.pass_routes`` holds what the members before
+        this one declared for the pass, so a selection may nest inside theirs (:meth:`TokenRoute.within`)."""
         return None
 
-    def restore_codes(self, state: "NextScaleState", scale_index: int, codes_Bdhw: torch.Tensor) -> torch.Tensor:
-        """The codes of a scale before they are added to ``f_hat`` (default: unchanged).
+    def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC) -> None:
+        """Hook after a pass and its sampling, before the next plan (default: nothing); ``state.records`` holds
+        what the pass recorded."""
 
-        A method that prunes positions can give them a zero residual here (LazyVAR), so they leave ``f_hat`` as is.
-        """
-        return codes_Bdhw
+    def acted_scales(self, scale_schedule: Sequence[Tuple[int, ...]]) -> FrozenSet[int]:
+        """The scales this method changes or reads from (a composition refuses to skip them); default: none."""
+        return frozenset()
 
-    def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC: torch.Tensor) -> None:
-        """Hook after a pass and its sampling, before the next plan (default: nothing)."""
+    #: The typed per-call object of the method (a dataclass with defaults), or ``None`` when it keeps nothing.
+    call_state_class: Optional[Callable[[], Any]] = None
+
+    def call_state(self, state: "NextScaleState"):
+        """This scheduler's per-call object in the call of ``state`` (made on first use, dropped with the call)."""
+        if self.call_state_class is None:
+            raise TypeError(f"{type(self).__name__} keeps no per-call state (call_state_class is None)")
+        return state.call_state(self, self.call_state_class)
 
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "_class_name")
@@ -271,10 +214,20 @@ def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
 class ComposedScheduler(VARAccelScheduler):
     """Several methods in one schedule: composition is configuration (a list of scheduler configs).
 
-    Merge rules, per pass: at most one member may group scales (its plans define the passes); a pass is skipped if a
-    member skips its scales (members must agree on the passes that contain skipped scales), CFG-halved if any member
-    halves any of its scales, and records the union of the requested attention layers. ``before_scale`` and
-    ``after_scale`` call every member in order. At most one member may route the tokens of a pass.
+    Rules, per pass:
+
+    * **Passes.** At most one member may group scales (its plans define the passes). A pass is skipped if any member
+      skips one of its scales; that is an error only when another member acts on the skipped scale
+      (:meth:`VARAccelScheduler.acted_scales`), and the error names both members and the scale.
+    * **Rows and maps.** A pass is CFG-halved if any member halves one of its scales (halving combines with every
+      routing); the recorded attention layers are the union of the members'.
+    * **Routes.** Members are asked in order; each sees what the earlier ones declared (``state.pass_routes``). Two
+      members may shape one layer only by nesting: the later one selects within the earlier one's kept tokens
+      (:meth:`TokenRoute.within`: DepthVAR's depth within LazyVAR's kept tokens). Any other pair of routes on one
+      layer, or a layer that one member records (attention, outputs, deltas, updates) while another routes it, is an
+      error naming both members, the layer and the scales. Zero-residual positions of one scale may come from one
+      member only; code weights multiply.
+    * ``before_scale`` and ``after_scale`` call every member in order.
 
     Args:
         schedulers (`list[dict | VARAccelScheduler]`): the members, as instances or as ``to_dict()`` configs.
@@ -305,25 +258,35 @@ class ComposedScheduler(VARAccelScheduler):
         for m in self.members:
             m.check_model_family(family)
 
+    def _names(self) -> List[str]:
+        return [f"{type(m).__name__} (member {i})" for i, m in enumerate(self.members)]
+
+    def acted_scales(self, scale_schedule):
+        return frozenset().union(*(m.acted_scales(scale_schedule) for m in self.members))
+
     def plan_scales(self, scale_schedule):
-        num_scales = len(scale_schedule)
+        num_scales, names = len(scale_schedule), self._names()
         member_plans = [m.plan_scales(scale_schedule) for m in self.members]
         for plans in member_plans:
             validate_plans(plans, num_scales)
-        groupers = [p for p in member_plans if any(len(x.scale_indices) > 1 for x in p)]
+        groupers = [i for i, p in enumerate(member_plans) if any(len(x.scale_indices) > 1 for x in p)]
         if len(groupers) > 1:
-            raise ValueError("more than one member scheduler groups scales; a composition allows one grouping")
-        base = groupers[0] if groupers else member_plans[0]
+            raise ValueError(f"{names[groupers[0]]} and {names[groupers[1]]} both group scales; a composition allows one grouping")
+        acted = [m.acted_scales(scale_schedule) for m in self.members]
+        for i, plans in enumerate(member_plans):
+            for si in sorted({k for x in plans if x.skip for k in x.scale_indices}):
+                for j, scales in enumerate(acted):
+                    if j != i and si in scales:
+                        raise ValueError(f"{names[i]} skips scale {si}, which {names[j]} acts on; compose them on other scales "
+                                         f"(or drop the skip)")
+        base = member_plans[groupers[0]] if groupers else member_plans[0]
         merged = []
         for plan in base:
             scales = set(plan.scale_indices)
             overlapping = [x for plans in member_plans for x in plans if scales & set(x.scale_indices)]
-            skips = {x.skip for x in overlapping}
-            if len(skips) > 1:
-                raise ValueError(f"member schedulers disagree on skipping scales {sorted(scales)}")
             merged.append(replace(
                 plan,
-                skip=skips.pop(),
+                skip=any(x.skip for x in overlapping),
                 cfg_halve=any(x.cfg_halve for x in overlapping),
                 record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
                 attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
@@ -334,21 +297,57 @@ class ComposedScheduler(VARAccelScheduler):
         for m in self.members:
             m.before_scale(state, plan)
 
-    def token_router(self, state, plan):
-        routers = [(m, r) for m in self.members if (r := m.token_router(state, plan)) is not None]
-        if len(routers) > 1:
-            names = [type(m).__name__ for m, _ in routers]
-            raise ValueError(f"members {names} both route the tokens of scales {plan.scale_indices}; compose them on different scales")
-        return routers[0][1] if routers else None
-
-    def restore_codes(self, state, scale_index, codes_Bdhw):
-        for m in self.members:
-            codes_Bdhw = m.restore_codes(state, scale_index, codes_Bdhw)
-        return codes_Bdhw
+    def route_pass(self, state, plan):
+        names, merged = self._names(), PassRoutes()
+        owner: Dict[Tuple[int, str], int] = {}
+        records: List[Tuple[int, str, FrozenSet[int]]] = []  # (member, what, layers) for the conflict check
+        scales = set(plan.scale_indices)
+        for i, m in enumerate(self.members):
+            recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule)
+                                           if scales & set(x.scale_indices)))
+            if recorded:
+                records.append((i, "attention map", recorded))
+            state.pass_routes = merged
+            routes = m.route_pass(state, plan)
+            if not routes:
+                continue
+            for key, route in routes.routes.items():
+                if key in merged.routes and not _nests(route, merged.routes[key]):
+                    raise ValueError(f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
+                                     f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
+                                     "in the other")
+                merged.routes[key] = route
+                owner[key] = i
+            rec = routes.record
+            for what, layers in (("block output", rec.block_outputs), ("block delta", rec.block_deltas),
+                                 ("sublayer update", frozenset(layer for layer, _ in rec.sublayer_updates))):
+                if layers:
+                    records.append((i, what, frozenset(layers)))
+            merged.record = merged.record | rec
+            for si, index in routes.residual_tokens.items():
+                if si in merged.residual_tokens:
+                    raise ValueError(f"two members choose the zero-residual positions of scale {si}; one method may do so per scale")
+                merged.residual_tokens[si] = index
+            for si, weights in routes.code_weights.items():
+                merged.code_weights[si] = merged.code_weights[si] * weights if si in merged.code_weights else weights
+        for i, what, layers in records:
+            for key, j in owner.items():
+                if j != i and key[0] in layers:
+                    raise ValueError(f"{names[i]} records the {what} of layer {key[0]} at scales {list(plan.scale_indices)}, "
+                                     f"but {names[j]} routes that layer there: the recorded tensor would come from routed "
+                                     "tokens; compose them on other scales")
+        state.pass_routes = None
+        return merged if merged else None
 
     def after_scale(self, state, plan, hidden_states_RLC):
         for m in self.members:
             m.after_scale(state, plan, hidden_states_RLC)
+
+
+def _nests(route, outer) -> bool:
+    """Whether ``route`` is a selection nested inside ``outer`` (same outer tokens and fill, plus an inner route)."""
+    return (route.inner is not None and route.index is outer.index and route.selector is outer.selector
+            and route.fill is outer.fill)
 
 
 def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAccelScheduler]:

@@ -10,12 +10,12 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
-from ...models.forward_context import VARForwardContext
+from ...next_scale.context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
-from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
+from ...next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
 

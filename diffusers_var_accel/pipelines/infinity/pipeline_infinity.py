@@ -10,13 +10,13 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
-from ...models.forward_context import VARForwardContext
+from ...next_scale.context import VARForwardContext
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
-from ..next_scale import ScaleModelFamily, run_next_scale_loop
+from ...next_scale import ScaleModelFamily, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
 

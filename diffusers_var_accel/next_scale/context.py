@@ -1,0 +1,129 @@
+"""What one transformer pass over the tokens of one scale (or one group of scales) needs besides the weights.
+
+The next-scale loop builds a :class:`VARForwardContext` per pass and hands it down to the blocks, which hand it to
+their attention processors. Nothing here outlives the call: the KV cache, recorded tensors and the routes belong to
+the loop's per-call state. A context describes the tokens it goes with: the executor derives one per gathered token
+set (:meth:`VARForwardContext.for_tokens`), so blocks and processors never index anything themselves.
+
+Shape legend: ``R`` rows (batch, doubled under CFG), ``L`` tokens of this pass, ``K`` kept tokens, ``C`` width,
+``H`` heads, ``c`` head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from dataclasses import replace
+from typing import Dict, Optional, Set, Tuple
+
+import torch
+
+from .cache import ScaleKVCache
+from .plan import PassRoutes
+
+@dataclass
+class VARForwardContext:
+    """Per-pass inputs of the transformer blocks.
+
+    Args:
+        kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
+        rope_cos_sin (`torch.Tensor`): ``(2, 1 or R, 1, L, d)`` cosines and sines of the RoPE angles of this pass's
+            tokens (Infinity: ``d = c/2``, shared by all rows; HART: ``d = c``, one table per row).
+        token_scale_ids (`torch.Tensor`, *optional*): ``(L,)`` scale index of every token when several scales are
+            decoded in one pass; self-attention then applies the block-causal mask (a token sees the cache, and the
+            tokens of its own and earlier scales). ``None`` for a single scale (all keys visible).
+        routes (`PassRoutes`, *optional*): the scheduler's token routes and record requests for this pass (carried out
+            by :mod:`~diffusers_var_accel.next_scale.executor`); ``None`` computes every token.
+        record_attention_layers (`set[int]`): layers whose self-attention probabilities are stored in
+            ``attention_maps`` (explicit softmax instead of the fused kernel).
+        attention_map (`str`): ``"key_mean"`` stores ``(R, S)``, the attention each key receives averaged over heads
+            and queries; ``"full"`` stores the ``(R, H, L, S)`` probabilities.
+        cache_rows (`int`, *optional*): rows held by the KV cache when the blocks run fewer rows (CFG halving: only
+            the conditional half runs, and its keys/values are copied to the unconditional rows of the cache).
+        scale_hws (`tuple`): ``(h, w)`` of every scale of the pass, in order.
+        positions (`torch.Tensor`, *optional*): ``(R, K)`` positions, among the pass's tokens, of the tokens this
+            context describes; ``None`` = all of them, in order.
+        records (`PassRecords`): what the executor kept for later scales (filled during the pass).
+    """
+
+    kv_cache: Optional[ScaleKVCache]
+    rope_cos_sin: torch.Tensor
+    token_scale_ids: Optional[torch.Tensor] = None
+    routes: Optional[PassRoutes] = None
+    record_attention_layers: Set[int] = field(default_factory=set)
+    attention_maps: Dict[int, torch.Tensor] = field(default_factory=dict)
+    attention_map: str = "key_mean"
+    cache_rows: Optional[int] = None
+    scale_hws: Tuple[Tuple[int, int], ...] = ()
+    positions: Optional[torch.Tensor] = None
+    records: "PassRecords" = field(default_factory=lambda: PassRecords())
+
+    def for_tokens(self, index_RK: torch.Tensor) -> "VARForwardContext":
+        """The context of the tokens ``index`` selects among this context's tokens: their RoPE table, scale ids and
+        pass positions; the KV cache, recorded maps and records are shared."""
+        positions = index_RK if self.positions is None else torch.gather(self.positions, 1, index_RK)
+        return replace(self, rope_cos_sin=gather_rope(self.rope_cos_sin, index_RK),
+                       token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions)
+
+
+@dataclass
+class PassRecords:
+    """What one pass kept for later scales (``state.records`` in ``after_scale``).
+
+    Args:
+        attention: ``{layer: map}`` recorded self-attention (``ScalePlan.record_attention_layers``).
+        block_outputs: ``{layer: (R, L, C)}`` full block outputs.
+        block_deltas: ``{layer: (R, L, C)}`` block output minus input.
+        sublayer_updates: ``{(layer, sublayer): (R, L, C)}`` full residual updates.
+    """
+
+    attention: Dict[int, torch.Tensor] = field(default_factory=dict)
+    block_outputs: Dict[int, torch.Tensor] = field(default_factory=dict)
+    block_deltas: Dict[int, torch.Tensor] = field(default_factory=dict)
+    sublayer_updates: Dict[Tuple[int, str], torch.Tensor] = field(default_factory=dict)
+
+
+def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """``x[r, index[r, k]]`` for every row: the kept tokens, in index order."""
+    return torch.gather(x_RLC, 1, index_RK.unsqueeze(-1).expand(-1, -1, x_RLC.shape[-1]))
+
+
+def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
+    """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
+    return canvas_RLC.scatter(1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype))
+
+
+def gather_rope(rope_cos_sin: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """The RoPE table of the kept tokens: ``(2, 1 or R, 1, L, d)`` -> ``(2, R, 1, K, d)``.
+
+    A table shared by all rows (Infinity) is indexed directly; per-row tables (HART, whose positions depend on each
+    row's text length) are gathered row by row.
+    """
+    table_RLD = rope_cos_sin[:, :, 0]  # (2, 1 or R, L, d)
+    R, K = index_RK.shape
+    d = table_RLD.shape[-1]
+    if table_RLD.shape[1] == 1:
+        gathered = table_RLD[:, 0, index_RK.reshape(-1)]  # (2, R*K, d)
+        return gathered.view(2, R, 1, K, d)
+    index = index_RK.view(1, R, K, 1).expand(2, R, K, d)
+    return torch.gather(table_RLD, 2, index).unsqueeze(2)
+
+
+def gather_scale_ids(token_scale_ids: Optional[torch.Tensor], index_RK: torch.Tensor) -> Optional[torch.Tensor]:
+    """Scale ids of the kept tokens, ``(R, K)``, or ``None`` for a single-scale pass."""
+    if token_scale_ids is None:
+        return None
+    if token_scale_ids.dim() == 1:  # (L,): the pass's own tokens
+        return token_scale_ids[index_RK]
+    return torch.gather(token_scale_ids, 1, index_RK)  # (R, K): tokens already selected by an outer route
+
+
+def block_causal_mask(cache_length: int, scale_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (True = visible) of a grouped pass: every cached key, plus keys of the same or earlier scales.
+
+    ``scale_ids`` is ``(L,)`` for all tokens of the pass (mask ``(L, cache + L)``) or ``(R, K)`` for routed tokens
+    (mask ``(R, 1, K, cache + K)``, one per row since rows may keep different tokens).
+    """
+    within = scale_ids.unsqueeze(-1) >= scale_ids.unsqueeze(-2)  # query scale >= key scale
+    cache = torch.ones(*within.shape[:-1], cache_length, dtype=torch.bool, device=scale_ids.device)
+    mask = torch.cat((cache, within), dim=-1)
+    return mask if scale_ids.dim() == 1 else mask.unsqueeze(1)

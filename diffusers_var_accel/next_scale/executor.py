@@ -1,0 +1,210 @@
+"""The one executor of acceleration plans, shared by Infinity and HART: every gather, fill, scatter and record.
+
+A model's ``forward`` hands its blocks to :func:`execute_blocks`; each block describes its sublayers and passes each
+through :func:`run_sublayer`. What happens is read from the pass's :class:`~.plan.PassRoutes` (``context.routes``):
+
+* a **block route** ``(layer, "block")``: the block runs on the route's tokens; the other positions take the route's
+  fill (the input unchanged, an earlier scale's interpolated output, or the input plus an earlier scale's upsampled
+  layer delta); an ``inner`` route selects again among the kept tokens (nested selections).
+* consecutive block routes with the **same index and a pass-through fill** form one span: the tokens are gathered
+  once before its first block and scattered once after its last (LazyVAR's kept tokens run every block with one
+  gather and one scatter). Within a span only the tokens' own values change, so this equals a gather and scatter
+  per block.
+* a **sublayer route** ``(layer, "self_attn" | "cross_attn" | "ffn")``: the sublayer computes its update on the
+  route's tokens (chosen from the residual stream by a selector when the route has one, as FastVAR's pivotal tokens);
+  the other positions' update is the fill (zero, or an earlier scale's interpolated update).
+* **records**: full block outputs, block deltas (output minus input) and full sublayer updates of the requested
+  layers are kept in ``context.records`` for later scales.
+
+Without routes every token runs every layer and nothing else happens: the dense path is the reference.
+
+Shape legend: ``R`` rows, ``L`` tokens of the pass, ``K`` tokens a route keeps, ``C`` width, ``l`` tokens of an
+earlier scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .context import VARForwardContext, gather_tokens, scatter_tokens
+from .plan import FILL_MODES, EarlierScale, LayerProxy, PassThrough, TokenRoute
+from .rows import match_rows
+
+#: ``compute(x_sub_RKC, context_of_those_tokens) -> residual update`` of one sublayer.
+SublayerFn = Callable[[torch.Tensor, VARForwardContext], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# token maps
+# ---------------------------------------------------------------------------------------------------------------------
+def interpolate_tokens(x_RlC: torch.Tensor, source_hw: Tuple[int, int], hw: Tuple[int, int], mode: str,
+                       in_float32: bool = False) -> torch.Tensor:
+    """The tokens of an ``h x w`` map interpolated to ``hw``: ``(R, h_out * w_out, C)`` in ``x``'s dtype."""
+    if mode not in FILL_MODES:
+        raise ValueError(f"interpolation mode must be one of {list(FILL_MODES)}, got {mode!r}")
+    R, _, C = x_RlC.shape
+    x = (x_RlC.float() if in_float32 else x_RlC).reshape(R, *source_hw, C).permute(0, 3, 1, 2)
+    x = F.interpolate(x, size=tuple(hw), mode=mode, align_corners=False if mode in ("bilinear", "bicubic") else None)
+    return x.permute(0, 2, 3, 1).reshape(R, hw[0] * hw[1], C).to(x_RlC.dtype)
+
+
+def _layer_proxy(fill: LayerProxy, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """``up(delta)`` of every token of the pass, bilinear per scale of the pass, ``(R, L, C)``."""
+    delta = match_rows(fill.delta, rows)
+    R, _, C = delta.shape
+    grid = delta.transpose(1, 2).reshape(R, C, *fill.source_hw).float()
+    parts = [F.interpolate(grid, size=tuple(hw), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
+             for hw in fill.scale_hws]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).to(dtype)
+
+
+def _at_positions(full_RLC: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
+    """A tensor over every token of the pass, restricted to the tokens ``context`` describes."""
+    return full_RLC if context.positions is None else gather_tokens(full_RLC, context.positions)
+
+
+def _earlier_scale(fill: EarlierScale, rows: int, context: VARForwardContext, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    if len(context.scale_hws) != 1:
+        raise ValueError(f"an earlier scale's tokens fill single-scale passes only; this pass decodes {len(context.scale_hws)} scales")
+    source = match_rows(fill.source, rows)
+    source = source if dtype is None else source.to(dtype)
+    return _at_positions(interpolate_tokens(source, fill.source_hw, context.scale_hws[0], fill.mode, fill.in_float32), context)
+
+
+def _block_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
+    """A block's output at the positions its route does not compute."""
+    if isinstance(fill, PassThrough):
+        return x_RLC
+    if isinstance(fill, EarlierScale):
+        return _earlier_scale(fill, x_RLC.shape[0], context, x_RLC.dtype)
+    if isinstance(fill, LayerProxy):
+        return x_RLC + _at_positions(_layer_proxy(fill, x_RLC.shape[0], x_RLC.dtype), context)
+    raise TypeError(f"unknown fill {fill!r} of a block route")
+
+
+def _update_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
+    """A sublayer's update at the positions its route does not compute."""
+    if isinstance(fill, PassThrough):
+        return torch.zeros_like(x_RLC)
+    if isinstance(fill, EarlierScale):
+        return _earlier_scale(fill, x_RLC.shape[0], context, None)
+    raise TypeError(f"a sublayer route fills with PassThrough or EarlierScale, got {fill!r}")
+
+
+def _select(route: TokenRoute, x_RLC: torch.Tensor) -> torch.Tensor:
+    """The route's ``(R, K)`` positions for these rows (a selector reads the residual stream)."""
+    return route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
+
+
+def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor) -> VARForwardContext:
+    """The context of gathered tokens; their sublayers run dense (routes act at the level they were declared)."""
+    return replace(context.for_tokens(index_RK), routes=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# blocks
+# ---------------------------------------------------------------------------------------------------------------------
+def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: Optional[TokenRoute]) -> torch.Tensor:
+    if route is None:
+        return block(x_RLC, condition, context)
+    index_RK = _select(route, x_RLC)
+    canvas = _block_canvas(route.fill, x_RLC, context)
+    if index_RK.shape[1] == 0:  # nothing computed: every position takes the fill
+        return canvas
+    x_RKC = gather_tokens(x_RLC, index_RK)
+    out_RKC = _routed_block(block, x_RKC, condition, _tokens_context(context, index_RK), route.inner)
+    return scatter_tokens(canvas, index_RK, out_RKC)
+
+
+def _spans(route: Optional[TokenRoute], other: Optional[TokenRoute]) -> bool:
+    """Whether ``other`` continues the span of ``route`` (same tokens, both passing the others through)."""
+    return (other is not None and isinstance(other.fill, PassThrough) and other.index is route.index
+            and other.selector is route.selector)
+
+
+def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+    """Run ``blocks`` over the pass's tokens as ``context.routes`` says (every token, every block without routes)."""
+    routes = context.routes
+    if routes is None or not (routes.routes or routes.record):
+        for block in blocks:
+            x_RLC = block(x_RLC, condition, context)
+        return x_RLC
+    record = routes.record
+    layer, num_layers = 0, len(blocks)
+    while layer < num_layers:
+        route = routes.routes.get((layer, "block"))
+        if route is not None and any((layer, kind) in routes.routes for kind in ("self_attn", "cross_attn", "ffn")):
+            raise ValueError(f"layer {layer} has a block route and sublayer routes; a layer is routed at one level")
+        recorded = layer in record.block_outputs or layer in record.block_deltas
+        if route is not None and isinstance(route.fill, PassThrough) and not recorded:
+            end = layer + 1
+            while (end < num_layers and _spans(route, routes.routes.get((end, "block")))
+                   and end not in record.block_outputs and end not in record.block_deltas):
+                end += 1
+            x_RLC = _run_span(blocks[layer:end], x_RLC, condition, context,
+                              [routes.routes[(j, "block")].inner for j in range(layer, end)], route)
+            layer = end
+            continue
+        out_RLC = _routed_block(blocks[layer], x_RLC, condition, context, route)
+        if layer in record.block_outputs:
+            context.records.block_outputs[layer] = out_RLC
+        if layer in record.block_deltas:
+            context.records.block_deltas[layer] = out_RLC - x_RLC
+        x_RLC = out_RLC
+        layer += 1
+    return x_RLC
+
+
+def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes, route: TokenRoute) -> torch.Tensor:
+    """Consecutive blocks on the same kept tokens: one gather before, one scatter after."""
+    index_RK = _select(route, x_RLC)
+    if index_RK.shape[1] == 0:
+        return x_RLC
+    x_RKC = gather_tokens(x_RLC, index_RK)
+    tokens_context = _tokens_context(context, index_RK)
+    for block, inner in zip(blocks, inner_routes):
+        x_RKC = _routed_block(block, x_RKC, condition, tokens_context, inner)
+    canvas = x_RLC.to(torch.promote_types(x_RLC.dtype, x_RKC.dtype))
+    return scatter_tokens(canvas, index_RK, x_RKC)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# sublayers
+# ---------------------------------------------------------------------------------------------------------------------
+def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: SublayerFn, context: VARForwardContext) -> torch.Tensor:
+    """``x + compute(x)``, or, under a route for ``(layer_idx, kind)``, ``x`` plus the update of the route's tokens
+    filled in with the route's fill; the full update is recorded when the pass asks for it."""
+    routes = context.routes
+    route = routes.routes.get((layer_idx, kind)) if routes is not None else None
+    if route is None:
+        update_RLC = compute(x_RLC, context)
+    else:
+        index_RK = _select(route, x_RLC)
+        update_RLC = _update_canvas(route.fill, x_RLC, context)
+        if index_RK.shape[1]:
+            computed_RKC = compute(gather_tokens(x_RLC, index_RK), _tokens_context(context, index_RK))
+            update_RLC = scatter_tokens(update_RLC, index_RK, computed_RKC)
+    if routes is not None and (layer_idx, kind) in routes.record.sublayer_updates:
+        context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
+    return x_RLC + update_RLC
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# codes
+# ---------------------------------------------------------------------------------------------------------------------
+def keep_residual(codes_Bdhw: torch.Tensor, index_Bn: torch.Tensor) -> torch.Tensor:
+    """The codes with a zero residual everywhere but the positions ``index`` (flat, per image)."""
+    B, _, h, w = codes_Bdhw.shape
+    keep_Bl = torch.zeros(B, h * w, dtype=torch.bool, device=codes_Bdhw.device).scatter_(1, index_Bn, True)
+    return codes_Bdhw.masked_fill(~keep_Bl.view(B, 1, h, w), 0)
+
+
+def weight_codes(codes_Bdhw: torch.Tensor, weights_Bhw: torch.Tensor) -> torch.Tensor:
+    """The codes weighted per position (code blending)."""
+    if weights_Bhw.is_meta and not codes_Bdhw.is_meta:  # a shape-only plan (FLOP counting): no values to weight by
+        return codes_Bdhw
+    return codes_Bdhw * weights_Bhw.unsqueeze(1).to(codes_Bdhw.dtype)

@@ -1,0 +1,173 @@
+"""The one next-scale loop shared by Infinity and HART (VAR's ``autoregressive_infer_cfg``, with extension points).
+
+Per transformer pass (a :class:`~.plan.ScalePlan`): build the inputs of its scales from the summed latent ``f_hat``,
+run the blocks with the per-call KV cache, compute logits, apply guidance, sample, turn the tokens into codes and
+add them to ``f_hat``. What differs between model families (how inputs are embedded, how tokens are sampled and
+become codes) lives in a :class:`~.state.ScaleModelFamily` adapter next to each model's pipeline; what an
+acceleration method changes is *decided* by its scheduler (``plan_scales``, ``before_scale``, ``route_pass``,
+``after_scale``) and carried out here and by the executor (:mod:`.executor`). Without a scheduler the loop runs
+identity plans: the baseline is this same loop.
+
+The scheduler is any object with those four methods (see
+:class:`~diffusers_var_accel.schedulers.VARAccelScheduler`); this package imports nothing above it.
+
+Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first), ``L`` tokens, ``C`` width.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .cache import ScaleKVCache
+from .context import PassRecords, VARForwardContext
+from .executor import keep_residual, weight_codes
+from .plan import ModelInfo, PassRoutes, ScalePlan, validate_plans
+from .rows import RowLayout
+from .state import NextScaleState, ScaleModelFamily, ScaleOutputs
+
+
+def identity_plans(scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
+    """One dense pass per scale: the baseline."""
+    return [ScalePlan((i,)) for i in range(len(scale_schedule))]
+
+
+def run_next_scale_loop(
+    family: ScaleModelFamily,
+    condition,
+    scale_schedule: Sequence[Tuple[int, ...]],
+    batch_size: int,
+    guidance_scales: Sequence[float],
+    temperatures: Sequence[float],
+    generator=None,
+    scheduler=None,
+    teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
+    on_scale_end: Optional[Callable[[int, NextScaleState], None]] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> NextScaleState:
+    """Generate the summed latent of ``batch_size`` images, scale by scale.
+
+    Args:
+        family: the model-family adapter (transformer + tokenizer steps).
+        condition (`InfinityCondition` or `HARTCondition`): the family's text conditioning for all rows (conditional
+            rows first, unconditional after when any guidance scale is not 1).
+        scale_schedule: ``(1, h, w)`` (or ``(h, w)``) per scale.
+        batch_size: number of images B.
+        guidance_scales: one CFG scale per scale (read at each scale, so a callback may change later entries).
+        temperatures: one sampling temperature per scale.
+        generator (`torch.Generator` or `List[torch.Generator]`, *optional*): one generator, or one per image.
+        scheduler (`VARAccelScheduler`, *optional*): the acceleration scheduler; ``None`` runs identity plans.
+        teacher_tokens: tokens to use instead of sampling at the first ``len(teacher_tokens)`` scales.
+        on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).
+        should_stop: polled between passes; when it returns True the loop ends early (interrupt).
+
+    Returns:
+        The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
+    """
+    if scheduler is not None:
+        scheduler.check_model_family(family.family)
+    num_scales = len(scale_schedule)
+    if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
+        raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
+    layout = RowLayout(batch_size, guided=any(g != 1 for g in guidance_scales))
+    state = NextScaleState(tuple(tuple(s) for s in scale_schedule), batch_size, layout.cache_rows, ScaleKVCache(family.num_layers))
+    state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
+    plans = scheduler.plan_scales(state.scale_schedule) if scheduler is not None else identity_plans(state.scale_schedule)
+    validate_plans(plans, num_scales)
+    state.plans = tuple(plans)
+
+    for pass_index, plan in enumerate(plans):
+        if should_stop is not None and should_stop():
+            break
+        state.scale_index, state.pass_index = plan.scale_indices[0], pass_index
+        if scheduler is not None:
+            scheduler.before_scale(state, plan)
+        if plan.skip:
+            for si in plan.scale_indices:
+                if on_scale_end is not None:
+                    on_scale_end(si, state)
+            continue
+        routes = scheduler.route_pass(state, plan) if scheduler is not None else None
+        pass_layout = layout.for_pass(plan.cfg_halve)
+        hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, routes, pass_layout)
+        offset = 0
+        for si, length in zip(plan.scale_indices, lengths):
+            h_scale = hidden_RLC[:, offset:offset + length]
+            offset += length
+            # Under CFG halving the unconditional rows are copies of the conditional ones: guidance has no effect.
+            cfg = 1.0 if pass_layout.halved else guidance_scales[si]
+            logits, state.logits[si] = family.guided_logits(h_scale, pass_condition, si, cfg, temperatures[si], batch_size)
+            if teacher_tokens is not None and si < len(teacher_tokens):
+                tokens = teacher_tokens[si]
+            else:
+                tokens = family.sample(logits, si, generator)
+            state.tokens[si] = tokens
+            residual = routes.residual_tokens.get(si) if routes is not None else None
+            outputs = ScaleOutputs(h_scale, logits, cfg, generator, pass_condition, residual)
+            codes = family.tokens_to_codes(tokens, si, outputs)
+            if residual is not None:
+                codes = keep_residual(codes, residual)  # zero residual where the scale computed nothing
+            if routes is not None and si in routes.code_weights:
+                codes = weight_codes(codes, routes.code_weights[si])
+            state.f_hat = family.add_codes(state.f_hat, codes, si)
+        if scheduler is not None:
+            scheduler.after_scale(state, plan, hidden_RLC)
+        state.records = PassRecords()
+        for si in plan.scale_indices:
+            if on_scale_end is not None:
+                on_scale_end(si, state)
+    return state
+
+
+def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes: Optional[PassRoutes], layout: RowLayout):
+    """Embed the inputs of the plan's scales and run the blocks once.
+
+    Returns the hidden states, the token count of each scale and the condition rows the pass ran on.
+    """
+    schedule = state.scale_schedule
+    scale_hws = tuple((int(schedule[si][-2]), int(schedule[si][-1])) for si in plan.scale_indices)
+    lengths = [h * w for h, w in scale_hws]
+    input_lengths = list(lengths)
+    cond_rows = family.select_condition_rows(condition, slice(0, state.batch_size)) if layout.halved else condition
+    parts = []
+    if plan.scale_indices[0] == 0:
+        start_RLC = family.start_tokens(cond_rows)
+        input_lengths[0] = start_RLC.shape[1]  # the start tokens need not be one per output token (HART's context)
+        parts.append(start_RLC)
+    later = [si for si in plan.scale_indices if si != 0]
+    if later:
+        inputs_BLd = torch.cat([family.next_inputs(state.f_hat, si) for si in later], dim=1)
+        later_lengths = input_lengths[len(plan.scale_indices) - len(later):]
+        level_L = torch.repeat_interleave(
+            torch.tensor(later, device=inputs_BLd.device), torch.tensor(later_lengths, device=inputs_BLd.device),
+            output_size=sum(later_lengths),
+        )
+        x_later = family.embed_inputs(inputs_BLd, level_L)
+        parts.append(x_later.repeat(layout.run_rows // state.batch_size, 1, 1))
+    x_RLC = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    scale_ids = None
+    if len(plan.scale_indices) > 1:
+        scale_ids = torch.repeat_interleave(
+            torch.tensor(plan.scale_indices, device=x_RLC.device), torch.tensor(input_lengths, device=x_RLC.device),
+            output_size=sum(input_lengths),
+        )
+    records = PassRecords()
+    context = VARForwardContext(
+        kv_cache=state.kv_cache,
+        rope_cos_sin=family.rope_cos_sin(plan.scale_indices, cond_rows),
+        token_scale_ids=scale_ids,
+        routes=routes if routes else None,
+        record_attention_layers=set(plan.record_attention_layers),
+        attention_map=plan.attention_map,
+        cache_rows=layout.cache_rows if layout.halved else None,
+        scale_hws=scale_hws,
+        records=records,
+    )
+    hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)
+    if plan.scale_indices[0] == 0 and input_lengths[0] != lengths[0]:
+        start = family.start_outputs(hidden_RLC[:, :input_lengths[0]])
+        hidden_RLC = torch.cat((start, hidden_RLC[:, input_lengths[0]:]), dim=1)
+    records.attention = context.attention_maps
+    state.records = records
+    return hidden_RLC, lengths, cond_rows

@@ -1,0 +1,247 @@
+"""What a scheduler declares and the executor carries out: pass plans and per-pass token routes.
+
+A scheduler **decides** and says so with these objects; it never moves a token itself.
+
+* :class:`ScalePlan` (one per transformer pass, made once per call from the schedule): which scales the pass decodes,
+  whether it is skipped, whether only the conditional CFG rows run, which self-attention maps are recorded.
+* :class:`PassRoutes` (made before each pass, from what the call has seen so far): per block, or per sublayer, which
+  tokens are computed (:class:`TokenRoute`), how the other positions are filled (:data:`Fill`), what is recorded for
+  later scales, which positions of a scale get a zero residual and how a scale's codes are weighted.
+
+Index tensors have sizes that come from the configuration and the schedule, never from the data, so every pass has
+the same sequence of shapes for any prompt and seed.
+
+Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional first), ``L`` tokens of a pass, ``K`` kept
+tokens, ``C`` width, ``l = h w`` tokens of a source scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple, Union
+
+import torch
+
+#: What a recorded self-attention map keeps (see ``ScalePlan.attention_map``).
+ATTENTION_MAP_KINDS = ("key_mean", "full")
+
+#: The sublayers a route may name; ``"block"`` routes a whole block.
+SUBLAYER_KINDS = ("block", "self_attn", "cross_attn", "ffn")
+
+#: Interpolation modes of the fills that read an earlier scale.
+FILL_MODES = ("area", "bilinear", "bicubic", "nearest")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# pass plans
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScalePlan:
+    """What the loop does for one transformer pass.
+
+    Args:
+        scale_indices (`tuple[int]`): the scales decoded in this pass, consecutive and ascending. More than one means
+            parallel decoding: every scale's input is interpolated from the summed latent before the pass, and the
+            pass uses a block-causal attention mask (a scale sees earlier scales and itself).
+        skip (`bool`, defaults to `False`): run no transformer pass and add no codes for these scales.
+        cfg_halve (`bool`, defaults to `False`): under CFG, run only the conditional rows through the blocks; their
+            output stands in for the unconditional rows (the guidance difference at these scales is zero).
+        record_attention_layers (`frozenset[int]`): self-attention layers whose probabilities are computed
+            explicitly and handed to ``after_scale`` (in ``state.records.attention[layer]``).
+        attention_map (`str`, defaults to `"key_mean"`): what is kept of a recorded map: ``"key_mean"`` the attention
+            each key receives, averaged over heads and queries, ``(R, S)`` fp32 (small: one row per key); ``"full"``
+            the probabilities ``(R, H, L, S)`` (memory grows with layers x heads x queries x keys).
+    """
+
+    scale_indices: Tuple[int, ...]
+    skip: bool = False
+    cfg_halve: bool = False
+    record_attention_layers: FrozenSet[int] = field(default_factory=frozenset)
+    attention_map: str = "key_mean"
+
+    def __post_init__(self):
+        if self.attention_map not in ATTENTION_MAP_KINDS:
+            raise ValueError(f"attention_map must be one of {ATTENTION_MAP_KINDS}, got {self.attention_map!r}")
+
+
+def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
+    """Every scale in exactly one plan, in order; groups consecutive; nothing beyond the last scale.
+
+    Raises:
+        ValueError: naming the offending plan and what is allowed.
+    """
+    expected = 0
+    for plan in plans:
+        idx = tuple(plan.scale_indices)
+        if not idx:
+            raise ValueError(f"a scale plan has no scale indices: {plan}")
+        if idx[-1] >= num_scales:
+            raise ValueError(f"plan {idx} crosses the last scale: scale indices must be < {num_scales}")
+        if idx != tuple(range(expected, expected + len(idx))):
+            raise ValueError(f"plan {idx} is out of order: the next plan must start at scale {expected} and be consecutive")
+        if 0 in idx and len(idx) > 1:
+            raise ValueError(f"plan {idx} groups scale 0 with later scales; scale 0 (the start token) runs alone")
+        expected += len(idx)
+    if expected != num_scales:
+        raise ValueError(f"plans cover scales 0..{expected - 1} but the schedule has {num_scales} scales")
+
+
+def resolve_scale_index(index: int, num_scales: int, what: str = "scale index") -> int:
+    """A scale index of a schedule with ``num_scales`` scales; negative values count from the end (-1 = last).
+
+    Raises:
+        ValueError: the index is outside ``[-num_scales, num_scales)``.
+    """
+    if not -num_scales <= int(index) < num_scales:
+        raise ValueError(f"{what} {index} is outside the schedule's {num_scales} scales (allowed: {-num_scales}..{num_scales - 1})")
+    return int(index) % num_scales
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a scheduler may know of the model it plans for.
+
+    Args:
+        num_layers: transformer blocks.
+        family: the model family (``"infinity"``, ``"hart"``).
+    """
+
+    num_layers: int
+    family: str
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# fills: how the positions a route does not compute get their values
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassThrough:
+    """The other positions are left as they are: a block keeps its input, a sublayer adds a zero update."""
+
+
+@dataclass(frozen=True)
+class EarlierScale:
+    """The other positions take an earlier scale's tensor, interpolated to this scale.
+
+    For a sublayer route, ``source`` is that sublayer's update at the earlier scale (FastVAR's cached token
+    restoration); for a block route, the block's output there (ARVAR's structural reconstruction canvas).
+
+    Args:
+        source: ``(R or B, l, C)`` tokens of the earlier scale (rows are matched to the pass, conditional first).
+        source_hw: ``(h, w)`` of the earlier scale.
+        mode: ``F.interpolate`` mode (one of :data:`FILL_MODES`).
+        in_float32: interpolate in fp32 and cast back (else in the source's dtype).
+    """
+
+    source: torch.Tensor
+    source_hw: Tuple[int, int]
+    mode: str = "area"
+    in_float32: bool = False
+
+
+@dataclass(frozen=True)
+class LayerProxy:
+    """A block's other positions take ``input + up(delta)``: an earlier scale's upsampled layer delta (DepthVAR).
+
+    Args:
+        delta: ``(R or B, l, C)`` the earlier scale's ``output - input`` of this block.
+        source_hw: ``(h, w)`` of that scale.
+        scale_hws: ``(h, w)`` of every scale of the pass, in order (a grouped pass upsamples to each).
+    """
+
+    delta: torch.Tensor
+    source_hw: Tuple[int, int]
+    scale_hws: Tuple[Tuple[int, int], ...]
+
+
+Fill = Union[PassThrough, EarlierScale, LayerProxy]
+PASS_THROUGH = PassThrough()
+
+
+#: ``selector(x_RLC) -> (R, K)`` indices, evaluated by the executor on the residual stream before the routed layer.
+TokenSelector = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class TokenRoute:
+    """Which tokens one block (or one sublayer) computes and how the others are filled.
+
+    Exactly one of ``index`` and ``selector`` is given.
+
+    Args:
+        index: ``(B or R, K)`` positions of the tokens computed, ascending, into the pass's tokens (or, for an
+            ``inner`` route, into the outer route's kept tokens). ``B`` rows are one choice per image, shared by its
+            conditional and unconditional rows.
+        selector: a function of the residual stream before the routed layer giving ``(R, K)`` positions (FastVAR's
+            pivotal tokens are chosen before every sublayer from the stream itself).
+        fill: how the other positions get their values (:class:`PassThrough`, :class:`EarlierScale`,
+            :class:`LayerProxy`).
+        inner: a route applied within the kept tokens (nested selections: DepthVAR's depth within LazyVAR's kept
+            tokens). Its ``index`` counts the outer route's kept tokens.
+    """
+
+    index: Optional[torch.Tensor] = None
+    selector: Optional[TokenSelector] = None
+    fill: Fill = PASS_THROUGH
+    inner: Optional["TokenRoute"] = None
+
+    def __post_init__(self):
+        if (self.index is None) == (self.selector is None):
+            raise ValueError("a TokenRoute takes exactly one of index and selector")
+
+    def within(self, outer: "TokenRoute") -> "TokenRoute":
+        """This route nested inside ``outer`` (``outer``'s kept tokens, then this route's selection among them)."""
+        if outer.inner is not None:
+            return TokenRoute(outer.index, outer.selector, outer.fill, self.within(outer.inner))
+        return TokenRoute(outer.index, outer.selector, outer.fill, self)
+
+
+@dataclass(frozen=True)
+class RecordRequest:
+    """What one pass keeps for later scales (``state.records`` of ``after_scale``).
+
+    Args:
+        block_outputs: layers whose full block output ``(R, L, C)`` is kept (ARVAR's canvas source).
+        block_deltas: layers whose ``output - input`` is kept (DepthVAR's proxies and ranking).
+        sublayer_updates: ``(layer, sublayer)`` pairs whose full residual update is kept (FastVAR's cache scale).
+    """
+
+    block_outputs: FrozenSet[int] = frozenset()
+    block_deltas: FrozenSet[int] = frozenset()
+    sublayer_updates: FrozenSet[Tuple[int, str]] = frozenset()
+
+    def __or__(self, other: "RecordRequest") -> "RecordRequest":
+        return RecordRequest(self.block_outputs | other.block_outputs, self.block_deltas | other.block_deltas,
+                             self.sublayer_updates | other.sublayer_updates)
+
+    def __bool__(self) -> bool:
+        return bool(self.block_outputs or self.block_deltas or self.sublayer_updates)
+
+
+NO_RECORD = RecordRequest()
+
+
+@dataclass
+class PassRoutes:
+    """Everything a scheduler asks of one pass beyond its :class:`ScalePlan`.
+
+    Args:
+        routes: ``{(layer, sublayer): TokenRoute}``; ``sublayer`` is ``"block"`` for a whole block or one of
+            ``"self_attn"``, ``"cross_attn"``, ``"ffn"``. Missing entries run every token.
+        record: what the executor keeps for later scales.
+        residual_tokens: ``{scale: (B, n) positions}``: only these positions of the scale get a residual; the codes
+            of the others are zero (LazyVAR), and heads that refine codes (HART's diffusion head) run only here.
+        code_weights: ``{scale: (B, h, w)}`` weights of the scale's codes before they enter the summed latent
+            (DepthVAR's code blending).
+    """
+
+    routes: Dict[Tuple[int, str], TokenRoute] = field(default_factory=dict)
+    record: RecordRequest = NO_RECORD
+    residual_tokens: Dict[int, torch.Tensor] = field(default_factory=dict)
+    code_weights: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def routed_layers(self) -> FrozenSet[int]:
+        """The layers any route touches."""
+        return frozenset(layer for layer, _ in self.routes)
+
+    def __bool__(self) -> bool:
+        return bool(self.routes or self.record or self.residual_tokens or self.code_weights)
