@@ -10,7 +10,8 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
-from ...next_scale.context import VARForwardContext
+from ...next_scale.context import VARForwardContext, gather_tokens, scatter_tokens
+from ...next_scale.rows import match_rows
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
@@ -157,7 +158,13 @@ class HARTScaleFamily(ScaleModelFamily):
             tau = max(0.27 * (1 - ratio * 0.95), 0.005)
             codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, outputs.generator) @ codebook.float().unsqueeze(0)
         if scale_index == self.num_scales - 1 and self.use_diffusion_head and outputs is not None:
-            codes_BLd = codes_BLd + self.diffusion_residual(outputs.hidden_RLC, hard_BLd, outputs.guidance_scale - 1, B)
+            kept = outputs.residual_tokens
+            if kept is None:
+                codes_BLd = codes_BLd + self.diffusion_residual(outputs.hidden_RLC, hard_BLd, outputs.guidance_scale - 1, B)
+            else:  # positions with a zero residual get no diffusion refinement: run the head only where tokens were computed
+                hidden_RnC = gather_tokens(outputs.hidden_RLC, match_rows(kept, outputs.hidden_RLC.shape[0]))
+                residual_BnC = self.diffusion_residual(hidden_RnC, gather_tokens(hard_BLd, kept), outputs.guidance_scale - 1, B)
+                codes_BLd = codes_BLd + scatter_tokens(torch.zeros_like(codes_BLd), kept, residual_BnC)
         return codes_BLd.transpose(1, 2).reshape(B, -1, side, side)
 
     def diffusion_residual(self, hidden_RLC: torch.Tensor, hard_codes_BLd: torch.Tensor, guidance: float, batch_size: int) -> torch.Tensor:
