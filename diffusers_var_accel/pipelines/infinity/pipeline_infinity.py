@@ -130,6 +130,8 @@ class InfinityScaleFamily(ScaleModelFamily):
         Accepted: the token layout ``(B, h*w, p*p*d)`` (or ``(B, 1, h, w, p*p*d)``), or, with patchify, the VAE layout
         ``(B, 1, p*h, p*w, d)`` of the official ``gt_ls_Bl`` (what ``InfinityBSQVAE.quantize_multiscale`` returns).
         """
+        if scale_index >= len(self.scale_schedule):
+            raise ValueError(f"got teacher bits for scale {scale_index}, but the schedule has {len(self.scale_schedule)} scales")
         h, w = self.scale_schedule[scale_index][-2:]
         bits_per_token, d = self.transformer.config.codebook_dim, self.vae.config.codebook_dim
         if self.patch != 1 and bits.shape[-1] == d and bits.ndim >= 4:
