@@ -112,3 +112,15 @@ def test_zero_pruning_reproduces_the_baseline(pipe):
     ours, tokens, _ = _generate(pipe, size, acceleration=scheduler)
     assert torch.equal(base, ours)
     assert all(torch.equal(base_tokens[si], tokens[si]) for si in base_tokens)
+
+
+def test_pipeline_rejects_components_whose_bits_do_not_fit(pipe):
+    from diffusers_var_accel import InfinityPipeline
+
+    with pytest.raises(ValueError, match="apply_spatial_patchify=True"):
+        pipe.transformer.register_to_config(apply_spatial_patchify=False)
+        try:
+            InfinityPipeline(transformer=pipe.transformer, vae=pipe.vae)
+        finally:
+            pipe.transformer.register_to_config(apply_spatial_patchify=True)
+    assert pipe.transformer.token_patch_size == 2
