@@ -48,17 +48,16 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from diffusers_var_accel.models.attention_processor import HARTAttnProcessor, VARAttnProcessor
-from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, InfinityBSQVAE
+from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, INFINITY_VAE_D56_PATCHIFY_CONFIG, InfinityBSQVAE
 from diffusers_var_accel.models.autoencoder_hart import HARTHybridTokenizer
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from diffusers_var_accel.models.transformer_hart import HART_CONFIGS, HARTAttention, HARTTransformer
 from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinitySelfAttention, InfinityTransformer
 from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTPipeline, HARTScaleFamily
-from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily, check_token_layout
 from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
@@ -69,20 +68,10 @@ DEFAULT_TEXT_TOKENS = 32
 #: Guidance value used for the CFG count (any value != 1 gives the same FLOPs); 1.0 disables CFG.
 DEFAULT_GUIDANCE_SCALE = 4.0
 
-#: The 8B model's VAE (``infinity_vae_d56_f8_14_patchify.pth``): the official runner loads it with ``vae_type=14``,
-#: ``apply_spatial_patchify=1``, which sets codebook_dim 14, patch_size 8 and ch_mult [1, 2, 4, 4] (base_ch 128 and
-#: 2 ResBlocks are fixed in ``vae_model``). A transformer token is a 2x2 patch of 14-bit latents (56 bits, "d56").
-INFINITY_VAE_D14_PATCHIFY_CONFIG: Dict[str, Any] = {
-    "codebook_dim": 14,
-    "base_ch": 128,
-    "encoder_ch_mult": [1, 2, 4, 4],
-    "decoder_ch_mult": [1, 2, 4, 4],
-    "num_res_blocks": 2,
-    "patch_size": 8,
-    "in_channels": 3,
-    "out_channels": 3,
-    "encoder_double_z": False,
-}
+#: The 8B model's VAE (``infinity_vae_d56_f8_14_patchify.pth``): codebook_dim 14, patch 8, ch_mult [1, 2, 4, 4]. A
+#: transformer token is a 2x2 patch of 14-bit latents (56 bits, "d56"); the 8B transformer config sets
+#: ``apply_spatial_patchify``, so the loop runs the real 8B path (codes on the VAE latent, decoded as they are).
+INFINITY_VAE_D14_PATCHIFY_CONFIG: Dict[str, Any] = INFINITY_VAE_D56_PATCHIFY_CONFIG
 
 
 @dataclass(frozen=True)
@@ -317,14 +306,16 @@ def count_generation_flops(
     on the first scale of its group.
 
     Args:
-        transformer / vae: the models; ``vae`` supplies the code bookkeeping of the loop (its ``codebook_dim`` must be
-            the transformer's) and, unless ``decode_vae`` is given, the decoder.
+        transformer / vae: the models; ``vae`` supplies the code bookkeeping of the loop (its ``codebook_dim`` must fit
+            the transformer's bits per token: equal, or a quarter with ``apply_spatial_patchify``) and, unless
+            ``decode_vae`` is given, the decoder.
         scale_schedule / grid_hw: the ``(1, h, w)`` schedule and its RoPE grid (``schedule_for_size``, ``rope_grid_hw``).
         cfg: classifier-free guidance (2B rows: conditional + learned unconditional text) or not (B rows).
         batch_size: images B.
         text_tokens: T5 tokens per prompt (the unconditional rows use as many ``cfg_uncond`` rows, as the pipeline).
-        decode_vae: a different decoder (the 8B VAE decodes 14-bit latents at twice the token resolution).
-        spatial_patchify: decode ``pixel_shuffle(f_hat, 2)`` (a token is a 2x2 patch of latents).
+        decode_vae: a different decoder (default: ``vae``).
+        spatial_patchify: must equal the transformer's ``apply_spatial_patchify`` (kept for callers that state it; the
+            loop reads the token layout from the transformer config).
 
     Returns:
         ``dict`` with integer FLOPs: ``text_flops``, ``transformer_flops``, ``vae_flops``, ``total_flops``,
@@ -334,8 +325,10 @@ def count_generation_flops(
     device = transformer.pos_start.device
     decode_vae = vae if decode_vae is None else decode_vae
     D, d = transformer.config.text_channels, transformer.config.codebook_dim
-    if vae.config.codebook_dim != d:
-        raise ValueError(f"the loop's vae has codebook_dim={vae.config.codebook_dim}, the transformer predicts {d} bits")
+    check_token_layout(transformer, vae)
+    if bool(spatial_patchify) != (transformer.token_patch_size != 1):
+        raise ValueError(f"spatial_patchify={spatial_patchify} but the transformer has apply_spatial_patchify="
+                         f"{transformer.token_patch_size != 1}")
     num_scales = len(scale_schedule)
     guidance = [DEFAULT_GUIDANCE_SCALE if cfg else 1.0] * num_scales
     B = batch_size
@@ -380,8 +373,7 @@ def count_generation_flops(
         after_loop, _ = meter.read()
 
         # 3. Decode the summed codes.
-        latent = F.pixel_shuffle(state.f_hat, 2) if spatial_patchify else state.f_hat
-        decode_vae.decode(latent.to(decode_vae.device, decode_vae.dtype))
+        decode_vae.decode(state.f_hat.to(decode_vae.device, decode_vae.dtype))  # on the VAE latent (un-patchified)
         total_flops, _ = meter.read()
 
     transformer_flops = after_loop - text_flops
@@ -439,11 +431,7 @@ def count_infinity_flops(
         for module in transformer.modules():
             if isinstance(module, InfinitySelfAttention):
                 module.set_processor(CurrentPassSelfAttnProcessor())
-    decode_vae = build_on_meta(InfinityBSQVAE, **spec.vae)
-    loop_vae = decode_vae
-    if spec.spatial_patchify:
-        # Only the loop's code bookkeeping (bits -> codes, interpolation; no counted FLOPs) runs on 56-bit tokens.
-        loop_vae = build_on_meta(InfinityBSQVAE, **{**INFINITY_VAE_D32_CONFIG, "codebook_dim": spec.transformer["codebook_dim"]})
+    decode_vae = loop_vae = build_on_meta(InfinityBSQVAE, **spec.vae)
     scheduler = load_acceleration(accel, "infinity")
     result = count_generation_flops(transformer, loop_vae, schedule, rope_grid_hw(template), cfg=cfg, batch_size=batch_size,
                                     text_tokens=text_tokens, decode_vae=decode_vae, spatial_patchify=spec.spatial_patchify,
@@ -463,7 +451,7 @@ def count_infinity_flops(
         counting="torch.utils.flop_counter.FlopCounterMode on meta tensors: FLOPs = 2 x MACs of matmul/linear/conv/"
                  "attention; element-wise ops not counted; T5 encoder not included",
         vae_note=("8B: official VAE infinity_vae_d56_f8_14_patchify (codebook_dim 14, patch 8, ch_mult [1,2,4,4]) decoding "
-                  "pixel_shuffle(f_hat, 2)" if spec.spatial_patchify else "released d32 VAE (INFINITY_VAE_D32_CONFIG)"),
+                  "the un-patchified summed codes (B, 14, 2h, 2w)" if spec.spatial_patchify else "released d32 VAE (INFINITY_VAE_D32_CONFIG)"),
         reference=None if reference is None else dict(
             source=reference[0], total_tflops=reference[1], ratio=result["total_flops"] / _TERA / reference[1]),
     )

@@ -234,9 +234,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     try:
         if args.family == "infinity":
             for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
-                if not Path(value).is_file():
+                if not (Path(value).is_file() or (flag == "--transformer" and Path(value).is_dir())):
                     raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
-                                            "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies)")
+                                            "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies; "
+                                            "for 8B the infinity_8b_weights/ shard folder)")
             from .pipelines.infinity.convert import convert_infinity_original
 
             pipe = convert_infinity_original(args.transformer, args.vae, text_encoder_path=args.text_encoder,
@@ -473,8 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Convert the official Infinity transformer and VAE checkpoints.",
                               epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     inf.add_argument("--transformer", required=True, help="official transformer .pth (plain state dict, e.g. "
-                     "infinity_2b_reg.pth) or a .safetensors copy with the official keys")
-    inf.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth) or .safetensors")
+                     "infinity_2b_reg.pth), a .safetensors copy with the official keys, or the 8B shard folder "
+                     "(infinity_8b_weights/ with model.safetensors.index.json)")
+    inf.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
+                     "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors")
     inf.add_argument("--config", choices=("infinity-2b", "infinity-8b"), help="named config (default: inferred from the shapes)")
     _add_convert_common(inf)
     inf.set_defaults(func=_cmd_convert)

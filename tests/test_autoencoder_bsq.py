@@ -295,3 +295,54 @@ def test_input_checks(vae):
         InfinityBSQVAE(codebook_dim=8, base_ch=32, patch_size=12)
     with pytest.raises(ValueError, match="divisible by 32 or 24"):
         InfinityBSQVAE(codebook_dim=8, base_ch=20)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# config inference on official checkpoints whose encoder and decoder widths differ (the official ``vae_model`` lets
+# ``decoder_ch_mult`` differ from ``encoder_ch_mult``), and the 4-level patch-8 layout of the 8B (d56) VAE
+# ---------------------------------------------------------------------------------------------------------------------
+def _official_checkpoint(model, codebook_dim):
+    """``{'vae': state dict}`` in the official wrapped naming (``X.conv.weight`` / ``X.norm.weight``) plus the masks."""
+    out = {}
+    for module_name, module in model.named_modules():
+        wrap = {"Conv2d": "conv", "GroupNorm": "norm"}.get(type(module).__name__)
+        for param_name, param in module.named_parameters(recurse=False):
+            out[f"{module_name}.{wrap}.{param_name}"] = param.detach().clone()
+    mask = 2 ** torch.arange(codebook_dim - 1, -1, -1)
+    out.update({k: mask.clone() for k in MASK_KEYS})
+    return {"vae": out}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1, 1], decoder_ch_mult=[2, 1, 1, 1, 1], patch_size=16),
+        dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 2, 2], decoder_ch_mult=[1, 1, 3], patch_size=4),
+        dict(codebook_dim=6, base_ch=24, encoder_ch_mult=[1, 2, 2, 2], decoder_ch_mult=[2, 2, 1, 1], patch_size=8, num_res_blocks=1),
+        dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1], decoder_ch_mult=[1, 1, 1, 1], patch_size=8),  # d56-style
+    ],
+)
+def test_inferred_config_reads_each_side_from_its_own_tensors(config, tmp_path):
+    torch.manual_seed(0)
+    model = InfinityBSQVAE(**config).eval()
+    path = tmp_path / "vae.pth"
+    torch.save(_official_checkpoint(model, config["codebook_dim"]), path)
+    loaded = InfinityBSQVAE.from_original_checkpoint(path)
+    for key, value in config.items():
+        assert loaded.config[key] == value, (key, loaded.config[key], value)
+    expected = model.state_dict()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+    z = torch.randn(1, config["codebook_dim"], 3, 2)
+    assert torch.equal(loaded.decode(z), model.decode(z))
+    assert loaded.decode(z).shape[-2:] == (3 * config["patch_size"], 2 * config["patch_size"])
+
+
+def test_inference_rejects_inconsistent_sides():
+    model = InfinityBSQVAE(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1], decoder_ch_mult=[1, 1, 1], patch_size=4)
+    sd = _official_checkpoint(model, 4)["vae"]
+    bad = {k: v for k, v in sd.items() if not k.startswith("encoder.down.1.downsample")}
+    with pytest.raises(ValueError, match="downsamples"):
+        infer_infinity_vae_config(bad)
+    bad = dict(sd, **{"encoder.conv_in.conv.weight": torch.zeros(48, 3, 3, 3)})
+    with pytest.raises(ValueError, match="base_ch=48"):
+        infer_infinity_vae_config(bad)

@@ -17,7 +17,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.flops import build_on_meta, count_generation_flops  # noqa: E402
+from benchmarks.flops import build_on_meta, count_generation_flops, make_flop_counter  # noqa: E402
 from diffusers_var_accel.models.autoencoder_bsq import InfinityBSQVAE  # noqa: E402
 from diffusers_var_accel.models.infinity_resolutions import infinity_scale_schedule, rope_grid_hw  # noqa: E402
 from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer  # noqa: E402
@@ -111,6 +111,33 @@ def test_tiny_counts_match_analytic(device, cfg_on, batch):
         core += TINY["depth"] * 4 * rows * L * (S + TEXT_TOKENS) * C
     assert result["attention_core_flops"] == core > 0
     assert result["vae_flops"] > 0
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_tiny_patchify_counts_match_analytic(device):
+    """The 8B path (apply_spatial_patchify): blocks, head (8 d_vae logits) and embed (4 d_vae inputs) on the token
+    schedule, as the analytic count with bits per token = 4 d_vae; the decoder on the 2x larger latent."""
+    config = dict(TINY, apply_spatial_patchify=True)  # 8 bits per token = 2x2 patches of a 2-channel latent
+    vae_config = dict(TINY_VAE, codebook_dim=2)
+    if device == "meta":
+        transformer, vae = build_on_meta(InfinityTransformer, **config), build_on_meta(InfinityBSQVAE, **vae_config)
+    else:
+        torch.manual_seed(0)
+        transformer, vae = InfinityTransformer(**config).eval(), InfinityBSQVAE(**vae_config).eval()
+    result = count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), cfg=True, batch_size=2,
+                                    text_tokens=TEXT_TOKENS, spatial_patchify=True)
+    text, scales = analytic_generation(TINY, TINY_SCHEDULE, 2, True, TEXT_TOKENS)
+    assert result["text_flops"] == text
+    for counted, expected in zip(result["per_scale"], scales):
+        for key in ("blocks", "head", "embed"):
+            assert counted[f"{key}_flops"] == expected[key], (key, counted["scale_index"])
+    _, h, w = TINY_SCHEDULE[-1]
+    mode = make_flop_counter()
+    with mode, torch.no_grad():
+        vae.decode(torch.zeros(2, 2, 2 * h, 2 * w, device="meta" if device == "meta" else "cpu"))
+    assert result["vae_flops"] == mode.get_total_flops() > 0
+    with pytest.raises(ValueError, match="spatial_patchify"):
+        count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), text_tokens=TEXT_TOKENS)
 
 
 def test_meta_and_cpu_counts_agree():

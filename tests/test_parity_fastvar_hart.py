@@ -26,6 +26,8 @@ MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text()) if HAVE_FIXTU
 RUNS = sorted(MANIFEST["runs"]) if HAVE_FIXTURE else ["<fixture missing>"]
 #: The fork's sublayer names -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"attn": "self_attn", "ffn": "ffn"}
+#: FIXTURE.md, suggested checks for this layout: ``f_hat_final`` atol 1e-2 (the public fixture's own bound is 2e-3).
+F_HAT_ATOL = 1e-2
 
 
 def _require_fixture():
@@ -98,7 +100,9 @@ def test_reference_run(pipe, inputs, run):
 
     # 2. the decoder input and the image
     if "f_hat_final" in ref:
-        torch.testing.assert_close(recorded[num_scales - 1]["latents"], ref["f_hat_final"], atol=2e-3, rtol=0)
+        # FIXTURE.md's tolerance for fixtures of this layout (1e-2; the public one happens to stay within 2e-3): the
+        # 4-step diffusion head multiplies epsilon errors by ~1e4 before its clamp on some weights and guidance values
+        torch.testing.assert_close(recorded[num_scales - 1]["latents"], ref["f_hat_final"], atol=F_HAT_ATOL, rtol=0)
     key, step = ("image", 1) if "image" in ref else ("image_sub2", 2)
     torch.testing.assert_close(image[:, :, ::step, ::step], ref[key], atol=1e-3, rtol=0)
 
@@ -114,12 +118,24 @@ def test_reference_run(pipe, inputs, run):
             for sl, name in enumerate(pts["sublayers"]):
                 ours = log["kept"][(si, block, SUBLAYER_KINDS[name])]
                 assert ours.shape[1] == pts["K"]
-                assert torch.equal(ours.sort(-1).values, kept_ref[b, sl].long().sort(-1).values), (tag, block, name)
+                rows = _common_rows(ours, kept_ref[b, sl], B)
+                assert torch.equal(ours[:rows].sort(-1).values, kept_ref[b, sl][:rows].long().sort(-1).values), (tag, block, name)
         if f"pts_score_block0_{tag}" in ref:
             for sl, name in enumerate(pts["sublayers"]):
                 scores = log["scores"][(si, pts["pruned_blocks"][0], SUBLAYER_KINDS[name])]
-                torch.testing.assert_close(scores, ref[f"pts_score_block0_{tag}"][sl], atol=1e-4, rtol=1e-5)
+                expected = ref[f"pts_score_block0_{tag}"][sl]
+                rows = _common_rows(scores, expected, B)
+                torch.testing.assert_close(scores[:rows], expected[:rows], atol=1e-4, rtol=1e-5)
     if "ctr_cache_block0_attn" in ref:
         cache_side = int(MANIFEST["fastvar_preset"]["cache_scale_step"][0])
         update = log["updates"][(patch_nums.index(cache_side), 0, "self_attn")]
-        torch.testing.assert_close(update, ref["ctr_cache_block0_attn"], atol=1e-4, rtol=1e-4)
+        rows = _common_rows(update, ref["ctr_cache_block0_attn"], B)
+        torch.testing.assert_close(update[:rows], ref["ctr_cache_block0_attn"][:rows], atol=1e-4, rtol=1e-4)
+
+
+def _common_rows(ours, official, batch_size):
+    """The rows both sides computed. The official fork always runs the 2B CFG rows (``[cond.., uncond..]``), even when
+    the guidance has no effect; we run only the B conditional rows then. Conditional rows come first on both sides."""
+    rows = min(ours.shape[0], official.shape[0])
+    assert rows in (batch_size, 2 * batch_size) and ours.shape[0] in (batch_size, 2 * batch_size), (ours.shape, official.shape)
+    return rows

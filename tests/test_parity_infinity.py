@@ -139,10 +139,9 @@ def test_pipeline_image_output_matches_official_uint8(pipe):
         pytest.skip("fixture stores no uint8 image")
     call = MANIFEST["runs"][run]["call"]
     embeds, mask = padded_text(INPUTS)
-    height, width = MANIFEST["image_hw"]
-    images = pipe(prompt_embeds=embeds, prompt_attention_mask=mask, height=height, width=width,
-                  cfg_list=call["cfg_list"], tau_list=call["tau_list"], top_k=call["top_k"], top_p=None,
-                  generator=torch.Generator().manual_seed(0), output_type="np").images
+    # the run's exact call (its lists may be longer than the schedule: official_call_kwargs takes one per scale)
+    images = pipe(**official_call_kwargs(MANIFEST, call, embeds, mask), output_type="np").images
+    assert images.shape[1:3] == tuple(MANIFEST["image_hw"])
     ours = torch.from_numpy(images[:1] * 255).to(torch.uint8).flip(dims=(3,))  # truncation + BGR, as the official
     diff = (ours.int() - REF[f"{run}.img_uint8_bgr_s0"].int()).abs()
     assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01

@@ -38,6 +38,7 @@ from .checkpoint_utils import build_and_load_strict, load_original_state_dict
 
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
+    "INFINITY_VAE_D56_PATCHIFY_CONFIG",
     "InfinityBSQVAE",
     "convert_infinity_vae_checkpoint",
 ]
@@ -50,6 +51,22 @@ INFINITY_VAE_D32_CONFIG: Dict[str, Any] = {
     "decoder_ch_mult": [1, 2, 4, 4, 4],
     "num_res_blocks": 2,
     "patch_size": 16,
+    "in_channels": 3,
+    "out_channels": 3,
+    "encoder_double_z": False,
+}
+
+#: Configuration of the released Infinity-8B VAE (``infinity_vae_d56_f8_14_patchify.pth``): the official
+#: ``load_visual_tokenizer`` with ``vae_type=14, apply_spatial_patchify=1`` sets codebook_dim 14, patch 8 and a
+#: 4-level ch_mult (``vae_model`` fixes base_ch 128 and 2 ResBlocks). The 8B transformer's tokens are 2x2 patches of
+#: this latent (56 bits, "d56"); the VAE itself knows nothing of the patchify.
+INFINITY_VAE_D56_PATCHIFY_CONFIG: Dict[str, Any] = {
+    "codebook_dim": 14,
+    "base_ch": 128,
+    "encoder_ch_mult": [1, 2, 4, 4],
+    "decoder_ch_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "patch_size": 8,
     "in_channels": 3,
     "out_channels": 3,
     "encoder_double_z": False,
@@ -579,8 +596,9 @@ def convert_infinity_vae_checkpoint(
 def infer_infinity_vae_config(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, Any]:
     """[`InfinityBSQVAE`] constructor arguments read off an official (wrapped or plain) VAE state dict's shapes.
 
-    ``codebook_dim`` comes from ``decoder.conv_in``, ``base_ch`` from the input channels of ``decoder.conv_out``,
-    the channel multipliers from the width of each level's first ResBlock, ``num_res_blocks`` from the number of
+    ``codebook_dim`` comes from ``decoder.conv_in``, ``base_ch`` from the output channels of ``encoder.conv_in``,
+    each side's channel multipliers from the width of its own levels' first ResBlocks (the decoder's may differ from
+    the encoder's), ``num_res_blocks`` from the number of
     decoder blocks per level minus 1, ``patch_size`` from the number of decoder upsample levels and
     ``encoder_double_z`` from ``encoder.conv_out``.
     """
@@ -607,14 +625,27 @@ def infer_infinity_vae_config(state_dict: Mapping[str, torch.Tensor]) -> Dict[st
 
     conv_in = weight("decoder.conv_in")
     conv_out = weight("decoder.conv_out")
-    codebook_dim, base_ch = int(conv_in.shape[1]), int(conv_out.shape[1])
-    encoder_base_ch = int(weight("encoder.conv_in").shape[0])
-    if encoder_base_ch != base_ch:
+    # One base width (the official ``ch``) for both sides: the encoder's conv_in writes it. Each side's level widths
+    # are read from that side's own tensors: the decoder's first level may be wider than the encoder's
+    # (``decoder_ch_mult`` [2, 1, 1, 1, 1] against ``encoder_ch_mult`` [1, 1, 1, 1, 1]), so decoder.conv_out does not
+    # give the base width.
+    codebook_dim, base_ch = int(conv_in.shape[1]), int(weight("encoder.conv_in").shape[0])
+    encoder_ch_mult = level_widths("encoder.down", base_ch)
+    decoder_ch_mult = level_widths("decoder.up", base_ch)
+    if int(conv_out.shape[1]) != base_ch * decoder_ch_mult[0]:
         raise ValueError(
-            f"cannot infer the VAE config: encoder base width {encoder_base_ch} differs from decoder base width {base_ch}"
+            f"cannot infer the VAE config: decoder.conv_out reads {int(conv_out.shape[1])} channels, but decoder level 0 "
+            f"writes {base_ch * decoder_ch_mult[0]}"
         )
     decoder_blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"decoder\.up\.0\.block\.(\d+)\.", k))}
+    encoder_blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k))}
     num_upsamples = len({m.group(1) for k in state_dict if (m := re.match(r"decoder\.up\.(\d+)\.upsample\.", k))})
+    num_downsamples = len({m.group(1) for k in state_dict if (m := re.match(r"encoder\.down\.(\d+)\.downsample\.", k))})
+    if len(encoder_blocks) != len(decoder_blocks) - 1 or num_downsamples != num_upsamples:
+        raise ValueError(
+            f"cannot infer the VAE config: the encoder has {len(encoder_blocks)} ResBlocks per level and "
+            f"{num_downsamples} downsamples, the decoder {len(decoder_blocks)} (expected one more) and {num_upsamples} upsamples"
+        )
     encoder_out = int(weight("encoder.conv_out").shape[0])
     if encoder_out not in (codebook_dim, 2 * codebook_dim):
         raise ValueError(
@@ -624,8 +655,8 @@ def infer_infinity_vae_config(state_dict: Mapping[str, torch.Tensor]) -> Dict[st
     return {
         "codebook_dim": codebook_dim,
         "base_ch": base_ch,
-        "encoder_ch_mult": level_widths("encoder.down", base_ch),
-        "decoder_ch_mult": level_widths("decoder.up", base_ch),
+        "encoder_ch_mult": encoder_ch_mult,
+        "decoder_ch_mult": decoder_ch_mult,
         "num_res_blocks": len(decoder_blocks) - 1,
         "patch_size": 2**num_upsamples,
         "in_channels": int(weight("encoder.conv_in").shape[1]),

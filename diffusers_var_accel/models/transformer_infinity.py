@@ -11,6 +11,7 @@ Shape legend (VAR style): ``B`` prompts, ``R`` rows (``2B`` under CFG: condition
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -24,20 +25,70 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import (
+    build_and_load_sharded_strict,
+    build_and_load_strict,
+    load_original_state_dict,
+    sharded_checkpoint_shapes,
+)
 from ..next_scale.context import VARForwardContext
 from ..next_scale.executor import execute_blocks
 from .routing import TokenRoutedBlock
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
-#: The 8B head predicts 2x2 patches of a d14 VAE's bits (``apply_spatial_patchify=1``, 56 bits per token); generating
-#: with it needs the patchify step in the loop, which is not implemented yet (the config serves FLOP counting).
+#: The 8B model (``apply_spatial_patchify=1``) predicts 2x2 patches of the d14 patch-8 VAE's latent bits: 56 bits per
+#: token, the token layout of :func:`latent_bits_to_tokens`.
 INFINITY_CONFIGS: Dict[str, Dict] = {
     "infinity-2b": dict(depth=32, embed_dim=2048, num_heads=16, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
                         codebook_dim=32, block_chunks=8),
     "infinity-8b": dict(depth=40, embed_dim=3584, num_heads=28, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
-                        codebook_dim=56, block_chunks=8),
+                        codebook_dim=56, block_chunks=8, apply_spatial_patchify=True),
 }
+
+#: Side of the latent patch one token covers when ``apply_spatial_patchify`` is set (the official 2x2 shuffle).
+SPATIAL_PATCH = 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# token layout of the spatial-patchify (8B) path
+# ---------------------------------------------------------------------------------------------------------------------
+def latent_to_tokens(x_Bdhw: torch.Tensor, patch: int) -> torch.Tensor:
+    """A latent map ``(B, d, p*h, p*w)`` as token rows ``(B, h*w, p*p*d)``: ``pixel_unshuffle`` by ``patch``.
+
+    Token (i, j) channel ``k = p*p*c + p*r + s`` is latent channel ``c`` at ``(p*i + r, p*j + s)`` (PyTorch's
+    ``pixel_unshuffle`` order, the official patchify). ``patch=1`` is a plain flatten.
+    """
+    if patch != 1:
+        x_Bdhw = F.pixel_unshuffle(x_Bdhw, patch)
+    B, k = x_Bdhw.shape[:2]
+    return x_Bdhw.reshape(B, k, -1).transpose(1, 2)
+
+
+def tokens_to_latent(x_BLk: torch.Tensor, hw: Tuple[int, int], patch: int) -> torch.Tensor:
+    """Inverse of :func:`latent_to_tokens`: token rows ``(B, h*w, p*p*d)`` -> latent map ``(B, d, p*h, p*w)``."""
+    B, L, k = x_BLk.shape
+    h, w = hw
+    if L != h * w:
+        raise ValueError(f"{L} tokens do not form a {h}x{w} map")
+    x = x_BLk.transpose(1, 2).reshape(B, k, h, w)
+    return F.pixel_shuffle(x, patch) if patch != 1 else x
+
+
+def latent_bits_to_tokens(bits: torch.Tensor, patch: int) -> torch.Tensor:
+    """Bits in the VAE layout ``(B, 1, p*h, p*w, d)`` (or without the time axis) -> token layout ``(B, h*w, p*p*d)``."""
+    if bits.ndim == 5:
+        bits = bits.squeeze(1)
+    if bits.ndim != 4:
+        raise ValueError(f"latent bits must be (B, 1, H, W, d) or (B, H, W, d), got shape {tuple(bits.shape)}")
+    B, H, W, _ = bits.shape
+    if H % patch or W % patch:
+        raise ValueError(f"a {H}x{W} bit map is not made of {patch}x{patch} patches")
+    return latent_to_tokens(bits.permute(0, 3, 1, 2), patch)
+
+
+def tokens_to_latent_bits(tokens_BLk: torch.Tensor, hw: Tuple[int, int], patch: int) -> torch.Tensor:
+    """Token-layout bits ``(B, h*w, p*p*d)`` -> VAE layout ``(B, 1, p*h, p*w, d)`` (the official un-patchify)."""
+    return tokens_to_latent(tokens_BLk, hw, patch).permute(0, 2, 3, 1).unsqueeze(1)
 
 
 #: log(100) as the official code computes it (fp32 tensor -> float): the clamp of the learned attention scale.
@@ -258,13 +309,17 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         mlp_ratio (`float`, defaults to 4.0): FFN width ratio (rounded to a multiple of 256).
         text_channels (`int`, defaults to 2048): width of the T5 features.
         text_maxlen (`int`, defaults to 512): rows of the learned unconditional text ``cfg_uncond``.
-        codebook_dim (`int`, defaults to 32): bits per token (the head predicts 2 logits per bit).
+        codebook_dim (`int`, defaults to 32): bits per token (the head predicts 2 logits per bit). With
+            ``apply_spatial_patchify`` a token is a 2x2 patch of VAE latents: ``codebook_dim = 4 * d_vae``.
         num_levels (`int`, defaults to 15): rows of the level (scale-index) embedding.
         norm_eps (`float`, defaults to 1e-6): LayerNorm / RMSNorm epsilon.
         block_chunks (`int`, defaults to 8): how the official checkpoint groups the blocks (key names only).
         scale_schedule (`list[tuple[int, int, int]]`, *optional*): a fixed ``(1, h, w)`` schedule the model was
             trained for (one resolution, RoPE on its final grid), as the embedded shapes model; `None` (official
             models): the 15 aspect templates x 4 pixel budgets of the official code.
+        apply_spatial_patchify (`bool`, defaults to `False`): the official flag of the 8B model: each token is a 2x2
+            patch of the VAE latent (bits, next-scale inputs and codes are ``pixel_unshuffle``-d by 2; see
+            :func:`latent_to_tokens`); the VAE latent is twice the token map per side.
     """
 
     _supports_gradient_checkpointing = False
@@ -286,8 +341,14 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         norm_eps: float = 1e-6,
         block_chunks: int = 8,
         scale_schedule: Optional[Sequence[Sequence[int]]] = None,
+        apply_spatial_patchify: bool = False,
     ):
         super().__init__()
+        if not isinstance(apply_spatial_patchify, bool):
+            raise ValueError(f"apply_spatial_patchify must be True or False, got {apply_spatial_patchify!r}")
+        if apply_spatial_patchify and codebook_dim % (SPATIAL_PATCH * SPATIAL_PATCH):
+            raise ValueError(f"apply_spatial_patchify needs codebook_dim divisible by {SPATIAL_PATCH ** 2} "
+                             f"(a {SPATIAL_PATCH}x{SPATIAL_PATCH} patch of latent bits), got {codebook_dim}")
         if scale_schedule is not None:
             schedule = [tuple(int(v) for v in s) for s in scale_schedule]
             if not schedule or any(len(s) != 3 or s[0] != 1 or min(s) < 1 for s in schedule) or len(schedule) > num_levels:
@@ -310,6 +371,11 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
         self.blocks = nn.ModuleList([InfinityBlock(C, num_heads, hidden, i, norm_eps) for i in range(depth)])
         self.head_nm = InfinityHeadNorm(C, norm_eps)
         self.head = nn.Linear(C, 2 * codebook_dim)
+
+    @property
+    def token_patch_size(self) -> int:
+        """Latent positions per token along each axis: 2 with ``apply_spatial_patchify`` (8B), else 1."""
+        return SPATIAL_PATCH if self.config.get("apply_spatial_patchify", False) else 1
 
     # -- conditioning ------------------------------------------------------------------------------------------------
     @apply_forward_hook
@@ -377,27 +443,43 @@ class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
     # -- official checkpoints ----------------------------------------------------------------------------------------
     @classmethod
     def from_original_checkpoint(
-        cls, path_or_state_dict: Union[str, Dict[str, torch.Tensor]], config: Optional[Union[str, Dict]] = None, torch_dtype: Optional[torch.dtype] = None
+        cls, path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], config: Optional[Union[str, Dict]] = None,
+        torch_dtype: Optional[torch.dtype] = None, apply_spatial_patchify: Optional[bool] = None,
     ) -> "InfinityTransformer":
-        """Load an official Infinity checkpoint (``infinity_2b_reg.pth`` or a safetensors copy with the same keys).
+        """Load an official Infinity checkpoint, strictly.
 
         Args:
             path_or_state_dict: a ``.pth`` (read with ``torch.load(..., weights_only=True)``), a ``.safetensors`` file,
-                or a state dict with the official key names.
+                a sharded folder (``model.safetensors.index.json`` + shards, the released 8B layout, official
+                ``checkpoint_type='torch_shard'``: read shard by shard into a model built on the meta device, so the
+                weights are never held twice), or a state dict with the official key names.
             config: a name from ``INFINITY_CONFIGS``, a config dict, or ``None`` to infer it from the tensor shapes.
             torch_dtype: cast the weights to this dtype.
+            apply_spatial_patchify: the official 8B flag, which the weights' shapes cannot tell; overrides the config's
+                value (``None``: the config's, or ``False`` for an inferred config).
 
         Raises:
-            ValueError: missing, unexpected or mis-shaped keys (all of them listed).
+            ValueError: missing, unexpected or mis-shaped keys (all of them listed); a corrupt shard (named).
+            FileNotFoundError: the file, or a shard the index names.
         """
-        state_dict = load_original_state_dict(path_or_state_dict)
+        if not isinstance(path_or_state_dict, dict) and os.path.isdir(os.fspath(path_or_state_dict)):
+            shapes = sharded_checkpoint_shapes(path_or_state_dict)
+            state_dict = None
+        else:
+            state_dict = load_original_state_dict(path_or_state_dict)
+            shapes = state_dict
         if isinstance(config, str):
             if config not in INFINITY_CONFIGS:
                 raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)}")
             config = INFINITY_CONFIGS[config]
-        config = {k: v for k, v in dict(config).items() if not k.startswith("_")} if config is not None else infer_infinity_config(state_dict)
-        return build_and_load_strict(cls, config, state_dict, "Infinity transformer checkpoint", torch_dtype,
-                                     convert=lambda sd, expected: convert_infinity_checkpoint(sd))
+        config = {k: v for k, v in dict(config).items() if not k.startswith("_")} if config is not None else infer_infinity_config(shapes)
+        if apply_spatial_patchify is not None:
+            config["apply_spatial_patchify"] = apply_spatial_patchify
+        what = "Infinity transformer checkpoint"
+        convert = lambda sd, expected: convert_infinity_checkpoint(sd)  # noqa: E731
+        if state_dict is None:
+            return build_and_load_sharded_strict(cls, config, path_or_state_dict, what, torch_dtype, convert=convert)
+        return build_and_load_strict(cls, config, state_dict, what, torch_dtype, convert=convert)
 
 
 _CHUNK_KEY = re.compile(r"^block_chunks\.(\d+)\.module\.(\d+)\.(.*)$")

@@ -16,11 +16,11 @@ The late scales of a next-scale model hold most tokens but change the image litt
 
 Unlike the official code (keyed on scale *width*, 1:1 at 1M pixels, batch 1, caches left on the modules), scales are
 chosen by index (negative = from the end) so one preset fits every aspect ratio and pixel budget, any batch works
-(rows are independent), and the cache lives in the call's ``NextScaleState.scheduler_data``.
+(rows are independent), and the cache lives in the call's state (:class:`FastVARCallState`).
 
 Kept indices are returned in position order (the official code keeps descending-score order; only the set matters,
 and with ``r = 0`` the routed pass is then bit-identical to the dense one). To observe the decisions, wrap
-:meth:`FastVARScheduler.token_router` (every ``select`` returns the kept indices of one layer / sublayer).
+:meth:`FastVARScheduler.route_pass` (each route's selector returns the kept indices of one layer / sublayer).
 
 Shape legend: ``R`` rows (``2B`` under CFG), ``L`` tokens of the scale, ``K`` kept tokens, ``C`` width,
 ``l`` tokens of the cache scale.

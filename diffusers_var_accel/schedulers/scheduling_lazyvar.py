@@ -9,12 +9,13 @@ Notation as in the paper (and ``docs/methods.md``): scales ``k`` with token maps
    new). The index after scale ``k-1`` decides which tokens scale ``k`` computes: ``u_{k-1}`` is area-interpolated
    (averaged) to ``(h_k, w_k)`` and the top ``n_k = ceil(rho_k * h_k * w_k)`` tokens are kept (a positive keep ratio
    ``rho_k`` keeps at least one token; 0 keeps none). Pruned positions get a **zero residual**: their codes are
-   zeroed before they enter ``f_hat`` (:meth:`LazyVARScheduler.restore_codes`).
+   zeroed before they enter ``f_hat`` (the pass's ``residual_tokens``).
 2. **Parallel group decoding** (PGD): the group ``i .. i+p-1`` runs in one pass; every input is interpolated from
    ``f_hat_{i-1}`` (``r~'_{i+m} = Interpolate(f_hat_{i-1}, (h_{i+m}, w_{i+m}))``, done by the loop for a grouped plan)
    and the block-causal mask lets a scale see the cache, earlier scales of the group and itself. All scales of the
-   group are pruned with the same index ``u_{i-1}``. The kept tokens run every block (``"block"`` routing); pruned
-   tokens keep their input and their keys/values never enter the KV cache.
+   group are pruned with the same index ``u_{i-1}``. The kept tokens run every block (one block route for all
+   layers: the executor gathers them once and scatters them once); pruned tokens keep their input and their
+   keys/values never enter the KV cache.
 3. **Cumulative retained index**: scales of a group must not update the same positions; the highest-update tokens go
    to the largest scale. The paper sorts the downsampled index of scale ``i+m`` descending, skips the first ``cum``
    tokens and keeps the next ``n_{i+m}``, with ``cum_{i+m} = sum_{k > i+m in the group} n_k (h_K w_K) / (h_k w_k)``:
@@ -140,7 +141,7 @@ class LazyVARScheduler(VARAccelScheduler):
     keep ratios 40% and 15%, the setting whose FLOPs saving (13.2 TFLOPs) matches the paper's (13.5) under the counting
     convention that reproduces the FastVAR paper's HART saving exactly (linear layers only, ``docs/flops.md``).
     Infinity's ratios on HART's last four scales would save 21.7 TFLOPs, 1.6x the paper's. HART's residual diffusion
-    head still runs on every token of the last scale; pruned positions get a zero residual, diffusion part included.
+    head runs only on the last scale's kept tokens; pruned positions get a zero residual, diffusion part included.
 
     Args:
         group_scales (`tuple[int]`, *optional*, defaults to `(-4, -3, -2, -1)`): consecutive scale indices of the

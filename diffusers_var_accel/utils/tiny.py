@@ -190,6 +190,7 @@ def build_tiny_infinity_pipeline(
     text_channels: int = 32,
     codebook_dim: int = 8,
     with_text_encoder: bool = True,
+    spatial_patchify: bool = False,
 ) -> InfinityPipeline:
     """An :class:`InfinityPipeline` of tiny random-weight components of the real architectures (noise-like images).
 
@@ -207,6 +208,9 @@ def build_tiny_infinity_pipeline(
         codebook_dim (`int`, *optional*, defaults to 8): bits per token = VAE latent channels.
         with_text_encoder (`bool`, *optional*, defaults to `True`): include the tiny T5 encoder and tokenizer;
             without them the pipeline runs from ``prompt_embeds`` only.
+        spatial_patchify (`bool`, *optional*, defaults to `False`): the Infinity-8B code path: the transformer
+            predicts ``4 * codebook_dim`` bits per token (2x2 patches, ``apply_spatial_patchify``) of a patch-8 VAE
+            with four levels (the d56 layout, ``codebook_dim`` latent channels); the same pixels per token (16).
 
     Returns:
         [`InfinityPipeline`]: on the CPU, float32, in eval mode.
@@ -221,16 +225,18 @@ def build_tiny_infinity_pipeline(
             mlp_ratio=4.0,
             text_channels=text_channels,
             text_maxlen=text_maxlen,
-            codebook_dim=codebook_dim,
+            codebook_dim=4 * codebook_dim if spatial_patchify else codebook_dim,
             block_chunks=1,
+            apply_spatial_patchify=spatial_patchify,
         )
+        levels = 4 if spatial_patchify else 5
         vae = InfinityBSQVAE(
             codebook_dim=codebook_dim,
             base_ch=32,
-            encoder_ch_mult=(1, 1, 1, 1, 1),
-            decoder_ch_mult=(1, 1, 1, 1, 1),
+            encoder_ch_mult=(1,) * levels,
+            decoder_ch_mult=(1,) * levels,
             num_res_blocks=1,
-            patch_size=16,
+            patch_size=8 if spatial_patchify else 16,
         )
     randomize_weights_(transformer, torch.Generator().manual_seed(seed))
     randomize_weights_(vae, torch.Generator().manual_seed(seed + 1))

@@ -24,8 +24,9 @@ from typing import Optional, Union
 import torch
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.checkpoint_utils import SHARDED_INDEX_NAME
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
-from .pipeline_infinity import InfinityPipeline
+from .pipeline_infinity import InfinityPipeline, check_token_layout
 
 PathLike = Union[str, os.PathLike]
 
@@ -42,9 +43,13 @@ def convert_infinity_original(
 
     Args:
         transformer_path (`str` or `os.PathLike`): the official transformer (``infinity_2b_reg.pth``, a plain state
-            dict read with ``torch.load(..., weights_only=True)``), or a ``.safetensors`` copy with the same keys.
+            dict read with ``torch.load(..., weights_only=True)``), a ``.safetensors`` copy with the same keys, or the
+            released 8B sharded folder (``infinity_8b_weights/``: ``model.safetensors.index.json`` + shards, loaded
+            shard by shard).
         vae_path (`str` or `os.PathLike`): the official VAE (``.pth`` holding ``{'vae': state_dict}`` or a plain state
-            dict, wrapped or plain key names), or a ``.safetensors`` copy; its config is read from the shapes.
+            dict, wrapped or plain key names), or a ``.safetensors`` copy; its config is read from the shapes (the
+            d32 VAE of 2B, the patch-8 ``infinity_vae_d56_f8_14_patchify.pth`` of 8B). A transformer that predicts
+            4x the VAE's bits per token is the spatial-patchify (8B) path.
         text_encoder_path (`str` or `os.PathLike`, *optional*): a local folder of a transformers T5 encoder (e.g.
             flan-t5-xl), loaded with ``T5EncoderModel.from_pretrained`` offline. Without it the pipeline has no text
             encoder and runs from ``prompt_embeds``.
@@ -58,26 +63,28 @@ def convert_infinity_original(
         [`InfinityPipeline`]: the assembled pipeline, on the CPU, in eval mode.
 
     Raises:
-        ValueError: an unknown config name; checkpoint keys or shapes that do not match (all listed); components that
-            do not fit together (text width, bits per token).
+        ValueError: an unknown config name; checkpoint keys or shapes that do not match (all listed); a corrupt shard
+            (named); components that do not fit together (text width, bits per token).
         FileNotFoundError: a checkpoint file or folder that does not exist.
     """
     if config is not None and config not in INFINITY_CONFIGS:
         raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)")
     if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
-    for name, path in (("transformer", transformer_path), ("vae", vae_path)):
-        if not os.path.isfile(os.fspath(path)):
-            raise FileNotFoundError(f"{name} checkpoint not found: {os.fspath(path)}")
+    transformer_path = os.fspath(transformer_path)
+    if not (os.path.isfile(transformer_path) or os.path.isdir(transformer_path)):
+        raise FileNotFoundError(f"transformer checkpoint not found: {transformer_path} (a file, or a sharded folder "
+                                f"with {SHARDED_INDEX_NAME})")
+    if not os.path.isfile(os.fspath(vae_path)):
+        raise FileNotFoundError(f"vae checkpoint not found: {os.fspath(vae_path)}")
 
-    # 1. Transformer and VAE, strictly
-    transformer = InfinityTransformer.from_original_checkpoint(os.fspath(transformer_path), config=config, torch_dtype=torch_dtype)
+    # 1. VAE, then the transformer, strictly. The transformer's shapes cannot tell the official 8B flag
+    #    apply_spatial_patchify; with an inferred config it follows from the VAE: 4x its bits per token is a 2x2 patch.
     vae = InfinityBSQVAE.from_original_checkpoint(os.fspath(vae_path), torch_dtype=torch_dtype)
-    if transformer.config.codebook_dim != vae.config.codebook_dim:
-        raise ValueError(
-            f"the transformer predicts {transformer.config.codebook_dim} bits per token but the VAE has "
-            f"codebook_dim={vae.config.codebook_dim}; pass the VAE that belongs to this transformer"
-        )
+    transformer = InfinityTransformer.from_original_checkpoint(transformer_path, config=config, torch_dtype=torch_dtype)
+    if config is None and transformer.config.codebook_dim == 4 * vae.config.codebook_dim:
+        transformer.register_to_config(apply_spatial_patchify=True)  # the flag only changes the token layout
+    check_token_layout(transformer, vae)
 
     # 2. Text encoder and tokenizer (optional)
     text_encoder = tokenizer = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
@@ -12,7 +13,13 @@ from diffusers.utils import logging, replace_example_docstring
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...next_scale.context import VARForwardContext
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
-from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
+from ...models.transformer_infinity import (
+    InfinityCondition,
+    InfinityTransformer,
+    latent_bits_to_tokens,
+    latent_to_tokens,
+    tokens_to_latent_bits,
+)
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
@@ -57,7 +64,10 @@ class InfinityScaleFamily(ScaleModelFamily):
         self.scale_schedule = [tuple(s) for s in scale_schedule]
         self.num_layers = len(transformer.blocks)
         self.top_k, self.top_p = top_k, top_p
-        self.final_hw = tuple(self.scale_schedule[-1][-2:])
+        # A token covers patch x patch latent positions (2 on the spatial-patchify / 8B path): tokens, logits and the
+        # schedule are on the token grid, the summed codes f_hat on the VAE latent grid (patch times larger).
+        self.patch = check_token_layout(transformer, vae)
+        self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
         positions = [transformer.rope_positions(s[-2], s[-1], grid_hw) for s in self.scale_schedule]
         self._rope = [transformer.rope_cos_sin(p) for p in positions]
 
@@ -91,15 +101,65 @@ class InfinityScaleFamily(ScaleModelFamily):
         return sample_bits(logits_BLV, self.top_k, self.top_p, generator)
 
     def tokens_to_codes(self, tokens, scale_index, outputs=None):
+        """Codes on the token grid, ``(B, p*p*d, h, w)``: with patchify the VAE's codes of the un-patchified bits,
+        patchified again, so that a plan that masks or weights tokens (zero residual, code weights) sees one cell per token."""
         _, h, w = (1, *self.scale_schedule[scale_index][-2:])
-        bits = tokens.reshape(tokens.shape[0], h, w, -1)
-        return self.vae.bits_to_codes(bits)
+        if self.patch == 1:
+            bits = tokens.reshape(tokens.shape[0], h, w, -1)
+            return self.vae.bits_to_codes(bits)
+        bits = tokens_to_latent_bits(tokens.reshape(tokens.shape[0], h * w, -1), (h, w), self.patch)
+        return F.pixel_unshuffle(self.vae.bits_to_codes(bits), self.patch)
 
     def add_codes(self, f_hat, codes, scale_index):
+        if self.patch != 1:
+            codes = F.pixel_shuffle(codes, self.patch)  # back to the VAE latent: f_hat is summed un-patchified
         return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
 
     def next_inputs(self, f_hat, scale_index):
-        return self.vae.next_scale_input(f_hat, tuple(self.scale_schedule[scale_index][-2:]))
+        h, w = self.scale_schedule[scale_index][-2:]
+        if self.patch == 1:
+            return self.vae.next_scale_input(f_hat, (h, w))
+        # interpolated at VAE resolution, then patchified (not the same as interpolating patchified codes)
+        ph, pw = self.patch * h, self.patch * w
+        x_Bld = self.vae.next_scale_input(f_hat, (ph, pw))
+        return latent_to_tokens(x_Bld.transpose(1, 2).reshape(x_Bld.shape[0], -1, ph, pw), self.patch)
+
+    def teacher_tokens(self, bits: torch.Tensor, scale_index: int) -> torch.Tensor:
+        """Teacher bits of one scale as the loop's tokens ``(B, h*w, bits per token)`` (int64).
+
+        Accepted: the token layout ``(B, h*w, p*p*d)`` (or ``(B, 1, h, w, p*p*d)``), or, with patchify, the VAE layout
+        ``(B, 1, p*h, p*w, d)`` of the official ``gt_ls_Bl`` (what ``InfinityBSQVAE.quantize_multiscale`` returns).
+        """
+        if scale_index >= len(self.scale_schedule):
+            raise ValueError(f"got teacher bits for scale {scale_index}, but the schedule has {len(self.scale_schedule)} scales")
+        h, w = self.scale_schedule[scale_index][-2:]
+        bits_per_token, d = self.transformer.config.codebook_dim, self.vae.config.codebook_dim
+        if self.patch != 1 and bits.shape[-1] == d and bits.ndim >= 4:
+            if tuple(bits.shape[-3:-1]) != (self.patch * h, self.patch * w):
+                raise ValueError(f"teacher bits of scale {scale_index} in the VAE layout must be (B, 1, {self.patch * h}, "
+                                 f"{self.patch * w}, {d}), got {tuple(bits.shape)}")
+            bits = latent_bits_to_tokens(bits, self.patch)
+        if bits.shape[-1] != bits_per_token or bits.numel() != bits.shape[0] * h * w * bits_per_token:
+            raise ValueError(f"teacher bits of scale {scale_index} must be (B, {h * w}, {bits_per_token}) or (B, 1, {h}, {w}, "
+                             f"{bits_per_token})" + (f" or (B, 1, {self.patch * h}, {self.patch * w}, {d})" if self.patch != 1 else "")
+                             + f", got {tuple(bits.shape)}")
+        return bits.reshape(bits.shape[0], h * w, bits_per_token).long()
+
+
+def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) -> int:
+    """The latent patch side of a token (1, or 2 with ``apply_spatial_patchify``), checked against the VAE's bits.
+
+    Raises:
+        ValueError: the transformer's bits per token are not ``patch**2`` times the VAE's ``codebook_dim``.
+    """
+    patch = transformer.token_patch_size
+    bits, d = transformer.config.codebook_dim, vae.config.codebook_dim
+    if bits != patch * patch * d:
+        hint = (" (a patchify transformer needs the patch-8 d56-style VAE)" if patch != 1 else
+                "; a transformer with 4x the VAE's bits needs apply_spatial_patchify=True" if bits == 4 * d else "")
+        raise ValueError(f"the transformer predicts {bits} bits per token (apply_spatial_patchify="
+                         f"{patch != 1}) but the VAE has codebook_dim={d}: expected {patch * patch * d} bits{hint}")
+    return patch
 
 
 class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
@@ -126,6 +186,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         super().__init__()
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
+        check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
         self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size), do_resize=False)
@@ -177,7 +238,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         fixed = self.transformer.config.get("scale_schedule")
         if fixed:
             schedule = tuple(tuple(int(v) for v in s) for s in fixed)
-            patch = int(self.vae.config.patch_size)
+            patch = self.pixels_per_token
             _, h, w = schedule[-1]
             if (height, width) != (h * patch, w * patch):
                 raise ValueError(f"height x width = {height}x{width} is not supported: this model was trained for one "
@@ -187,11 +248,17 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         return schedule, rope_grid_hw(template)
 
     @property
+    def pixels_per_token(self) -> int:
+        """Image pixels per token along each axis: the VAE's patch size times the token's latent patch (2 on the
+        spatial-patchify path: 8 x 2 = 16 px for Infinity-8B, as 16 x 1 for Infinity-2B)."""
+        return int(self.vae.config.patch_size) * self.transformer.token_patch_size
+
+    @property
     def default_size(self) -> Tuple[int, int]:
         """``(height, width)`` used when none is given: the fixed schedule's size, else 1024 x 1024."""
         fixed = self.transformer.config.get("scale_schedule")
         if fixed:
-            patch = int(self.vae.config.patch_size)
+            patch = self.pixels_per_token
             return fixed[-1][1] * patch, fixed[-1][2] * patch
         return 1024, 1024
 
@@ -277,10 +344,12 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             negative_prompt_embeds (`torch.Tensor`, *optional*): likewise, for the unconditional rows.
             negative_prompt_attention_mask (`torch.Tensor`, *optional*): the mask of `negative_prompt_embeds`.
             teacher_tokens (`List[torch.Tensor]`, *optional*): bits (B, 1, h, w, d) used instead of sampling at the
-                first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`).
+                first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`). On the
+                spatial-patchify path either layout: the VAE's (B, 1, 2h, 2w, d) or the tokens' (B, h*w, 4d).
             acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (the
-                summed codes, (B, d, h, w)).
+                summed codes, (B, d, H, W) on the VAE latent grid: twice the last token map per side on the
+                spatial-patchify path).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
                 `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
@@ -343,7 +412,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         # 3. The next-scale loop
         family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p)
         if teacher_tokens is not None:
-            teacher_tokens = [t.to(device).reshape(t.shape[0], -1, t.shape[-1]).long() for t in teacher_tokens]
+            teacher_tokens = [family.teacher_tokens(t.to(device), si) for si, t in enumerate(teacher_tokens)]
         progress = self.progress_bar(total=num_scales)
 
         on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, scale_schedule, prompt_embeds,
