@@ -24,7 +24,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
 from .routing import TokenRoutedBlock
 
@@ -245,7 +245,7 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, AttentionMixin):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller

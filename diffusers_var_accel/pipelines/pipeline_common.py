@@ -4,13 +4,17 @@ the call's arguments (one helper per kind of argument, so both pipelines refuse 
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
+
+from ..schedulers.presets import close_names
 
 GeneratorArg = Union[None, torch.Generator, Sequence[torch.Generator]]
 
@@ -221,6 +225,65 @@ def check_teacher_tokens(teacher_tokens: Any, expected_shapes: Sequence[Tuple[in
             if lo < integer_range[0] or hi > integer_range[1]:
                 raise ValueError(f"teacher_tokens[{si}] values must be in [{integer_range[0]}, {integer_range[1]}], got "
                                  f"values in [{lo}, {hi}]")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------------------------
+#: The pipeline classes a saved folder's ``model_index.json`` may name.
+PIPELINE_CLASS_NAMES = ("HARTPipeline", "InfinityPipeline")
+
+
+def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[str, Any],
+                             packaged: Optional[Dict[str, Callable[[], Any]]] = None):
+    """What ``from_pretrained`` of a VAR pipeline passes on to diffusers: ``(path, kwargs)``.
+
+    * a packaged name (``packaged``: name -> function returning its folder) becomes its folder; a name close to one
+      (a typo, e.g. ``"embeded"``) that is neither a folder nor a Hub repo id (``org/name``) is an error suggesting it;
+    * a string ``torch_dtype`` / ``dtype`` (``"float16"``, ``"torch.bfloat16"``, also in a per-component dict) becomes
+      the ``torch.dtype``; an unknown one is refused (diffusers would fall back to float32);
+    * a local folder's ``model_index.json`` must be valid JSON and name ``cls`` (with or without the Hub shim): a
+      class that does not exist or another pipeline's class is an error naming it and the allowed ones.
+    """
+    from ..models.checkpoint_utils import CheckpointFileError, resolve_torch_dtype
+
+    packaged = packaged or {}
+    kwargs = dict(kwargs)
+    for key in ("torch_dtype", "dtype"):
+        if key in kwargs:
+            value = kwargs[key]
+            kwargs[key] = ({k: resolve_torch_dtype(v, f"{key}[{k!r}]") for k, v in value.items()} if isinstance(value, dict)
+                           else resolve_torch_dtype(value, key))
+    path = pretrained_model_name_or_path
+    if isinstance(path, str) and path in packaged:
+        return packaged[path](), kwargs
+    if isinstance(path, str) and not os.path.exists(path) and "/" not in path and os.sep not in path:
+        hint = close_names(path, list(packaged))
+        if hint:
+            raise FileNotFoundError(f"{path!r} is not a folder, a Hub repo id ('org/name') or a packaged model name{hint}; "
+                                    f"packaged: {sorted(packaged)}")
+    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+        index_file = os.path.join(os.fspath(path), "model_index.json")
+        if not os.path.isfile(index_file):
+            raise FileNotFoundError(f"{path} has no model_index.json: not a folder written by {cls.__name__}.save_pretrained")
+        try:
+            with open(index_file, encoding="utf-8") as f:
+                index = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointFileError(f"{index_file} is not valid JSON: {err}") from None
+        stored = index.get("_class_name") if isinstance(index, dict) else None
+        name = stored[1] if isinstance(stored, list) and len(stored) == 2 else stored
+        if name != cls.__name__:
+            if name in PIPELINE_CLASS_NAMES:
+                raise ValueError(f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained")
+            hint = close_names(name, PIPELINE_CLASS_NAMES) if isinstance(name, str) else ""
+            raise ValueError(f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
+                             f"allowed: {list(PIPELINE_CLASS_NAMES)}")
+        missing = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
+                   and not os.path.isdir(os.path.join(os.fspath(path), k))]
+        if missing:
+            raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
+    return path, kwargs
 
 
 class NextScalePipelineMixin:

@@ -180,7 +180,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             ValueError: an unknown preset name (the message lists the available ones), a configuration of another
                 scheduler class than ``cls``, or an unknown setting.
         """
-        from .presets import available_presets, preset_folder, presets_for_class, resolve_preset_reference
+        from .presets import PRESET_CONFIG_NAME, available_presets, close_names, close_preset_names, preset_folder, presets_for_class, resolve_preset_reference
 
         hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
         overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
@@ -192,10 +192,21 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         try:
             config = cls.load_config(source, subfolder=subfolder, **hub_kwargs)
         except OSError as err:
-            if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") == 1:
-                raise OSError(f"{err}\n(not a packaged acceleration preset either; available presets: {available_presets()})") from err
+            if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") <= 1:
+                presets = available_presets()
+                hint = close_preset_names(source)
+                raise OSError(f"{err}\n({source!r} is not a packaged acceleration preset either{hint}; available presets: "
+                              f"{presets})") from err
             raise
+        where = (os.path.join(os.fspath(source), subfolder or "", PRESET_CONFIG_NAME)
+                 if isinstance(source, (str, os.PathLike)) and os.path.isdir(source) else (preset or pretrained_model_name_or_path))
         stored = config.get("_class_name")
+        if stored is None and cls is VARAccelScheduler:
+            raise ValueError(f"{where} has no _class_name: VARAccelScheduler.from_pretrained cannot tell which scheduler it "
+                             f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}")
+        if stored is not None and stored not in _SCHEDULER_CLASSES:
+            raise ValueError(f"{where} names the scheduler class {stored!r}, which does not exist"
+                             f"{close_names(str(stored), sorted(_SCHEDULER_CLASSES))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
         target = cls
         if stored and stored != cls.__name__:
             if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
@@ -206,6 +217,11 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
                     f"or VARAccelScheduler.from_pretrained" + (f"; {cls.__name__} presets: {own}" if own else "")
                 )
             target = _SCHEDULER_CLASSES.get(stored, cls)
+        stored_settings = {k: v for k, v in config.items() if not k.startswith("_")}
+        try:
+            target._check_overrides(stored_settings)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
         target._check_overrides(overrides)
         scheduler = target.from_config({**config, **overrides})
         return (scheduler, {}) if return_unused_kwargs else scheduler

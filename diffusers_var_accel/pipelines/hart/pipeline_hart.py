@@ -26,6 +26,7 @@ from ..pipeline_common import (
     check_teacher_tokens,
     check_text_embeds,
     mask_top_k_top_p,
+    prepare_pipeline_loading,
     resolve_size,
     sample_categorical,
     warn_if_truncated,
@@ -241,6 +242,19 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                               acceleration=acceleration)
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
         self._interrupt = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` may be a
+        ``torch.dtype`` or its name (``"bfloat16"``).
+
+        Raises:
+            FileNotFoundError: a component folder is missing.
+            ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
+                truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
+        """
+        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
+        return super().from_pretrained(path, **kwargs)
 
     @property
     def vae_scale_factor(self) -> int:

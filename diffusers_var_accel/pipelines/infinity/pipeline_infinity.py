@@ -28,6 +28,7 @@ from ..pipeline_common import (
     check_teacher_tokens,
     check_text_embeds,
     mask_top_k_top_p,
+    prepare_pipeline_loading,
     resolve_size,
     sample_categorical,
     warn_if_truncated,
@@ -150,12 +151,18 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
-        packaged embedded model (offline)."""
+        packaged embedded model (offline). ``dtype`` may be a ``torch.dtype`` or its name (``"bfloat16"``).
+
+        Raises:
+            FileNotFoundError: a name close to a packaged one (the message suggests it), or a component folder is missing.
+            ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
+                truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
+        """
         from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
 
-        if isinstance(pretrained_model_name_or_path, str) and pretrained_model_name_or_path in EMBEDDED_MODEL_NAMES:
-            pretrained_model_name_or_path = embedded_model_path()
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
+                                                {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
+        return super().from_pretrained(path, **kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def encode_prompt(
