@@ -77,8 +77,12 @@ def _load_pickle(path: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        # weights_only refuses objects that are not tensors or plain containers (e.g. a malicious pickle)
-        raise CheckpointFileError(f"{path} was refused by torch.load(weights_only=True): {str(err).splitlines()[0]}") from None
+        # weights_only refuses objects that are not tensors or plain containers (e.g. a malicious pickle), and bytes
+        # that are no pickle at all
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
+        raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint for torch.load(weights_only=True) "
+                                  f"(corrupted, or it holds objects other than tensors, which are refused): {reason}") from None
     except (EOFError, RuntimeError, OSError, ValueError, TypeError, KeyError) as err:
         raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint (truncated or corrupted): "
                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
@@ -194,7 +198,16 @@ class StrictLoadingMixin:
                 raise FileNotFoundError(f"{folder} has no weights file (diffusion_pytorch_model.safetensors or .bin)")
             for path in weights:
                 check_checkpoint_file(path)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        where = (f"{', '.join(_weights_files(folder))} (with {os.path.join(folder, 'config.json')})" if local
+                 else str(pretrained_model_name_or_path))
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        except ValueError as err:
+            if "expected shape" not in str(err):
+                raise
+            # diffusers stops at the first mis-shaped key and names no file
+            raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\nmis-shaped keys: "
+                             f"{str(err).split(' If you want')[0]}") from None
         problems = []
         for label, keys in (("missing keys", info.get("missing_keys")), ("unexpected keys", info.get("unexpected_keys")),
                             ("mis-shaped keys", info.get("mismatched_keys")), ("load errors", info.get("error_msgs"))):
@@ -203,6 +216,5 @@ class StrictLoadingMixin:
                 problems.append(f"{label} ({len(keys)}):\n" + "\n".join(f"  {k}" for k in keys[:50])
                                 + (f"\n  ... and {len(keys) - 50} more" if len(keys) > 50 else ""))
         if problems:
-            where = f"{', '.join(_weights_files(folder))} (with {os.path.join(folder, 'config.json')})" if local else str(pretrained_model_name_or_path)
             raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\n" + "\n".join(problems))
         return (model, info) if return_info else model
