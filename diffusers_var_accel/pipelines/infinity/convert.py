@@ -24,6 +24,7 @@ from typing import Optional, Union
 import torch
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.checkpoint_utils import resolve_torch_dtype
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from .pipeline_infinity import InfinityPipeline
 
@@ -64,8 +65,7 @@ def convert_infinity_original(
     """
     if config is not None and config not in INFINITY_CONFIGS:
         raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)")
-    if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
+    torch_dtype = resolve_torch_dtype(torch_dtype)
     for name, path in (("transformer", transformer_path), ("vae", vae_path)):
         if not os.path.isfile(os.fspath(path)):
             raise FileNotFoundError(f"{name} checkpoint not found: {os.fspath(path)}")
