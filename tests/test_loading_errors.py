@@ -123,10 +123,10 @@ def test_config_width_that_disagrees_with_the_weights(infinity_copy):
     assert str(config) in str(info.value)
 
 
-@pytest.mark.parametrize("component", ["transformer", "vae"])
+@pytest.mark.parametrize("file", [f"transformer/{WEIGHTS}", f"vae/{WEIGHTS}", "text_encoder/model.safetensors"])
 @pytest.mark.parametrize("damage, needle", [("truncate", "truncated"), ("empty", "empty (0 bytes)"), ("garbage", "not a readable")])
-def test_unreadable_weights_file(infinity_copy, component, damage, needle):
-    path = infinity_copy / component / WEIGHTS
+def test_unreadable_weights_file(infinity_copy, file, damage, needle):
+    path = infinity_copy / file
     data = path.read_bytes()
     path.write_bytes({"truncate": data[: len(data) // 2], "empty": b"", "garbage": b"not a safetensors file" * 8}[damage])
     with pytest.raises(CheckpointFileError) as info:
@@ -135,7 +135,8 @@ def test_unreadable_weights_file(infinity_copy, component, damage, needle):
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json", "vae/config.json"])
+@pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json",
+                                  "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"])
 def test_invalid_json(infinity_copy, file):
     path = infinity_copy / file
     path.write_text(path.read_text()[:-5])

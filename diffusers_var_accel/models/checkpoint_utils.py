@@ -158,6 +158,28 @@ def build_and_load_strict(cls, config: Dict[str, Any], state_dict: Dict[str, tor
     return model.eval()
 
 
+def check_folder_files(folder: Union[str, os.PathLike]) -> None:
+    """Check every file a component folder of a saved pipeline holds, before any library reads it: ``*.json`` must be
+    valid JSON, ``*.safetensors`` readable (header and announced size), and no weights file empty.
+
+    Raises:
+        CheckpointFileError: naming the file and what is wrong with it.
+    """
+    folder = os.fspath(folder)
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointFileError(f"{path} is not valid JSON (truncated or corrupted?): {err}") from None
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        check_checkpoint_file(path)
+    for pattern in ("*.bin", "*.pth", "*.pt", "*.ckpt"):
+        for path in sorted(glob.glob(os.path.join(folder, pattern))):
+            if os.path.getsize(path) == 0:
+                raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this file did not finish")
+
+
 def _weights_files(folder: str) -> List[str]:
     """The weights files ``ModelMixin.from_pretrained`` reads from a saved model folder."""
     names = sorted(glob.glob(os.path.join(folder, "*.safetensors")))

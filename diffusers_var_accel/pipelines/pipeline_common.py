@@ -243,9 +243,11 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
     * a string ``torch_dtype`` / ``dtype`` (``"float16"``, ``"torch.bfloat16"``, also in a per-component dict) becomes
       the ``torch.dtype``; an unknown one is refused (diffusers would fall back to float32);
     * a local folder's ``model_index.json`` must be valid JSON and name ``cls`` (with or without the Hub shim): a
-      class that does not exist or another pipeline's class is an error naming it and the allowed ones.
+      class that does not exist or another pipeline's class is an error naming it and the allowed ones; every
+      component folder it lists must exist, with valid JSON files and readable safetensors files (an error names the
+      file), so that no library fails later with a message that names no file.
     """
-    from ..models.checkpoint_utils import CheckpointFileError, resolve_torch_dtype
+    from ..models.checkpoint_utils import CheckpointFileError, check_folder_files, resolve_torch_dtype
 
     packaged = packaged or {}
     kwargs = dict(kwargs)
@@ -283,6 +285,9 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
                    and not os.path.isdir(os.path.join(os.fspath(path), k))]
         if missing:
             raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
+        for component, value in index.items():
+            if not component.startswith("_") and isinstance(value, list) and value[0] is not None:
+                check_folder_files(os.path.join(os.fspath(path), component))
     return path, kwargs
 
 
