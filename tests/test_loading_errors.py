@@ -335,3 +335,23 @@ def test_typo_of_a_packaged_preset(offline_hub, typo, suggestion, error):
     with pytest.raises(error) as info:
         VARAccelScheduler.from_pretrained(typo)
     assert typo in str(info.value) and suggestion in str(info.value)
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"_class_name": "LazyVARSchedulr", "keep_ratios": [0.2]}, "did you mean 'LazyVARScheduler'"),
+    ({"keep_ratio": [0.2]}, "keep_ratio"),
+    ({"keep_ratios": [0.2, 0.1, 0.05, 0.01], "group_scale": [-1]}, "group_scale"),
+])
+def test_from_config_is_strict(config, needle):
+    with pytest.raises(ValueError) as info:
+        LazyVARScheduler.from_config(config)
+    assert needle in str(info.value)
+    good = LazyVARScheduler.from_preset("infinity")
+    assert LazyVARScheduler.from_config(good.config).to_dict() == good.to_dict()  # a scheduler's own config round-trips
+
+
+def test_composed_member_with_a_misspelt_class():
+    from diffusers_var_accel import ComposedScheduler
+
+    with pytest.raises(ValueError, match="did you mean 'FastVARScheduler'"):
+        ComposedScheduler([{"_class_name": "FastVARSheduler"}])

@@ -180,7 +180,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             ValueError: an unknown preset name (the message lists the available ones), a configuration of another
                 scheduler class than ``cls``, or an unknown setting.
         """
-        from .presets import PRESET_CONFIG_NAME, available_presets, close_names, close_preset_names, preset_folder, presets_for_class, resolve_preset_reference
+        from .presets import PRESET_CONFIG_NAME, available_presets, close_preset_names, preset_folder, presets_for_class, resolve_preset_reference
 
         hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
         overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
@@ -206,7 +206,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
                              f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}")
         if stored is not None and stored not in _SCHEDULER_CLASSES:
             raise ValueError(f"{where} names the scheduler class {stored!r}, which does not exist"
-                             f"{close_names(str(stored), sorted(_SCHEDULER_CLASSES))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
+                             f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
         target = cls
         if stored and stored != cls.__name__:
             if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
@@ -225,6 +225,19 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         target._check_overrides(overrides)
         scheduler = target.from_config({**config, **overrides})
         return (scheduler, {}) if return_unused_kwargs else scheduler
+
+    @classmethod
+    def from_config(cls, config=None, return_unused_kwargs=False, **kwargs):
+        """``ConfigMixin.from_config``, strict: a ``_class_name`` that names no scheduler class and a setting the class
+        does not have are errors (diffusers would only log them and build a scheduler without them)."""
+        if config is not None:
+            config = dict(config)
+            stored = config.get("_class_name")
+            if stored is not None and stored not in _SCHEDULER_CLASSES:
+                raise ValueError(f"the configuration names the scheduler class {stored!r}, which does not exist"
+                                 f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
+            cls._check_overrides({k: v for k, v in config.items() if not k.startswith("_")})
+        return super().from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     @classmethod
     def _check_overrides(cls, overrides: Dict[str, Any]) -> None:
@@ -273,11 +286,17 @@ class IdentityScheduler(VARAccelScheduler):
         self._check_family_name(model_family)
 
 
+def _close_class_names(name: str) -> str:
+    from .presets import close_names
+
+    return close_names(name, sorted(_SCHEDULER_CLASSES))
+
+
 def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     """Rebuild a scheduler from ``to_dict()`` output (``_class_name`` + settings)."""
     name = config.get("_class_name")
     if name not in _SCHEDULER_CLASSES:
-        raise ValueError(f"unknown acceleration scheduler {name!r}; known: {sorted(_SCHEDULER_CLASSES)}")
+        raise ValueError(f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(_SCHEDULER_CLASSES)}")
     cls = _SCHEDULER_CLASSES[name]
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)
