@@ -317,3 +317,19 @@ def test_nan_check_does_not_reject_finite_extremes(infinity):
     out = infinity(PROMPT, guidance_scale=1e3, tau=1e-3, generator=gen(0), output_type="latent",
                    **{k: v for k, v in EMBEDDED_SAMPLING.items() if k not in ("guidance_scale", "tau")}).images
     assert torch.isfinite(out).all() and math.isfinite(float(out.abs().max()))
+
+
+@pytest.mark.parametrize("value", [[0.0] * 16, "ids"])
+def test_hart_position_ids_that_are_not_an_integer_tensor(hart, value):
+    embeds = torch.zeros(1, text_tokens(hart), text_width(hart))
+    ids = torch.zeros(1, text_tokens(hart)) if isinstance(value, list) else value
+    assert_error(hart, {"prompt": None, "prompt_embeds": embeds, "prompt_position_ids": ids}, TypeError, "prompt_position_ids",
+                 "float32" if isinstance(value, list) else "str")
+
+
+@pytest.mark.parametrize("kind", ["negative_prompt", "negative_prompt_embeds"])
+def test_negative_prompt_without_guidance_warns(pipe, kind):
+    off = {"guidance_scale": 1.0 if hasattr(pipe.transformer.config, "text_channels") else 0.0}  # Infinity: 1, HART: t = 0
+    value = "a blue square" if kind == "negative_prompt" else torch.zeros(1, text_tokens(pipe), text_width(pipe))
+    with pytest.warns(UserWarning, match=f"{kind} is ignored"):
+        pipe(PROMPT, generator=gen(0), output_type="latent", **{kind: value}, **off)

@@ -198,6 +198,14 @@ def warn_if_truncated(tokenizer, prompts: Sequence[str], max_length: int, what: 
                       f"({listed})", UserWarning, stacklevel=3)
 
 
+def warn_unused_negative(negative_prompt: Any, negative_prompt_embeds: Any, guidance_off: bool, off_text: str) -> None:
+    """Warn that a negative prompt is not used when no scale is guided (it only enters the CFG rows)."""
+    if guidance_off and (negative_prompt is not None or negative_prompt_embeds is not None):
+        name = "negative_prompt" if negative_prompt is not None else "negative_prompt_embeds"
+        warnings.warn(f"{name} is ignored: no scale is guided ({off_text}); it only enters the classifier-free "
+                      "guidance rows", UserWarning, stacklevel=3)
+
+
 def check_teacher_tokens(teacher_tokens: Any, expected_shapes: Sequence[Tuple[int, ...]], alternatives: Sequence[str] = (),
                          integer_range: Optional[Tuple[int, int]] = None) -> None:
     """``teacher_tokens`` must be a list of at most ``len(expected_shapes)`` tensors, the ``i``-th of shape

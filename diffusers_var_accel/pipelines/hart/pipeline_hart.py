@@ -15,6 +15,7 @@ from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import (
+    InputTypeError,
     NextScalePipelineMixin,
     check_generator,
     check_generator_count,
@@ -30,6 +31,7 @@ from ..pipeline_common import (
     resolve_size,
     sample_categorical,
     warn_if_truncated,
+    warn_unused_negative,
 )
 from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
@@ -324,6 +326,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         T, D = self.transformer.config.context_tokens, self.transformer.config.context_dim
         check_text_embeds("prompt_embeds", prompt_embeds, D, tokens=T)
         check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, D, tokens=T)
+        for name, ids in (("prompt_position_ids", prompt_position_ids), ("negative_prompt_position_ids", negative_prompt_position_ids)):
+            if ids is not None and (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex()):
+                raise InputTypeError(f"{name} must be an integer tensor (batch, {T}), got "
+                                     f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
         if prompt_position_ids is not None and prompt_embeds is not None and tuple(prompt_position_ids.shape) != tuple(prompt_embeds.shape[:2]):
             raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
         if prompt_position_ids is not None and prompt_embeds is None:
@@ -459,6 +465,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         for name, gen in (("generator", generator), ("diffusion_generator", diffusion_generator)):
             check_generator_count(name, gen, batch_size)
         text, positions = prompt_embeds, prompt_position_ids
+        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(t == 0 for t in weights), "every guidance weight is 0")
         if any(t != 0 for t in weights):
             if negative_prompt is not None:
                 negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt

@@ -32,6 +32,7 @@ from ..pipeline_common import (
     resolve_size,
     sample_categorical,
     warn_if_truncated,
+    warn_unused_negative,
 )
 from ..next_scale import ScaleModelFamily, run_next_scale_loop
 
@@ -368,6 +369,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         batch_size = prompt_embeds.shape[0]
         check_generator_count("generator", generator, batch_size)
         text, mask = prompt_embeds, prompt_attention_mask
+        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(c == 1 for c in cfg), "every guidance scale is 1")
         if any(c != 1 for c in cfg):
             if negative_prompt is not None:
                 negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
