@@ -103,6 +103,20 @@ def test_weight_keys_that_do_not_match(infinity_copy, component, problem):
     assert {"extra": "unexpected", "missing": "missing", "mis-shaped": "mis-shaped"}[problem] in message
 
 
+@pytest.mark.parametrize("problem", ["extra", "missing"])
+def test_text_encoder_weights_that_do_not_match(infinity_copy, problem):
+    """transformers would initialise a missing weight at random with only a log line."""
+    path = infinity_copy / "text_encoder" / "model.safetensors"
+    names = sorted(load_file(path))
+    victim = next(n for n in names if "layer" in n)
+    edit_weights(path, (lambda sd: sd.update({"stray.weight": torch.zeros(2)})) if problem == "extra" else (lambda sd: sd.pop(victim)))
+    with pytest.raises(ValueError) as info:
+        InfinityPipeline.from_pretrained(infinity_copy)
+    message = str(info.value)
+    assert str(path) in message and ("stray.weight" if problem == "extra" else victim) in message
+    assert ("unexpected" if problem == "extra" else "missing") in message
+
+
 @pytest.mark.parametrize("delta, label", [(1, "missing"), (-1, "unexpected"), (2, "missing")])
 def test_config_depth_that_disagrees_with_the_weights(infinity_copy, delta, label):
     config = infinity_copy / "transformer" / "config.json"

@@ -180,6 +180,43 @@ def check_folder_files(folder: Union[str, os.PathLike]) -> None:
                 raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this file did not finish")
 
 
+def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -> None:
+    """After a library loaded ``model`` from ``folder`` (a transformers text encoder), check that the folder's
+    safetensors files held exactly the model's weights: transformers initialises missing weights at random with only a
+    log line. Weights tied to another (``all_tied_weights_keys``) and keys the class declares ignorable are not
+    required. Folders with pickled weights only are not checked (their keys cannot be read without loading them).
+
+    Raises:
+        ValueError: listing the missing and unexpected keys, naming the files.
+    """
+    import re
+
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(os.fspath(folder), "*.safetensors")))
+    if not files:
+        return
+    stored = set()
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            stored.update(f.keys())
+    expected = set(model.state_dict())
+    tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    ignore_missing = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+    ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    missing = sorted(k for k in expected - stored
+                     if not (k in tied and tied[k] in stored) and not any(re.search(p, k) for p in ignore_missing))
+    unexpected = sorted(k for k in stored - expected if not any(re.search(p, k) for p in ignore_unexpected))
+    if missing or unexpected:
+        lines = [f"{', '.join(files)} do not match {type(model).__name__} as {os.path.join(os.fspath(folder), 'config.json')} "
+                 "describes it:"]
+        if missing:
+            lines += [f"missing keys ({len(missing)}):"] + [f"  {k}" for k in missing[:50]]
+        if unexpected:
+            lines += [f"unexpected keys ({len(unexpected)}):"] + [f"  {k}" for k in unexpected[:50]]
+        raise ValueError("\n".join(lines))
+
+
 def _weights_files(folder: str) -> List[str]:
     """The weights files ``ModelMixin.from_pretrained`` reads from a saved model folder."""
     names = sorted(glob.glob(os.path.join(folder, "*.safetensors")))

@@ -299,6 +299,21 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
     return path, kwargs
 
 
+def check_loaded_pipeline(pipe, path) -> None:
+    """After ``from_pretrained`` of a local folder: the transformers components (text encoders) held exactly their
+    model's weights (our own models check themselves when they load; transformers would fill missing weights at
+    random with only a log line)."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isdir(path)):
+        return
+    from transformers import PreTrainedModel
+
+    from ..models.checkpoint_utils import check_loaded_keys
+
+    for name, component in pipe.components.items():
+        if isinstance(component, PreTrainedModel):
+            check_loaded_keys(component, os.path.join(os.fspath(path), name))
+
+
 class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 

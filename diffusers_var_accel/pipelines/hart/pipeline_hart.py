@@ -18,6 +18,7 @@ from ..pipeline_common import (
     InputTypeError,
     NextScalePipelineMixin,
     check_generator,
+    check_loaded_pipeline,
     check_generator_count,
     check_output_type,
     check_per_scale,
@@ -256,7 +257,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
         """
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
-        return super().from_pretrained(path, **kwargs)
+        pipe = super().from_pretrained(path, **kwargs)
+        check_loaded_pipeline(pipe, path)
+        return pipe
 
     @property
     def vae_scale_factor(self) -> int:

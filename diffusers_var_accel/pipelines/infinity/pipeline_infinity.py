@@ -18,6 +18,7 @@ from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import (
     NextScalePipelineMixin,
     check_generator,
+    check_loaded_pipeline,
     check_generator_count,
     check_max_sequence_length,
     check_output_type,
@@ -163,7 +164,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
 
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
                                                 {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
-        return super().from_pretrained(path, **kwargs)
+        pipe = super().from_pretrained(path, **kwargs)
+        check_loaded_pipeline(pipe, path)
+        return pipe
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def encode_prompt(
