@@ -369,3 +369,19 @@ def test_composed_member_with_a_misspelt_class():
 
     with pytest.raises(ValueError, match="did you mean 'FastVARScheduler'"):
         ComposedScheduler([{"_class_name": "FastVARSheduler"}])
+
+
+def test_a_component_passed_to_from_pretrained_is_not_read_from_the_folder(infinity_copy):
+    """Only what is read from the folder is checked: a component given to from_pretrained replaces the stored one."""
+    shutil.rmtree(infinity_copy / "text_encoder")
+    with pytest.raises(FileNotFoundError, match="text_encoder"):
+        InfinityPipeline.from_pretrained(infinity_copy)
+    pipe = InfinityPipeline.from_pretrained(infinity_copy, text_encoder=None, tokenizer=None)
+    assert pipe.text_encoder is None and isinstance(pipe.transformer, InfinityTransformer)
+
+
+def test_a_subclass_loads_the_folder_of_its_base_class(saved_infinity):
+    class MyInfinityPipeline(InfinityPipeline):
+        pass
+
+    assert isinstance(MyInfinityPipeline.from_pretrained(saved_infinity), MyInfinityPipeline)

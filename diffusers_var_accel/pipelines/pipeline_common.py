@@ -283,26 +283,27 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
             raise CheckpointFileError(f"{index_file} is not valid JSON: {err}") from None
         stored = index.get("_class_name") if isinstance(index, dict) else None
         name = stored[1] if isinstance(stored, list) and len(stored) == 2 else stored
-        if name != cls.__name__:
+        if name not in [c.__name__ for c in cls.__mro__]:  # the class itself or a pipeline class it extends
             if name in PIPELINE_CLASS_NAMES:
                 raise ValueError(f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained")
             hint = close_names(name, PIPELINE_CLASS_NAMES) if isinstance(name, str) else ""
             raise ValueError(f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
                              f"allowed: {list(PIPELINE_CLASS_NAMES)}")
-        missing = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
-                   and not os.path.isdir(os.path.join(os.fspath(path), k))]
+        # components passed to from_pretrained are not read from the folder
+        stored_components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
+                             and k not in kwargs]
+        missing = [k for k in stored_components if not os.path.isdir(os.path.join(os.fspath(path), k))]
         if missing:
             raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
-        for component, value in index.items():
-            if not component.startswith("_") and isinstance(value, list) and value[0] is not None:
-                check_folder_files(os.path.join(os.fspath(path), component))
+        for component in stored_components:
+            check_folder_files(os.path.join(os.fspath(path), component))
     return path, kwargs
 
 
-def check_loaded_pipeline(pipe, path) -> None:
-    """After ``from_pretrained`` of a local folder: the transformers components (text encoders) held exactly their
-    model's weights (our own models check themselves when they load; transformers would fill missing weights at
-    random with only a log line)."""
+def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
+    """After ``from_pretrained`` of a local folder: the transformers components (text encoders) it read held exactly
+    their model's weights (our own models check themselves when they load; transformers would fill missing weights at
+    random with only a log line). Components in ``passed`` were given to ``from_pretrained``, not read."""
     if not (isinstance(path, (str, os.PathLike)) and os.path.isdir(path)):
         return
     from transformers import PreTrainedModel
@@ -310,7 +311,7 @@ def check_loaded_pipeline(pipe, path) -> None:
     from ..models.checkpoint_utils import check_loaded_keys
 
     for name, component in pipe.components.items():
-        if isinstance(component, PreTrainedModel):
+        if isinstance(component, PreTrainedModel) and name not in passed:
             check_loaded_keys(component, os.path.join(os.fspath(path), name))
 
 

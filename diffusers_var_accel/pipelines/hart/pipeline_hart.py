@@ -258,7 +258,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
         pipe = super().from_pretrained(path, **kwargs)
-        check_loaded_pipeline(pipe, path)
+        check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
 
     @property

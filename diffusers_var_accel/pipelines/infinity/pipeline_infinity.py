@@ -165,7 +165,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
                                                 {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
         pipe = super().from_pretrained(path, **kwargs)
-        check_loaded_pipeline(pipe, path)
+        check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
 
     # 1. text -----------------------------------------------------------------------------------------------------
