@@ -238,10 +238,18 @@ def test_unknown_dtype_is_refused(saved_infinity, value):
         InfinityTransformer.from_pretrained(saved_infinity / "transformer", dtype=value)
 
 
-def test_dtype_does_not_warn(saved_infinity, recwarn):
-    """``dtype`` is diffusers 0.42's name (``torch_dtype`` is deprecated): our documented spelling raises no warning."""
-    InfinityPipeline.from_pretrained(saved_infinity, dtype=torch.float32)
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_dtype_does_not_warn(saved_infinity, recwarn, key):
+    """``dtype`` is diffusers 0.42's name; ``torch_dtype`` (deprecated there, warned on every load) is accepted as its
+    older name without the warning."""
+    pipe = InfinityPipeline.from_pretrained(saved_infinity, **{key: torch.bfloat16})
+    assert pipe.transformer.dtype == torch.bfloat16
     assert not [w for w in recwarn if "torch_dtype" in str(w.message)]
+
+
+def test_dtype_and_torch_dtype_together(saved_infinity):
+    with pytest.raises(ValueError, match="not both"):
+        InfinityPipeline.from_pretrained(saved_infinity, dtype=torch.float16, torch_dtype=torch.float16)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

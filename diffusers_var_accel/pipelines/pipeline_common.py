@@ -248,8 +248,9 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
 
     * a packaged name (``packaged``: name -> function returning its folder) becomes its folder; a name close to one
       (a typo, e.g. ``"embeded"``) that is neither a folder nor a Hub repo id (``org/name``) is an error suggesting it;
-    * a string ``torch_dtype`` / ``dtype`` (``"float16"``, ``"torch.bfloat16"``, also in a per-component dict) becomes
-      the ``torch.dtype``; an unknown one is refused (diffusers would fall back to float32);
+    * ``torch_dtype`` (the name diffusers 0.42 deprecates) is passed on as ``dtype``; a string dtype (``"float16"``,
+      ``"torch.bfloat16"``, also in a per-component dict) becomes the ``torch.dtype``; an unknown one is refused
+      (diffusers would fall back to float32);
     * a local folder's ``model_index.json`` must be valid JSON and name ``cls`` (with or without the Hub shim): a
       class that does not exist or another pipeline's class is an error naming it and the allowed ones; every
       component folder it lists must exist, with valid JSON files and readable safetensors files (an error names the
@@ -259,11 +260,17 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
 
     packaged = packaged or {}
     kwargs = dict(kwargs)
-    for key in ("torch_dtype", "dtype"):
-        if key in kwargs:
-            value = kwargs[key]
-            kwargs[key] = ({k: resolve_torch_dtype(v, f"{key}[{k!r}]") for k, v in value.items()} if isinstance(value, dict)
-                           else resolve_torch_dtype(value, key))
+    if "torch_dtype" in kwargs:
+        # diffusers 0.42 renamed it ``dtype`` (and warns on every load); both names are accepted here, one at a time
+        if kwargs.get("dtype") is not None and kwargs["torch_dtype"] is not None:
+            raise ValueError("pass dtype or torch_dtype (its older name), not both")
+        torch_dtype = kwargs.pop("torch_dtype")
+        if torch_dtype is not None:
+            kwargs["dtype"] = torch_dtype
+    if "dtype" in kwargs:
+        value = kwargs["dtype"]
+        kwargs["dtype"] = ({k: resolve_torch_dtype(v, f"dtype[{k!r}]") for k, v in value.items()} if isinstance(value, dict)
+                           else resolve_torch_dtype(value, "dtype"))
     path = pretrained_model_name_or_path
     if isinstance(path, str) and path in packaged:
         return packaged[path](), kwargs

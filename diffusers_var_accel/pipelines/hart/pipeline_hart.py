@@ -248,8 +248,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` may be a
-        ``torch.dtype`` or its name (``"bfloat16"``).
+        """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` (or its older
+        name ``torch_dtype``) may be a ``torch.dtype`` or its name (``"bfloat16"``).
 
         Raises:
             FileNotFoundError: a component folder is missing.

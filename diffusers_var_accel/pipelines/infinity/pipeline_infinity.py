@@ -153,7 +153,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
-        packaged embedded model (offline). ``dtype`` may be a ``torch.dtype`` or its name (``"bfloat16"``).
+        packaged embedded model (offline). ``dtype`` (or its older name ``torch_dtype``) may be a ``torch.dtype`` or
+        its name (``"bfloat16"``).
 
         Raises:
             FileNotFoundError: a name close to a packaged one (the message suggests it), or a component folder is missing.
