@@ -34,7 +34,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
@@ -232,7 +232,7 @@ class BSQDecoder(nn.Module):
         return self.conv_out(_swish(self.norm_out(h_BChw)))
 
 
-class InfinityBSQVAE(ModelMixin, ConfigMixin):
+class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin):
     r"""The BSQ VAE of Infinity (https://arxiv.org/abs/2412.04431): decoder, encoder and the multi-scale bit helpers.
 
     Generation needs only [`~InfinityBSQVAE.bits_to_codes`], [`~InfinityBSQVAE.add_scale_codes`],

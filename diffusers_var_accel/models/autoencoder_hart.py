@@ -36,7 +36,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 
 __all__ = [
     "HARTHybridTokenizer",
@@ -284,7 +284,7 @@ class HARTQuantizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------- model
 
 
-class HARTHybridTokenizer(ModelMixin, ConfigMixin):
+class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin):
     r"""The hybrid tokenizer of HART (https://arxiv.org/abs/2410.10812): conv encoder / decoder, a multi-scale VQ
     codebook with shared Phi convolutions, and the ``f_hat`` helpers of next-scale generation.
 

@@ -34,7 +34,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import HARTAttnProcessor
-from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
 from .routing import TokenRoutedBlock
@@ -203,7 +203,7 @@ class HARTHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, AttentionMixin):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 
     Args:

@@ -26,6 +26,7 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor
 from .checkpoint_utils import (
+    StrictLoadingMixin,
     build_and_load_sharded_strict,
     build_and_load_strict,
     load_original_state_dict,
@@ -296,7 +297,7 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, AttentionMixin):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller

@@ -14,7 +14,26 @@ from ...models.forward_context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
+from ..pipeline_common import (
+    InputTypeError,
+    NextScalePipelineMixin,
+    check_generator,
+    check_loaded_pipeline,
+    check_generator_count,
+    check_output_type,
+    check_per_scale,
+    check_positive_int,
+    check_prompt_argument,
+    check_real,
+    check_teacher_tokens,
+    check_text_embeds,
+    mask_top_k_top_p,
+    prepare_pipeline_loading,
+    resolve_size,
+    sample_categorical,
+    warn_if_truncated,
+    warn_unused_negative,
+)
 from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -227,6 +246,21 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
         self._interrupt = False
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` (or its older
+        name ``torch_dtype``) may be a ``torch.dtype`` or its name (``"bfloat16"``).
+
+        Raises:
+            FileNotFoundError: a component folder is missing.
+            ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
+                truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
+        """
+        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
+        pipe = super().from_pretrained(path, **kwargs)
+        check_loaded_pipeline(pipe, path, passed=list(kwargs))
+        return pipe
+
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.ch_mult) - 1)
@@ -252,9 +286,12 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
+        check_prompt_argument("prompt", prompt, required=True)
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         T = self.transformer.config.context_tokens
+        warn_if_truncated(self.tokenizer, prompts, T, "HART's text context")
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
             raise ValueError("the tokenizer has no pad token; HART pads every prompt to the context length")
@@ -277,20 +314,26 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
                      guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs,
-                     negative_prompt_position_ids=None):
+                     negative_prompt_position_ids=None, num_images_per_prompt=1, generator=None, diffusion_generator=None,
+                     output_type="pil"):
+        """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
+        argument, its value and what is allowed."""
         size = self.default_size
         if (height, width) != (size, size):
             raise ValueError(f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
                              f"x tokenizer downsampling {self.vae_scale_factor}); got height={height}, width={width}")
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("pass exactly one of prompt or prompt_embeds")
-        if prompt is not None and not isinstance(prompt, (str, list)):
-            raise ValueError(f"prompt must be a str or a list of str, not {type(prompt).__name__}")
+        check_prompt_argument("prompt", prompt)
+        check_prompt_argument("negative_prompt", negative_prompt)
         T, D = self.transformer.config.context_tokens, self.transformer.config.context_dim
-        for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
-            if embeds is not None and (embeds.ndim != 3 or tuple(embeds.shape[1:]) != (T, D)):
-                raise ValueError(f"{name} must be (batch, {T}, {D}) text features; got shape {tuple(embeds.shape)}")
-        if prompt_position_ids is not None and prompt_embeds is not None and prompt_position_ids.shape != prompt_embeds.shape[:2]:
+        check_text_embeds("prompt_embeds", prompt_embeds, D, tokens=T)
+        check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, D, tokens=T)
+        for name, ids in (("prompt_position_ids", prompt_position_ids), ("negative_prompt_position_ids", negative_prompt_position_ids)):
+            if ids is not None and (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex()):
+                raise InputTypeError(f"{name} must be an integer tensor (batch, {T}), got "
+                                     f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+        if prompt_position_ids is not None and prompt_embeds is not None and tuple(prompt_position_ids.shape) != tuple(prompt_embeds.shape[:2]):
             raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
         if prompt_position_ids is not None and prompt_embeds is None:
             raise ValueError("prompt_position_ids go with prompt_embeds; with a prompt they come from its tokenization")
@@ -302,15 +345,22 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                  f"negative_prompt_embeds (batch, tokens) {tuple(negative_prompt_embeds.shape[:2])}")
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        check_generator("generator", generator)
+        check_generator("diffusion_generator", diffusion_generator)
+        check_output_type(output_type)
         num_scales = len(self.transformer.config.patch_nums)
-        if cfg_list is not None and len(cfg_list) != num_scales:
-            raise ValueError(f"cfg_list has {len(cfg_list)} values; the model has {num_scales} scales (one guidance weight per scale)")
-        if guidance_scale < 0:
-            raise ValueError(f"guidance_scale must be >= 0 (HART's weight t: (1 + t) cond - t uncond), got {guidance_scale}")
-        if top_p is not None and not (0 <= top_p <= 1):
-            raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {top_p}")
-        if top_k is not None and (int(top_k) != top_k or top_k < 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
+        if cfg_list is not None:
+            check_per_scale("cfg_list", cfg_list, num_scales, 0, rule=" (guidance weight t)", schedule_text="the model")
+        check_real("guidance_scale", guidance_scale, 0, rule=" (HART's weight t: (1 + t) cond - t uncond)")
+        if top_p is not None:
+            check_real("top_p", top_p, rule=" in [0, 1] (0 disables it)")
+            if not (0 <= top_p <= 1):
+                raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {top_p}")
+        if top_k is not None:
+            check_real("top_k", top_k, rule=" (an integer >= 0; 0 disables it; None = the official 600/300 schedule)")
+            if int(top_k) != top_k or top_k < 0:
+                raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
         bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
         if bad:
             raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
@@ -398,9 +448,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 or the tuple `(images,)` when `return_dict` is `False`.
         """
         size = self.default_size
-        height, width = height or size, width or size
+        height, width = resolve_size(height, width, (size, size))
         self.check_inputs(prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids)
+                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids,
+                          num_images_per_prompt, generator, diffusion_generator, output_type)
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
         weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
@@ -415,9 +466,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             prompt_embeds, prompt_position_ids = self._given_embeds(prompt_embeds, prompt_position_ids, device, num_images_per_prompt)
         batch_size = prompt_embeds.shape[0]
         for name, gen in (("generator", generator), ("diffusion_generator", diffusion_generator)):
-            if isinstance(gen, list) and len(gen) != batch_size:
-                raise ValueError(f"got {len(gen)} {name}s for {batch_size} images; pass one per image or a single one")
+            check_generator_count(name, gen, batch_size)
         text, positions = prompt_embeds, prompt_position_ids
+        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(t == 0 for t in weights), "every guidance weight is 0")
         if any(t != 0 for t in weights):
             if negative_prompt is not None:
                 negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
@@ -441,7 +492,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             diffusion_generator = ([_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator))
         family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head)
         if teacher_tokens is not None:
-            teacher_tokens = [t.to(device).reshape(t.shape[0], -1).long() for t in teacher_tokens]
+            vocab = int(self.vae.quantize.embedding.weight.shape[0])
+            check_teacher_tokens(teacher_tokens, [(batch_size, pn * pn) for pn in patch_nums],
+                                 [f"({batch_size}, {pn}, {pn})" for pn in patch_nums], integer_range=(0, vocab - 1))
+            teacher_tokens = [t.to(device).reshape(batch_size, -1).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)
 
         on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, family.scale_schedule, prompt_embeds,
@@ -454,7 +508,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         latents = state.f_hat
 
         # 3. Decode
-        return self._decode_output(latents, output_type, return_dict)
+        return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
 
     def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
         embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
