@@ -694,7 +694,7 @@ Infinity / HART next-scale (VAR) text-to-image generation with training-free acc
 _MAIN_EPILOG = """\
 examples:
   var-accel demo
-  var-accel generate "two red circles" --accel lazyvar
+  var-accel generate "two red circles" --accel lazyvar -o out_lazyvar
   var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
   var-accel flops --model infinity-2b --accel fastvar lazyvar
 
@@ -702,23 +702,28 @@ Run var-accel COMMAND --help for a command's options. Docs: docs/cli.md.
 """
 
 _GENERATE_DESCRIPTION = """\
-Generate one PNG per prompt into --output, with generations.json (prompt, seed, file, seconds per image).
+Generate one PNG per prompt into --output, named <prompt>-s<seed>.png, with generations.json (the settings used:
+model, size, guidance, tau, top-k, top-p, acceleration; per image the prompt, seed, file and seconds).
 Prompt i (counting the positional prompts first, then the --prompts-file lines) uses seed --seed + i, whatever
---batch-size is, so batching does not change which seed an image gets.
+--batch-size is, so batching does not change which seed an image gets. The same command again skips the images
+already there (resume); other settings into the same --output are an error unless --overwrite. Under torchrun /
+accelerate launch the (prompt, seed) items are split across the processes, as var-accel bench splits them.
 """
 
 _GENERATE_EPILOG = """\
 examples:
   var-accel generate "two red circles"                                   # embedded shapes model, baseline
-  var-accel generate "two red circles" --accel lazyvar                   # the LazyVAR preset of the model's family
+  var-accel generate "two red circles" --accel lazyvar -o out_lazyvar    # the LazyVAR preset of the model's family
   var-accel generate --prompts-file prompts.txt --batch-size 4 --seed 10 --output out
   var-accel generate "a red fox" --model infinity-2b-diffusers --device cuda --dtype bfloat16 \\
-      --height 1024 --width 1024 --accel infinity-2b/fastvar:skip_last_scales=false
-  var-accel generate "a red fox" --model tiny --accel my_lazyvar.json    # a scheduler JSON file (any file name)
+      --height 1024 --width 1024 --accel infinity-2b/fastvar:skip_last_scales=false -o fox_fastvar
+  var-accel generate "a red fox" --model tiny --accel my_lazyvar.json -o tiny   # a scheduler JSON file (any name)
+  torchrun --nproc_per_node 8 -m diffusers_var_accel generate --prompts-file geneval.txt --device cuda -o geneval
 
 --accel takes: baseline (the default); a method preset for the model's family (fastvar, lazyvar, depthvar, arvar);
 a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :key=value,key=value overrides (values
-parsed as JSON); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
+parsed as JSON and checked against the scheduler's setting types: keep_ratios=[0.4,0.2,0.1,0.05],
+skip_last_scales=false); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
 --model takes a folder saved with the Hub shim (diffusers_var_accel.hub.write_hub_shim) too.
 """
 
