@@ -437,7 +437,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if not same_run:  # --overwrite
             if state.is_main_process:
                 for record in old_records:
-                    (out_dir / str(record.get("file", ""))).unlink(missing_ok=True)
+                    name = str(record.get("file", "")) if isinstance(record, dict) else ""
+                    if name and Path(name).name == name and name.endswith(".png"):  # only images of this folder
+                        (out_dir / name).unlink(missing_ok=True)
                 for stale in [out_dir / MANIFEST_NAME, *_journal_files(out_dir)]:
                     stale.unlink(missing_ok=True)
             old_records = []
@@ -754,6 +756,32 @@ def _add_convert_common(parser: argparse.ArgumentParser) -> None:
                         "trust_remote_code=True) loads the folder")
 
 
+def _number_type(kind, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False, what: str = ""):
+    """An argparse ``type``: a finite ``kind`` (int or float) in ``[low, high]`` (``(low, high]`` with ``low_open``);
+    argparse's message then names the value and the range."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {what}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+_GUIDANCE = _number_type(float)
+_TAU = _number_type(float, 0, low_open=True, what="a temperature > 0")
+_TOP_K = _number_type(int, 0, what="0 (off) or more")
+_TOP_P = _number_type(float, 0, 1, what="0 (off) to 1")
+_AT_LEAST_1 = _number_type(int, 1, what="1 or more")
+
+
 class _Parser(argparse.ArgumentParser):
     """``argparse`` without abbreviated options (``--prompt`` is not ``--prompts-file``), with ``--debug``."""
 
@@ -789,13 +817,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "for the tiny model; the embedded model and HART make one size)")
     gen.add_argument("--width", type=int, help="image width (default: the height)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
-    gen.add_argument("--guidance-scale", type=float, help=_sampling_default(
+    gen.add_argument("--guidance-scale", type=_GUIDANCE, help=_sampling_default(
         "CFG scale (default: the model's own: embedded {guidance_scale}; an Infinity folder / tiny 4.0; HART 4.5)"))
-    gen.add_argument("--tau", type=float, help=_sampling_default(
+    gen.add_argument("--tau", type=_TAU, help=_sampling_default(
         "sampling temperature, Infinity only (default: embedded {tau}; an Infinity folder / tiny 0.5)"))
-    gen.add_argument("--top-k", type=int, help=_sampling_default(
+    gen.add_argument("--top-k", type=_TOP_K, help=_sampling_default(
         "top-k, 0 = off (default: embedded {top_k}; an Infinity folder / tiny 900; HART the official 600 / 300 per size)"))
-    gen.add_argument("--top-p", type=float, help=_sampling_default(
+    gen.add_argument("--top-p", type=_TOP_P, help=_sampling_default(
         "top-p (default: embedded {top_p}; an Infinity folder / tiny 0.97; HART 0 = off)"))
     gen.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, mps; under torchrun / "
                      "accelerate launch, cuda is each process's own GPU")
@@ -818,11 +846,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       "print time, speed-up, FLOPs, PSNR/SSIM vs the baseline image and the scorer's "
                                       "accuracy; write report.json and grid.png.")
     demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
-    demo.add_argument("--num-prompts", type=int, default=6)
+    demo.add_argument("--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)")
     demo.add_argument("--methods", default="baseline,fastvar,lazyvar,depthvar,arvar",
                       help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
-    demo.add_argument("--repeats", type=int, default=1, help="timed generations per method and prompt (median reported)")
+    demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt (median reported)")
     demo.add_argument("-o", "--output", default="demo_outputs", help="output folder (report.json, grid.png)")
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     demo.set_defaults(func=_cmd_demo)
@@ -849,11 +877,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=1, help="images per call (default 1); each image keeps its own seed")
     bench.add_argument("--height", type=int, help="image height (default: the model's size)")
     bench.add_argument("--width", type=int, help="image width (default: the height)")
-    bench.add_argument("--guidance-scale", type=float, help="CFG scale (default: the embedded model's evaluated setting, "
+    bench.add_argument("--guidance-scale", type=_GUIDANCE, help="CFG scale (default: the embedded model's evaluated setting, "
                        "else the pipeline's default)")
-    bench.add_argument("--tau", type=float, help="sampling temperature (Infinity only)")
-    bench.add_argument("--top-k", type=int, help="top-k (0 = off)")
-    bench.add_argument("--top-p", type=float, help="top-p")
+    bench.add_argument("--tau", type=_TAU, help="sampling temperature (Infinity only)")
+    bench.add_argument("--top-k", type=_TOP_K, help="top-k (0 = off)")
+    bench.add_argument("--top-p", type=_TOP_P, help="top-p")
     bench.add_argument("--device", help="default: the process's GPU if there is one, else the CPU")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="weights dtype when loading --model (default float32)")
@@ -905,6 +933,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if "--debug" in argv:
+            raise
+        print("interrupted; finished images are kept: run the same command again to resume (var-accel generate)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

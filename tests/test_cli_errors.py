@@ -196,3 +196,31 @@ def test_the_installed_command_prints_one_line_and_exits_2(tmp_path):
     lines = done.stderr.splitlines()
     assert len(lines) == 3 and all(line.startswith("error: ") for line in lines), done.stderr
     assert "keep_ratios='abc'" in lines[0] and "cuda:99" in lines[1] and "not a folder" in lines[2]
+
+
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--guidance-scale", "nan", "not a finite number"),
+        ("--guidance-scale", "inf", "not a finite number"),
+        ("--guidance-scale", "strong", "not a number"),
+        ("--tau", "0", "a temperature > 0"),
+        ("--tau", "-1", "a temperature > 0"),
+        ("--tau", "NaN", "not a finite number"),
+        ("--top-k", "-1", "0 (off) or more"),
+        ("--top-k", "1.5", "not an integer"),
+        ("--top-p", "1.5", "0 (off) to 1"),
+        ("--top-p", "-0.1", "0 (off) to 1"),
+        ("--top-p", "nan", "not a finite number"),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_sampling_values_are_checked_before_loading(tmp_path, capsys, command, option, value, expected):
+    argv = [command, *(["x"] if command == "generate" else []), option, value, "-o", str(tmp_path / "o")]
+    _fails_cleanly(capsys, argv, f"argument {option}", f"'{value}'", expected)
+
+
+@pytest.mark.parametrize("option, value", [("--num-prompts", "0"), ("--num-prompts", "-2"), ("--repeats", "0"),
+                                           ("--num-prompts", "two")])
+def test_demo_counts_are_checked(tmp_path, capsys, option, value):
+    _fails_cleanly(capsys, ["demo", option, value, "-o", str(tmp_path / "o")], f"argument {option}", f"'{value}'")
