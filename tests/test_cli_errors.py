@@ -145,6 +145,7 @@ def test_a_bad_accel_folder_or_file(tmp_path, capsys, kind):
         (["bench", "--method", "lazyvar"], "--method"),
         (["demo", "--num", "2"], "--num"),
         (["convert", "hart", "--checkpoint", "c", "--over", "-o", "o"], "--over"),
+        (["flops", "--mod", "infinity-2b"], "--mod"),
     ],
 )
 def test_options_are_not_abbreviated(capsys, argv, unknown):
