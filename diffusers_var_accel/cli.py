@@ -214,7 +214,10 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
         print(f"Using a tiny {name} pipeline with RANDOM weights (built locally, no download). Its images are noise-like; "
               "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
         pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
-        pipe = pipe.to(dtype=torch_dtype) if torch_dtype != torch.float32 else pipe
+        for component in pipe.components.values():  # --dtype holds for the tiny models too (built in float32)
+            if isinstance(component, torch.nn.Module):
+                # plain Module.to: diffusers' ModelMixin.to warns about float32-kept modules even when there are none
+                torch.nn.Module.to(component, dtype=torch_dtype)
     else:
         from .hub import has_hub_shim, pipeline_class
 

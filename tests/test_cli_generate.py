@@ -184,3 +184,22 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, calls, one_shot, 
     reference = _pixels(one_shot)
     for name, pixels in _pixels(out).items():  # the same images as the uninterrupted run
         assert np.abs(pixels.astype(int) - reference[name].astype(int)).max() <= (0 if batch_size == 1 else 1)
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-hart"])
+def test_dtype_holds_for_the_tiny_models(tmp_path, monkeypatch, model):
+    import torch
+
+    from diffusers_var_accel import cli
+
+    seen = {}
+    real = cli._load_pipeline
+
+    def spy(*args):
+        seen["pipe"] = real(*args)
+        return seen["pipe"]
+
+    monkeypatch.setattr(cli, "_load_pipeline", spy)
+    assert main(["generate", "x", "--model", model, "--dtype", "bfloat16", "-o", str(tmp_path), "--no-progress"]) == 0
+    assert seen["pipe"].transformer.dtype == torch.bfloat16 and seen["pipe"].vae.dtype == torch.bfloat16
+    assert _manifest(tmp_path)["settings"]["dtype"] == "bfloat16"
