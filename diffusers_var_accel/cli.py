@@ -504,9 +504,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             for journal_file in _journal_files(out_dir):
                 journal_file.unlink()
             print(f"wrote {out_dir / MANIFEST_NAME} ({len(merged)} images)", file=sys.stderr)
-    finally:
-        finish_distributed()
+    except BaseException:
+        # A process that fails leaves at once (torchrun then stops the others): a barrier here would wait forever
+        # for processes that are still generating or waiting at another barrier.
+        _leave_process_group()
+        raise
+    finish_distributed()
     return 0
+
+
+def _leave_process_group() -> None:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]]) -> None:
