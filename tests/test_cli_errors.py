@@ -105,13 +105,26 @@ def _model_folder(tmp_path, kind):
         (folder / "model_index.json").write_text(index[: len(index) // 2])
     elif kind == "unknown_class":
         (folder / "model_index.json").write_text(json.dumps({**json.loads(index), "_class_name": "StableDiffusionPipelin"}))
+    elif kind in ("truncated_weights", "empty_weights", "no_vae"):
+        import shutil
+
+        folder.rmdir()
+        shutil.copytree(EMBEDDED_MODEL_PATH, folder)
+        weights = folder / "vae" / "diffusion_pytorch_model.safetensors"
+        if kind == "no_vae":
+            shutil.rmtree(folder / "vae")
+        else:
+            weights.write_bytes(weights.read_bytes()[:1000] if kind == "truncated_weights" else b"")
     return folder
 
 
-@pytest.mark.parametrize("kind", ["empty", "only_index", "bad_json", "unknown_class"])
+@pytest.mark.parametrize("kind", ["empty", "only_index", "bad_json", "unknown_class", "truncated_weights", "empty_weights",
+                                  "no_vae"])
 def test_a_model_folder_that_is_not_a_pipeline(tmp_path, capsys, kind):
     folder = _model_folder(tmp_path, kind)
-    _fails_cleanly(capsys, ["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out")], f"--model {folder}")
+    line = _fails_cleanly(capsys, ["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out")], f"--model {folder}")
+    if kind in ("truncated_weights", "empty_weights", "no_vae"):
+        assert "vae" in line  # the message says which part of the folder is wrong
     assert not (tmp_path / "out").exists()
 
 
