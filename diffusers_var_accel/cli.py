@@ -430,7 +430,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         settings = _json_normal(settings)
 
         # 3. The output folder: a new one, the same run again (resumed: finished images are skipped), or refused
-        old_settings, old_records = _read_manifest(out_dir) if out_dir.is_dir() else (None, [])
+        try:
+            old_settings, old_records = _read_manifest(out_dir) if out_dir.is_dir() else (None, [])
+        except CLIError:
+            if not args.overwrite:
+                raise
+            old_settings, old_records = {"manifest": "unreadable"}, []  # --overwrite: start afresh
         state.wait_for_everyone()  # every process has read the folder before the main process changes it
         same_run = old_settings is None or not _differences(old_settings, settings)
         if not same_run and not args.overwrite:

@@ -203,3 +203,12 @@ def test_dtype_holds_for_the_tiny_models(tmp_path, monkeypatch, model):
     assert main(["generate", "x", "--model", model, "--dtype", "bfloat16", "-o", str(tmp_path), "--no-progress"]) == 0
     assert seen["pipe"].transformer.dtype == torch.bfloat16 and seen["pipe"].vae.dtype == torch.bfloat16
     assert _manifest(tmp_path)["settings"]["dtype"] == "bfloat16"
+
+
+def test_an_unreadable_manifest_is_refused_unless_overwrite(tmp_path, capsys):
+    (tmp_path / "generations.json").write_text('{"settings": ')
+    assert main(["generate", "a circle", "-o", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "generations.json is not valid JSON" in err and "--overwrite" in err
+    assert main(["generate", "a circle", "-o", str(tmp_path), "--no-progress", "--overwrite"]) == 0
+    assert [r["file"] for r in _manifest(tmp_path)["images"]] == ["a-circle-s0.png"]
