@@ -29,11 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .attention_processor import HARTAttnProcessor
+from .attention_processor import HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from .forward_context import VARForwardContext, gather_rope, gather_scale_ids
@@ -94,7 +93,7 @@ class HARTLevelEmbedding(nn.Module):
         return self.mlp(sinusoidal_embedding(level_L, self.frequency_dim).to(self.mlp[0].weight.dtype))
 
 
-class HARTAttention(nn.Module, AttentionModuleMixin):
+class HARTAttention(nn.Module, VARAttentionModuleMixin):
     """Llama-style self-attention of one HART block (weights only; :class:`HARTAttnProcessor` does the math)."""
 
     _default_processor_cls = HARTAttnProcessor
@@ -203,7 +202,7 @@ class HARTHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class HARTTransformer(ModelMixin, ConfigMixin, VARAttentionMixin):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 
     Args:
