@@ -14,7 +14,7 @@ from ...models.forward_context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
+from ..pipeline_common import LiveGuidance, NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
 from ..next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -224,7 +224,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor if vae is not None else 32,
+                                                 do_resize=False)
         self._interrupt = False
 
     @property
@@ -244,7 +246,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         num_images_per_prompt: int = 1,
         use_system_prompt: bool = True,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(embeds (B, T, D), position_ids (B, T))``.
+        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(prompt_embeds (B, T, D),
+        prompt_position_ids (B, T))``, the arguments of the same names of ``__call__`` (for a negative prompt, pass the
+        outputs of its encoding as ``negative_prompt_embeds`` / ``negative_prompt_position_ids``). Uses the text
+        encoder, the tokenizer and the transformer's ``context_tokens``; the VAE may be absent.
 
         Each prompt is padded/truncated to the transformer's T context tokens; with ``use_system_prompt`` the
         official instruction is prepended (all visible) and only the prompt's own slots are kept. Position ids are
@@ -252,6 +257,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
+        if self.transformer is None:
+            raise ValueError("encode_prompt pads every prompt to the transformer's context_tokens: this pipeline has no transformer")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         T = self.transformer.config.context_tokens
@@ -271,8 +278,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             hidden = hidden[:, system.shape[1]:]
         else:
             hidden = self.text_encoder(ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
-        embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_position_ids = position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        return prompt_embeds, prompt_position_ids
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
@@ -388,7 +396,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (f_hat).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (the weight `cfg` of the ramp, or one weight `t` per scale as `cfg_list`)
+                for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
 
         Examples:
@@ -404,7 +414,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
         weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
-        self._guidance_scale, self._num_timesteps, self._interrupt = weights, num_scales, False
+        self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
@@ -448,7 +459,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                             progress)
 
         with progress, autocast:
-            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, [1.0 + t for t in weights],
+            # the loop's guidance scale is 1 + t; a callback may change the weight between scales
+            live_guidance = LiveGuidance(self, num_scales, lambda g, n: [1.0 + t for t in self.guidance_schedule(g, n)],
+                                         lambda t: 1.0 + t)
+            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
                                         [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
                                         should_stop=lambda: self._interrupt)
         latents = state.f_hat

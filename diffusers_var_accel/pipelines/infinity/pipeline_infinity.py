@@ -15,7 +15,7 @@ from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
+from ..pipeline_common import LiveGuidance, NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
 from ..next_scale import ScaleModelFamily, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -128,7 +128,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size), do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16,
+                                                 do_resize=False)
         self._interrupt = False
 
     @classmethod
@@ -149,21 +151,27 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         num_images_per_prompt: int = 1,
         max_sequence_length: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """T5 features of the prompts, padded to the longest: ``(embeds (B, T, D), attention_mask (B, T))``.
+        """T5 features of the prompts, padded to the longest: ``(prompt_embeds (B, T, D), prompt_attention_mask (B, T))``,
+        the arguments of the same names of ``__call__`` (for a negative prompt, pass the two outputs of its encoding as
+        ``negative_prompt_embeds`` / ``negative_prompt_attention_mask``).
 
-        Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()`` tokens per prompt).
+        Only the text encoder and tokenizer are used (the VAE may be absent; the transformer only gives the default
+        ``max_sequence_length``). Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()``
+        tokens per prompt).
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
+        if max_sequence_length is None and self.transformer is None:
+            raise ValueError("without a transformer there is no default token limit (its text_maxlen): pass max_sequence_length")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         max_len = max_sequence_length or min(self.transformer.config.text_maxlen, getattr(self.tokenizer, "model_max_length", 512) or 512)
         tokens = self.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
         input_ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
         embeds = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-        embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
-        mask = mask.repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, mask.bool()
+        prompt_embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_attention_mask = mask.repeat_interleave(num_images_per_prompt, dim=0).bool()
+        return prompt_embeds, prompt_attention_mask
 
     def scale_schedule_for(self, height: int, width: int):
         """The ``(1, h, w)`` schedule that produces ``height x width`` pixels and the grid its RoPE positions live on.
@@ -283,7 +291,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 summed codes, (B, d, h, w)).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (a number, or one guidance scale per scale) for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
             max_sequence_length (`int`, *optional*): T5 token limit (default: the transformer's `text_maxlen`).
 
@@ -303,7 +312,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                           guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs)
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
-        self._guidance_scale, self._num_timesteps, self._interrupt = cfg, num_scales, False
+        self._guidance_scale = cfg if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
+        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n)  # a callback may change it between scales
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
