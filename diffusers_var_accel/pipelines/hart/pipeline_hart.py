@@ -10,6 +10,7 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
+from ...models.dtype_utils import compute_dtype
 from ...models.forward_context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
@@ -117,7 +118,7 @@ class HARTScaleFamily(ScaleModelFamily):
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(self.transformer.word_embed.weight.dtype), scale_index_L, levels)
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
         tables = [self.transformer.context_rope(condition.position_ids_RT) if si == 0

@@ -10,6 +10,7 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.dtype_utils import compute_dtype
 from ...models.forward_context import VARForwardContext
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import InfinityCondition, InfinityTransformer
@@ -65,7 +66,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.embed_start(condition)
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        dtype = self.transformer.word_embed.weight.dtype
+        dtype = compute_dtype(self.transformer.word_embed)
         return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
 
     def rope_cos_sin(self, scale_indices, condition=None):
