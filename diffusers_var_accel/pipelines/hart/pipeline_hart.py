@@ -230,6 +230,16 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                                  do_resize=False)
         self._interrupt = False
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``DiffusionPipeline.from_pretrained``; a folder or repo with our Hub shim (``hub.write_hub_shim``) loads
+        without ``trust_remote_code``."""
+        from ...hub import holds_own_shim
+
+        if not kwargs.get("trust_remote_code") and holds_own_shim(pretrained_model_name_or_path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.ch_mult) - 1)

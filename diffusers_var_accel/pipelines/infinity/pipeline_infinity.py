@@ -137,11 +137,16 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
-        packaged embedded model (offline)."""
+        packaged embedded model (offline). A folder or repo with our Hub shim (``hub.write_hub_shim``) loads without
+        ``trust_remote_code``."""
         from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+
+        from ...hub import holds_own_shim
 
         if isinstance(pretrained_model_name_or_path, str) and pretrained_model_name_or_path in EMBEDDED_MODEL_NAMES:
             pretrained_model_name_or_path = embedded_model_path()
+        if not kwargs.get("trust_remote_code") and holds_own_shim(pretrained_model_name_or_path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
