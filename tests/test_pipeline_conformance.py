@@ -488,9 +488,10 @@ def test_xformers_attention_forwardGenerator_pass():
     pass
 
 
-@pytest.mark.skip(reason="accelerate 1.15's sequential offload with the CPU as execution device fails here with torch 2.13 "
-                  "(TypeError re-wrapping a parameter in set_module_tensor_to_device), in transformers' own text "
-                  "encoder embedding as in our modules; diffusers runs this test on accelerators only")
+@pytest.mark.skip(reason="needs an accelerator: with the CPU standing in, diffusers offloads to torch.device('cpu:0'), "
+                  "Parameter.to('cpu:0') returns a plain Tensor (a copy: 'cpu:0' != 'cpu'), accelerate stores it and "
+                  "its next hook fails re-wrapping it (TypeError in set_module_tensor_to_device), for every module "
+                  "with weights, transformers' text encoders included; diffusers runs this test on accelerators only")
 def test_sequential_offload_forward_pass_twice():
     pass
 
