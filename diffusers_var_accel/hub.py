@@ -421,20 +421,20 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
 
 
 def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str, str], in_folder: Iterable[str]) -> List[str]:
-    trust = ", trust_remote_code=True" if shim else ""
     method = "lazyvar" if "lazyvar" in presets else next(iter(presets), None)
     others = " / ".join(f"enable_{m}()" for m in presets if m != method)
     lines = ["## Usage", "", f"Needs the `diffusers_var_accel` package (version {__version__} or later) installed.", "",
              "```python", "import torch", f"from diffusers_var_accel import {class_name}", "",
-             f'pipe = {class_name}.from_pretrained("{repo_id}"{trust})']
+             f'pipe = {class_name}.from_pretrained("{repo_id}")']
     if method is not None:
         lines += [f"pipe.enable_{method}()" + (f"   # or {others}" if others else "")]
     lines += ['image = pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0)).images[0]',
               "pipe.disable_acceleration()   # the baseline again, bit for bit", "```", ""]
     if shim:
         lines += ["With diffusers' generic loader (the repo's `pipeline.py` is one line, "
-                  f"`from diffusers_var_accel import {class_name}`; it is why `trust_remote_code=True` is needed, "
-                  "also above):", "", "```python", "from diffusers import DiffusionPipeline", "",
+                  f"`from diffusers_var_accel import {class_name}`; it is why diffusers asks for `trust_remote_code=True`; "
+                  f"`{class_name}.from_pretrained` above checks that file and needs no flag):", "", "```python",
+                  "from diffusers import DiffusionPipeline", "",
                   f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)   # returns a {class_name}',
                   "```", ""]
     if method is not None:
