@@ -378,6 +378,37 @@ def test_callback_cfg(case, pipe):
         pipe(**case.inputs(callback_on_step_end=bad_value))
 
 
+def test_pipeline_callback_objects(case, pipe):
+    """diffusers' PipelineCallback objects bring their tensor_inputs; the pipeline takes them from the object."""
+    from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+    seen = []
+
+    class GuidanceOff(PipelineCallback):
+        tensor_inputs = ["latents", "logits"]
+
+        def callback_fn(self, pipeline, step_index, scale, callback_kwargs):
+            seen.append(sorted(callback_kwargs))
+            if step_index == self.config.cutoff_step_index:
+                pipeline._guidance_scale = 0.0 if case.name == "hart" else 1.0
+            return callback_kwargs
+
+    n = pipe.num_timesteps
+    cutoff = GuidanceOff(cutoff_step_ratio=None, cutoff_step_index=n // 2)
+    images = pipe(**case.inputs(guidance_scale=3.0, callback_on_step_end=MultiPipelineCallbacks([cutoff]))).images
+    assert seen == [["latents", "logits"]] * n
+    off = 0.0 if case.name == "hart" else 1.0
+    ramp = case.pipeline_class.guidance_schedule(3.0, n) if case.name == "hart" else [3.0] * n
+    expected = pipe(**case.inputs(cfg_list=ramp[: n // 2 + 1] + [off] * (n - n // 2 - 1))).images
+    assert np.array_equal(images, expected)
+
+    class Foreign(GuidanceOff):
+        tensor_inputs = ["noise_pred"]
+
+    with pytest.raises(ValueError, match="noise_pred"):
+        pipe(**case.inputs(callback_on_step_end=Foreign(cutoff_step_ratio=None, cutoff_step_index=0)))
+
+
 def test_interrupt(case, pipe, reference):
     def stop(pipeline, i, scale, kwargs):
         pipeline._interrupt = i >= 1

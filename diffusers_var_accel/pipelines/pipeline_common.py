@@ -107,7 +107,15 @@ class NextScalePipelineMixin:
 
     def _scale_callback(self, callback: Optional[Callable], tensor_inputs: Sequence[str], scale_schedule, prompt_embeds, progress):
         """The loop's ``on_scale_end``: the user's ``callback_on_step_end`` (which may replace ``latents``) and the
-        progress bar."""
+        progress bar. A diffusers ``PipelineCallback`` / ``MultiPipelineCallbacks`` brings its own ``tensor_inputs``
+        (as diffusers' pipelines take them), checked against ``_callback_tensor_inputs`` here."""
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            tensor_inputs = list(callback.tensor_inputs)
+            bad = [k for k in tensor_inputs if k not in self._callback_tensor_inputs]
+            if bad:
+                raise ValueError(f"{type(callback).__name__}.tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
 
         def on_scale_end(si: int, state) -> None:
             if callback is not None:
