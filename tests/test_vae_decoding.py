@@ -57,7 +57,7 @@ def test_tiling_is_close_to_untiled_and_seamless_inside_one_tile(vae, side):
     unrelated = (vae.decode(latent(vae, 1, side, side + 3, seed=3)) - full).abs().mean()
     # GroupNorm statistics (and HART's mid attention) see one tile, not the image: close, not equal. Measured on
     # these random decoders: mean |diff| 0.02-0.06 (max up to ~0.7 of the [-1, 1] range), against ~0.5 for an
-    # unrelated latent; docs/presets_and_hub.md has the numbers for larger tiles.
+    # unrelated latent; docs/next_scale_loop.md has the numbers for larger tiles.
     assert 0 < gap < 0.1 and gap < unrelated / 4
 
 

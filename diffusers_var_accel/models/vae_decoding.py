@@ -4,7 +4,7 @@ Slicing decodes one image of the batch at a time (same images, peak memory of on
 latent tiles and blends them with weights that ramp linearly across the overlap (a weighted average, so a pixel
 covered by one tile is exactly that tile's output). The decoders are convolutional except for their GroupNorms (and
 HART's mid-block attention), whose statistics are computed per tile: tiled images are close to, not equal to, the
-untiled ones (docs/presets_and_hub.md gives the measured gap).
+untiled ones (docs/next_scale_loop.md, "diffusers' memory options", gives the measured gap).
 """
 
 from __future__ import annotations
