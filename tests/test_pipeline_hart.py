@@ -209,7 +209,7 @@ def test_guidance_schedule_values():
 def test_guidance_schedule_is_used_and_cfg_list_overrides_it(pipe):
     n = dims(pipe)[3]
     default = latents(pipe, seed=2, guidance_scale=3.0)
-    assert pipe.guidance_scale == pytest.approx(HARTPipeline.guidance_schedule(3.0, n))
+    assert pipe.guidance_scale == 3.0  # the number given, as diffusers pipelines report it; the loop ramps it
     as_list = latents(pipe, seed=2, cfg_list=HARTPipeline.guidance_schedule(3.0, n))
     assert torch.equal(default, as_list)
     flat = latents(pipe, seed=2, cfg_list=[3.0] * n)  # the ramp matters

@@ -9,7 +9,7 @@ import math
 import numbers
 import os
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
@@ -322,6 +322,47 @@ def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
             check_loaded_keys(component, os.path.join(os.fspath(path), name))
 
 
+class LiveGuidance(Sequence):
+    """The loop's per-scale guidance, read from the pipeline's ``_guidance_scale`` when the loop reaches each scale.
+
+    ``_guidance_scale`` holds what the call was given: one number (``guidance_scale``) or one value per scale
+    (``cfg_list``). A ``callback_on_step_end`` may replace it with either form (diffusers' ``callback_cfg``
+    convention: ``pipe._guidance_scale += 1``) and the change applies from the next scale on. ``per_scale(value,
+    num_scales)`` turns a number into the family's per-scale values in the loop's convention (1 = no guidance).
+
+    The unconditional rows are set up when the call starts; a callback may not turn guidance on in a call that
+    started without it (there are no unconditional rows to guide with).
+    """
+
+    def __init__(self, pipeline, num_scales: int, per_scale: Callable[[float, int], List[float]],
+                 list_to_loop: Callable[[float], float] = float):
+        self._pipeline, self._num_scales = pipeline, num_scales
+        self._per_scale, self._list_to_loop = per_scale, list_to_loop
+        self._with_cfg = any(self._resolve(si) != 1 for si in range(num_scales))
+
+    def _resolve(self, si: int) -> float:
+        value = self._pipeline._guidance_scale
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(self._per_scale(float(value), self._num_scales)[si])
+        if isinstance(value, (list, tuple)) and len(value) == self._num_scales and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+            return float(self._list_to_loop(float(value[si])))
+        raise ValueError(f"_guidance_scale must be a number or a list of {self._num_scales} numbers (one per scale); "
+                         f"got {value!r}")
+
+    def __len__(self) -> int:
+        return self._num_scales
+
+    def __getitem__(self, si):
+        if isinstance(si, slice):
+            return [self[i] for i in range(*si.indices(self._num_scales))]
+        value = self._resolve(si)
+        if value != 1 and not self._with_cfg:
+            raise ValueError(f"guidance at scale {si} was changed to {self._pipeline._guidance_scale!r}, but this call "
+                             "started without guidance, so no unconditional rows ran; start the call with guidance on")
+        return value
+
+
 class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 
@@ -329,7 +370,8 @@ class NextScalePipelineMixin:
 
     @property
     def guidance_scale(self):
-        """The guidance of every scale of the current (or last) call."""
+        """The guidance of the current (or last) call: the ``guidance_scale`` number, or the per-scale list when
+        ``cfg_list`` was given (or a callback set one)."""
         return self._guidance_scale
 
     @property
@@ -343,7 +385,15 @@ class NextScalePipelineMixin:
 
     def _scale_callback(self, callback: Optional[Callable], tensor_inputs: Sequence[str], scale_schedule, prompt_embeds, progress):
         """The loop's ``on_scale_end``: the user's ``callback_on_step_end`` (which may replace ``latents``) and the
-        progress bar."""
+        progress bar. A diffusers ``PipelineCallback`` / ``MultiPipelineCallbacks`` brings its own ``tensor_inputs``
+        (as diffusers' pipelines take them), checked against ``_callback_tensor_inputs`` here."""
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            tensor_inputs = list(callback.tensor_inputs)
+            bad = [k for k in tensor_inputs if k not in self._callback_tensor_inputs]
+            if bad:
+                raise ValueError(f"{type(callback).__name__}.tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
 
         def on_scale_end(si: int, state) -> None:
             if callback is not None:

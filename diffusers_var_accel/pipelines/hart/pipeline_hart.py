@@ -10,12 +10,14 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
+from ...models.dtype_utils import compute_dtype
 from ...models.forward_context import VARForwardContext
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import (
     InputTypeError,
+    LiveGuidance,
     NextScalePipelineMixin,
     check_generator,
     check_loaded_pipeline,
@@ -136,7 +138,7 @@ class HARTScaleFamily(ScaleModelFamily):
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(self.transformer.word_embed.weight.dtype), scale_index_L, levels)
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
         tables = [self.transformer.context_rope(condition.position_ids_RT) if si == 0
@@ -243,20 +245,27 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor if vae is not None else 32,
+                                                 do_resize=False)
         self._interrupt = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` (or its older
-        name ``torch_dtype``) may be a ``torch.dtype`` or its name (``"bfloat16"``).
+        name ``torch_dtype``) may be a ``torch.dtype`` or its name (``"bfloat16"``). A folder or repo with our Hub shim
+        (``hub.write_hub_shim``) loads without ``trust_remote_code``.
 
         Raises:
             FileNotFoundError: a component folder is missing.
             ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
                 truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
         """
+        from ...hub import holds_own_shim
+
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
+        if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
         pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
@@ -278,7 +287,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         num_images_per_prompt: int = 1,
         use_system_prompt: bool = True,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(embeds (B, T, D), position_ids (B, T))``.
+        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(prompt_embeds (B, T, D),
+        prompt_position_ids (B, T))``, the arguments of the same names of ``__call__`` (for a negative prompt, pass the
+        outputs of its encoding as ``negative_prompt_embeds`` / ``negative_prompt_position_ids``). Uses the text
+        encoder, the tokenizer and the transformer's ``context_tokens``; the VAE may be absent.
 
         Each prompt is padded/truncated to the transformer's T context tokens; with ``use_system_prompt`` the
         official instruction is prepended (all visible) and only the prompt's own slots are kept. Position ids are
@@ -288,6 +300,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        if self.transformer is None:
+            raise ValueError("encode_prompt pads every prompt to the transformer's context_tokens: this pipeline has no transformer")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         T = self.transformer.config.context_tokens
@@ -308,8 +322,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             hidden = hidden[:, system.shape[1]:]
         else:
             hidden = self.text_encoder(ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
-        embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_position_ids = position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        return prompt_embeds, prompt_position_ids
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
@@ -438,7 +453,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (f_hat).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (the weight `cfg` of the ramp, or one weight `t` per scale as `cfg_list`)
+                for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
 
         Examples:
@@ -455,7 +472,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
         weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
-        self._guidance_scale, self._num_timesteps, self._interrupt = weights, num_scales, False
+        self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
@@ -502,7 +520,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                             progress)
 
         with progress, autocast:
-            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, [1.0 + t for t in weights],
+            # the loop's guidance scale is 1 + t; a callback may change the weight between scales
+            live_guidance = LiveGuidance(self, num_scales, lambda g, n: [1.0 + t for t in self.guidance_schedule(g, n)],
+                                         lambda t: 1.0 + t)
+            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
                                         [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
                                         should_stop=lambda: self._interrupt)
         latents = state.f_hat

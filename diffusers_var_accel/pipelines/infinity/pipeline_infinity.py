@@ -11,6 +11,7 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
+from ...models.dtype_utils import compute_dtype
 from ...models.forward_context import VARForwardContext
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import (
@@ -23,6 +24,7 @@ from ...models.transformer_infinity import (
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import (
+    LiveGuidance,
     NextScalePipelineMixin,
     check_generator,
     check_loaded_pipeline,
@@ -94,7 +96,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.embed_start(condition)
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        dtype = self.transformer.word_embed.weight.dtype
+        dtype = compute_dtype(self.transformer.word_embed)
         return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
 
     def rope_cos_sin(self, scale_indices, condition=None):
@@ -205,17 +207,21 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         super().__init__()
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
-        check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
+        if transformer is not None and vae is not None:  # either may be absent (encode_prompt alone needs neither)
+            check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size), do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16,
+                                                 do_resize=False)
         self._interrupt = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
         packaged embedded model (offline). ``dtype`` (or its older name ``torch_dtype``) may be a ``torch.dtype`` or
-        its name (``"bfloat16"``).
+        its name (``"bfloat16"``). A folder or repo with our Hub shim (``hub.write_hub_shim``) loads without
+        ``trust_remote_code``.
 
         Raises:
             FileNotFoundError: a name close to a packaged one (the message suggests it), or a component folder is missing.
@@ -223,9 +229,12 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
         """
         from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+        from ...hub import holds_own_shim
 
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
                                                 {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
+        if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
         pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
@@ -238,15 +247,21 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         num_images_per_prompt: int = 1,
         max_sequence_length: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """T5 features of the prompts, padded to the longest: ``(embeds (B, T, D), attention_mask (B, T))``.
+        """T5 features of the prompts, padded to the longest: ``(prompt_embeds (B, T, D), prompt_attention_mask (B, T))``,
+        the arguments of the same names of ``__call__`` (for a negative prompt, pass the two outputs of its encoding as
+        ``negative_prompt_embeds`` / ``negative_prompt_attention_mask``).
 
-        Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()`` tokens per prompt).
+        Only the text encoder and tokenizer are used (the VAE may be absent; the transformer only gives the default
+        ``max_sequence_length``). Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()``
+        tokens per prompt).
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
         check_max_sequence_length(max_sequence_length)
+        if max_sequence_length is None and self.transformer is None:
+            raise ValueError("without a transformer there is no default token limit (its text_maxlen): pass max_sequence_length")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if max_sequence_length is None:
@@ -257,9 +272,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         tokens = self.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
         input_ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
         embeds = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-        embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
-        mask = mask.repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, mask.bool()
+        prompt_embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_attention_mask = mask.repeat_interleave(num_images_per_prompt, dim=0).bool()
+        return prompt_embeds, prompt_attention_mask
 
     def scale_schedule_for(self, height: int, width: int):
         """The ``(1, h, w)`` schedule that produces ``height x width`` pixels and the grid its RoPE positions live on.
@@ -408,7 +423,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 spatial-patchify path).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (a number, or one guidance scale per scale) for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
             max_sequence_length (`int`, *optional*): T5 token limit (default: the transformer's `text_maxlen`).
 
@@ -427,7 +443,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                           negative_prompt_attention_mask, num_images_per_prompt, generator, output_type, max_sequence_length)
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
-        self._guidance_scale, self._num_timesteps, self._interrupt = cfg, num_scales, False
+        self._guidance_scale = cfg if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
+        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n)  # a callback may change it between scales
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
