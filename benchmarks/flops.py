@@ -1133,7 +1133,7 @@ def _run_hart_cli(args, methods: List[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="infinity-2b", choices=sorted(MODEL_SPECS) + sorted(HART_TOKENIZER_CONFIGS))
     parser.add_argument("--height", type=int, default=None, help="image height (Infinity default 1024; HART: its one size)")
     parser.add_argument("--width", type=int, default=None, help="image width (Infinity default 1024; HART: its one size)")

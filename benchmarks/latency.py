@@ -104,8 +104,8 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
     if class_name == "HARTPipeline":
         from diffusers_var_accel import HARTPipeline
 
-        return HARTPipeline.from_pretrained(folder, torch_dtype=dtype).to(device)
-    return InfinityPipeline.from_pretrained(folder, torch_dtype=dtype).to(device)
+        return HARTPipeline.from_pretrained(folder, dtype=dtype).to(device)
+    return InfinityPipeline.from_pretrained(folder, dtype=dtype).to(device)
 
 
 def pipeline_inputs(pipe, batch_size: int, height: Optional[int], width: Optional[int], device: str,

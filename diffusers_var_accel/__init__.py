@@ -22,6 +22,14 @@ from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler
 from .schedulers.scheduling_lazyvar import LazyVARScheduler
 from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
+from .pipelines.diffusers_registration import register_pipelines_with_diffusers
+
+# DiffusionPipeline / AutoPipelineForText2Image.from_pretrained(folder) resolve "_class_name" by name in diffusers
+register_pipelines_with_diffusers(InfinityPipeline, HARTPipeline)
+
+# model_index.json may name this package as the library of a component (["diffusers_var_accel", "InfinityTransformer"]):
+# diffusers then recognises a loadable class by looking its base classes up in that module, so the package holds them
+from diffusers import ModelMixin  # noqa: E402,F401  (not in __all__)
 
 __all__ = [
     "ARVARScheduler",

@@ -7,21 +7,196 @@ default, with a converted pipeline folder (``--model``: an Infinity or HART fold
 images are noise-like). ``var-accel bench`` benchmarks the baseline against acceleration methods on a prompt set
 (time, speed-up, FLOPs, memory, fidelity to the baseline; ``diffusers_var_accel.bench``). Nothing is downloaded,
 except a pipeline that ``var-accel bench --model`` names by its Hub id.
+
+A bad value (an argument, a file or folder it names, a device) is reported as one ``error: ...`` line on stderr with
+exit status 2; ``--debug`` shows the traceback instead. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import inspect
 import json
+import math
+import os
+import re
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 #: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
 DEFAULT_BENCH_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
 
+#: Exceptions that loading or calling a pipeline raises for bad input (a folder, a file, a value): exit status 2.
+USER_INPUT_ERRORS = (ValueError, TypeError, OSError, KeyError)
 
+#: The manifest ``var-accel generate`` writes into its output folder.
+MANIFEST_NAME = "generations.json"
+
+
+class CLIError(Exception):
+    """A bad value given on the command line: printed as one ``error:`` line on stderr, exit status 2."""
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
+
+
+@contextlib.contextmanager
+def _user_errors(prefix: str = "", debug: bool = False) -> Iterator[None]:
+    """Turn the ``USER_INPUT_ERRORS`` of a step that reads user input into a :class:`CLIError` (``--debug``: re-raise)."""
+    try:
+        yield
+    except USER_INPUT_ERRORS as err:
+        if debug:
+            raise
+        message = _one_line(err)
+        flag = prefix.split(" ")[0]
+        raise CLIError(message if flag and message.startswith(flag) else f"{prefix}{message}") from err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# checks of the arguments, before anything is loaded
+# ---------------------------------------------------------------------------------------------------------------------
+def check_device(value: Optional[str], flag: str = "--device") -> None:
+    """A torch device that exists on this machine (``cpu``, ``cuda``, ``cuda:1``, ``mps``), else :class:`CLIError`."""
+    if value is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise CLIError(f"{flag} {value}: not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise CLIError(f"{flag} {value}: CUDA is not available ({why}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CLIError(f"{flag} {value}: no such GPU; this machine has {torch.cuda.device_count()} (cuda:0 ... "
+                           f"cuda:{torch.cuda.device_count() - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise CLIError(f"{flag} {value}: MPS is not available on this machine; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise CLIError(f"{flag} {value}: device type {device.type!r} is not supported here; use cpu, cuda, cuda:N or mps")
+
+
+def check_output_folder(value: str, flag: str = "--output") -> Path:
+    """``value`` as an output folder that can be created (nothing is created yet), else :class:`CLIError`."""
+    path = Path(value)
+    for folder in (path.absolute(), *path.absolute().parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "is a file" if folder == path.absolute() else f"is under {folder}, which is a file"
+                raise CLIError(f"{flag} {value}: {where}, not a folder; give a folder path")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise CLIError(f"{flag} {value}: {folder} is not writable; give a folder you can write to")
+            break
+    return path
+
+
+def _make_output_folder(path: Path, flag: str = "--output") -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CLIError(f"{flag} {path}: cannot create the folder ({err.strerror or err})") from None
+
+
+def _type_name(hint: Any) -> str:
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_type_name(a) for a in inner) + " or null"
+    if origin is not None and args and origin not in (typing.Union,):
+        return f"a list of {_type_name(args[0])}s"
+    return {bool: "boolean (true or false)", int: "integer", float: "number", str: "string"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether the JSON value ``value`` is of the declared type ``hint`` (``Sequence[float]``, ``Optional[int]``, ...)."""
+    import typing
+    from collections.abc import Sequence as AbcSequence
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is typing.Union:
+        return any(value is None if a is type(None) else _matches(value, a) for a in args)
+    if origin in (list, tuple, AbcSequence, typing.Sequence) or (isinstance(origin, type) and issubclass(origin, AbcSequence)):
+        return isinstance(value, list) and all(_matches(v, args[0] if args else Any) for v in value)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    return True  # a type the command line cannot check: the scheduler checks it
+
+
+def check_acceleration_overrides(spec: Optional[str], flag: str = "--accel") -> None:
+    """The ``name:key=value,...`` overrides of an acceleration spec, checked against the scheduler's declared setting
+    types (lists of numbers or integers, booleans, numbers, integers, strings); values are JSON (``[0.2,0.1]``,
+    ``false``, ``0.5``), as ``load_acceleration`` parses them. An unknown key or a value of the wrong type is a
+    :class:`CLIError` naming the value and the expected type. Other specs (names, folders, files) pass unchanged."""
+    if spec is None or ":" not in spec or os.path.exists(spec) or spec.endswith(".json"):
+        return
+    import typing
+
+    from .schedulers.presets import is_preset_name, load_preset_config
+    from .schedulers.scheduling_var_base import _SCHEDULER_CLASSES, _split_top_level
+
+    name, _, overrides_text = spec.partition(":")
+    if "/" in name:
+        cls = _SCHEDULER_CLASSES.get(load_preset_config(name).get("_class_name")) if is_preset_name(name) else None
+    else:
+        cls = {c.__name__.lower()[: -len("scheduler")]: c for c in _SCHEDULER_CLASSES.values() if c.presets}.get(name.lower())
+    if cls is None:
+        return  # an unknown name: load_acceleration says which names exist
+    parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    hints = typing.get_type_hints(cls.__init__)
+    for item in _split_top_level(overrides_text):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise CLIError(f"{flag} {spec}: override {item!r} is not key=value")
+        if key not in parameters:
+            raise CLIError(f"{flag} {spec}: {cls.__name__} has no setting {key!r}; its settings: {', '.join(parameters)}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text  # a bare word is a string, as load_acceleration reads it
+        hint = hints.get(key, Any)
+        if not _matches(value, hint):
+            raise CLIError(f"{flag} {spec}: {key}={text!r} is not {_article(_type_name(hint))} (values are JSON, e.g. "
+                           f"{key}={json.dumps(_example(hint), separators=(',', ':'))})")
+
+
+def _article(name: str) -> str:
+    return name if name.startswith("a list") else ("an " if name[0] in "aeiou" else "a ") + name
+
+
+def _example(hint: Any) -> Any:
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return _example(next(a for a in args if a is not type(None)))
+    if origin is not None and args:
+        return [_example(args[0])] * 2
+    return {bool: False, int: 2, float: 0.5, str: "text"}.get(hint, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------------------------
 def _load_pipeline(model: Optional[str], device: str, dtype: str):
     import torch
 
@@ -31,7 +206,7 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
     from .embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
 
     if model is None or model in EMBEDDED_MODEL_NAMES:
-        return InfinityPipeline.from_pretrained(embedded_model_path(), torch_dtype=torch_dtype).to(device)
+        return InfinityPipeline.from_pretrained(embedded_model_path(), dtype=torch_dtype).to(device)
     if model in ("tiny", "tiny-hart"):
         from .utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
 
@@ -39,6 +214,10 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
         print(f"Using a tiny {name} pipeline with RANDOM weights (built locally, no download). Its images are noise-like; "
               "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
         pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
+        for component in pipe.components.values():  # --dtype holds for the tiny models too (built in float32)
+            if isinstance(component, torch.nn.Module):
+                # plain Module.to: diffusers' ModelMixin.to warns about float32-kept modules even when there are none
+                torch.nn.Module.to(component, dtype=torch_dtype)
     else:
         from .hub import has_hub_shim, pipeline_class
 
@@ -56,7 +235,7 @@ def _load_pipeline(model: Optional[str], device: str, dtype: str):
                              "diffusers_var_accel shim; restore it with diffusers_var_accel.hub.write_hub_shim(folder, "
                              "overwrite=True) or undo it with diffusers_var_accel.hub.remove_hub_shim(folder)")
         options = {"trust_remote_code": True} if shim_form else {}
-        pipe = cls.from_pretrained(model, torch_dtype=torch_dtype, **options)
+        pipe = cls.from_pretrained(model, dtype=torch_dtype, **options)
     return pipe.to(device)
 
 
@@ -79,8 +258,26 @@ def _load_accel(spec: Optional[str], family: str):
 
             with tempfile.TemporaryDirectory() as tmp:  # from_pretrained reads <folder>/acceleration_config.json
                 shutil.copyfile(path, Path(tmp) / VARAccelScheduler.config_name)
-                return load_acceleration(tmp, family)
-    return load_acceleration(spec, family)
+                return _checked_scheduler(load_acceleration(tmp, family), path)
+    elif path.is_dir() and not (path / VARAccelScheduler.config_name).is_file():
+        raise ValueError(f"the folder has no {VARAccelScheduler.config_name}; pass a scheduler folder "
+                         "(scheduler.save_pretrained(folder)), a JSON file or a preset name")
+    return _checked_scheduler(load_acceleration(spec, family), path / VARAccelScheduler.config_name)
+
+
+def _checked_scheduler(scheduler, config_file: Path):
+    """A scheduler that accelerates: the base class (a config whose ``_class_name`` names no scheduler class) is
+    refused, not run as the baseline and recorded as accelerated."""
+    from .schedulers.scheduling_var_base import _SCHEDULER_CLASSES, VARAccelScheduler
+
+    if type(scheduler) is VARAccelScheduler:
+        try:
+            stored = json.loads(config_file.read_text(encoding="utf-8")).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            stored = None
+        known = sorted(name for name, cls in _SCHEDULER_CLASSES.items() if cls is not VARAccelScheduler)
+        raise ValueError(f"{config_file.name}: _class_name {stored!r} is not an acceleration scheduler; known: {known}")
+    return scheduler
 
 
 def _read_prompts(args: argparse.Namespace) -> List[str]:
@@ -88,105 +285,282 @@ def _read_prompts(args: argparse.Namespace) -> List[str]:
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
-            raise ValueError(f"--prompts-file {args.prompts_file}: no such file; give a text file with one prompt per line")
-        prompts += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise CLIError(f"--prompts-file {args.prompts_file}: no such file; give a text file with one prompt per line")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise CLIError(f"--prompts-file {args.prompts_file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        prompts += [line.strip() for line in lines if line.strip()]
         if not prompts:
-            raise ValueError(f"--prompts-file {args.prompts_file} holds no prompt (one prompt per line, blank lines skipped)")
+            raise CLIError(f"--prompts-file {args.prompts_file} holds no prompt (one prompt per line, blank lines skipped)")
     if not prompts:
-        raise ValueError("give a prompt (var-accel generate \"two red circles\") or --prompts-file FILE")
+        raise CLIError("give a prompt (var-accel generate \"two red circles\") or --prompts-file FILE")
     return prompts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------------------------------------------------
+#: The sampling arguments ``generate`` records (and takes as options).
+SAMPLING_KEYS = ("guidance_scale", "tau", "top_k", "top_p")
+
+
+def image_file_name(prompt: str, seed: int) -> str:
+    """The PNG file of ``(prompt, seed)``: ``<prompt slug>-s<seed>.png``, e.g. ``two-red-circles-s0.png``. A prompt
+    that is not exactly its lower-case words (capitals, punctuation, more than 60 characters) gets 8 hex digits of
+    its SHA-1 too, so two prompts never share a file."""
+    words = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")
+    slug = words[:60].rstrip("-") or "prompt"
+    if slug.replace("-", " ") != prompt:
+        slug += "-" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:8]
+    return f"{slug}-s{seed}.png"
+
+
+def _json_normal(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples become lists), for comparing settings."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _journal_files(out_dir: Path) -> List[Path]:
+    return sorted(out_dir.glob(".generations-process*.jsonl"))
+
+
+def _read_manifest(out_dir: Path) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
+    """``(settings, records)`` already in ``out_dir``: the manifest's, then the journals' of an interrupted run."""
+    path = out_dir / MANIFEST_NAME
+    settings, records = None, []
+    if path.is_file():
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CLIError(f"--output {out_dir}: its {MANIFEST_NAME} is not valid JSON ({err}); pass --overwrite to "
+                           "start the folder afresh, or another --output") from None
+        settings = manifest.get("settings") if isinstance(manifest, dict) else None
+        records = list(manifest.get("images", [])) if isinstance(manifest, dict) else []
+        if settings is None:  # written by an older version (0000.png, ...): its images are not named by prompt and seed
+            settings = {"version": "older var-accel (files numbered 0000.png, ...)"}
+    for journal in _journal_files(out_dir):
+        for line in journal.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass  # the last line of a process killed while writing it: that image is redone
+    return settings, records
+
+
+def _differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
+    """The settings that differ between two runs (the acceleration by its configuration, not by how it was named)."""
+    out = []
+    for key in dict.fromkeys([*old, *new]):
+        if key == "acceleration" or old.get(key) == new.get(key):
+            continue
+        if key == "acceleration_config":
+            out.append(f"acceleration: {old.get('acceleration', 'baseline')!r} there, {new.get('acceleration')!r} now")
+        else:
+            out.append(f"{key}: {old.get(key)!r} there, {new.get(key)!r} now")
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _sampling_settings(pipe, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The sampling values a call uses: ``options``, else the pipeline's own defaults (``null``: the pipeline picks
+    per size, e.g. HART's top-k)."""
+    parameters = inspect.signature(pipe.__call__).parameters
+    settings = {}
+    for key in SAMPLING_KEYS:
+        if key in options:
+            settings[key] = options[key]
+        elif key in parameters and parameters[key].default is not inspect.Parameter.empty:
+            settings[key] = parameters[key].default
+    return settings
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
+    from .bench.runner import finish_distributed, process_share, process_state
+    from .embedded import EMBEDDED_MODEL_NAMES, EMBEDDED_SAMPLING
     from .pipelines.hart import HARTPipeline
 
+    # 1. Everything that needs no model
     if args.batch_size < 1:
-        print(f"error: --batch-size {args.batch_size}: must be 1 or more", file=sys.stderr)
-        return 2
-    try:
-        prompts = _read_prompts(args)
-        pipe = _load_pipeline(args.model, args.device, args.dtype)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    is_hart = isinstance(pipe, HARTPipeline)
-    from .embedded import EMBEDDED_MODEL_NAMES, EMBEDDED_SAMPLING
+        raise CLIError(f"--batch-size {args.batch_size}: must be 1 or more")
+    for flag, value in (("--height", args.height), ("--width", args.width)):
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} {value}: must be a positive number of pixels")
+    prompts = _read_prompts(args)
+    check_device(args.device)
+    out_dir = check_output_folder(args.output)
+    check_acceleration_overrides(args.accel)
 
-    is_embedded = args.model is None or args.model in EMBEDDED_MODEL_NAMES
-    if is_hart and args.tau is not None:
-        print("error: --tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)", file=sys.stderr)
-        return 2
+    # 2. Processes (torchrun / accelerate launch), pipeline, acceleration
+    state, device = process_state(args.device)
     try:
-        acceleration = _load_accel(args.accel, pipe.model_family)
-    except (ValueError, TypeError, OSError, KeyError) as err:
-        print(f"error: --accel {args.accel}: {err}", file=sys.stderr)
-        return 2
-    if is_hart:
-        height = args.height or pipe.default_size
-    else:
-        height = args.height or (256 if args.model == "tiny" else pipe.default_size[0])
-    width = args.width or height
-    out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
-    options.update({k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
-                                      ("top_p", args.top_p)) if v is not None})  # unset: the model's defaults
-    if acceleration is not None:
-        options["acceleration"] = acceleration
-    records = []
-    for first in range(0, len(prompts), args.batch_size):
-        batch = prompts[first:first + args.batch_size]
-        seeds = [args.seed + first + j for j in range(len(batch))]
-        generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]  # each image keeps its own seed
-        start = time.perf_counter()
+        with _user_errors(f"--model {args.model or 'embedded'}: ", args.debug):
+            pipe = _load_pipeline(args.model, device, args.dtype)
+        pipe.set_progress_bar_config(disable=state.num_processes > 1 or not args.progress)
+        is_hart = isinstance(pipe, HARTPipeline)
+        is_embedded = args.model is None or args.model in EMBEDDED_MODEL_NAMES
+        if is_hart and args.tau is not None:
+            raise CLIError("--tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)")
+        with _user_errors(f"--accel {args.accel}: ", args.debug):
+            acceleration = _load_accel(args.accel, pipe.model_family)
+        if is_hart:
+            height = args.height or pipe.default_size
+        else:
+            height = args.height or (256 if args.model == "tiny" else pipe.default_size[0])
+        width = args.width or height
+        options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
+        options.update({k: getattr(args, k) for k in SAMPLING_KEYS if getattr(args, k) is not None})
+        settings = {
+            "model": "embedded" if is_embedded else (args.model if args.model in ("tiny", "tiny-hart")
+                                                     else str(Path(args.model).resolve())),
+            "pipeline": type(pipe).__name__, "height": height, "width": width,
+            **_sampling_settings(pipe, options),
+            "acceleration": args.accel or "baseline",
+            "acceleration_config": None if acceleration is None else
+            {"_class_name": type(acceleration).__name__, **{k: v for k, v in acceleration.config.items() if not k.startswith("_")}},
+            "dtype": args.dtype, "device_type": torch.device(device).type,
+        }
+        settings = _json_normal(settings)
+
+        # 3. The output folder: a new one, the same run again (resumed: finished images are skipped), or refused
         try:
-            if len(batch) == 1:
-                images = pipe(batch[0], height=height, width=width, generator=generators[0], **options).images
-            else:
-                images = pipe(batch, height=height, width=width, generator=generators, **options).images
-        except ValueError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        seconds = (time.perf_counter() - start) / len(batch)
-        for j, (prompt, seed, image) in enumerate(zip(batch, seeds, images)):
-            path = out_dir / f"{first + j:04d}.png"
-            image.save(path)
-            records.append({"prompt": prompt, "seed": seed, "file": path.name, "seconds": round(seconds, 3)})
-            print(f"{path}  ({seconds:.2f} s)  {prompt}")
-    report = {"height": height, "width": width, "acceleration": args.accel or "baseline", "batch_size": args.batch_size,
-              "images": records}
-    (out_dir / "generations.json").write_text(json.dumps(report, indent=2))
+            old_settings, old_records = _read_manifest(out_dir) if out_dir.is_dir() else (None, [])
+        except CLIError:
+            if not args.overwrite:
+                raise
+            old_settings, old_records = {"manifest": "unreadable"}, []  # --overwrite: start afresh
+        state.wait_for_everyone()  # every process has read the folder before the main process changes it
+        same_run = old_settings is None or not _differences(old_settings, settings)
+        if not same_run and not args.overwrite:
+            raise CLIError(f"--output {out_dir} holds images generated with other settings ("
+                           + "; ".join(_differences(old_settings, settings))
+                           + "); pass another --output, or --overwrite to delete them and start afresh")
+        if not same_run:  # --overwrite
+            if state.is_main_process:
+                for record in old_records:
+                    name = str(record.get("file", "")) if isinstance(record, dict) else ""
+                    if name and Path(name).name == name and name.endswith(".png"):  # only images of this folder
+                        (out_dir / name).unlink(missing_ok=True)
+                for stale in [out_dir / MANIFEST_NAME, *_journal_files(out_dir)]:
+                    stale.unlink(missing_ok=True)
+            old_records = []
+        finished = {r["file"]: r for r in old_records if isinstance(r, dict) and (out_dir / str(r.get("file"))).is_file()}
+        if state.is_main_process:
+            _make_output_folder(out_dir)
+            _write_manifest(out_dir, settings, args, list(finished.values()))
+        state.wait_for_everyone()
+
+        # 4. This process's share of the (prompt, seed) items, minus the finished ones
+        items, seen = [], set()
+        for i, prompt in enumerate(prompts):
+            name = image_file_name(prompt, args.seed + i)
+            if name not in seen:  # the same prompt and seed twice: one image
+                seen.add(name)
+                items.append({"position": i, "prompt": prompt, "seed": args.seed + i, "file": name})
+        mine = process_share(state, items)
+        todo = [item for item in mine if item["file"] not in finished]
+        if len(todo) < len(mine):
+            print(f"{out_dir}: {len(mine) - len(todo)} of this run's {len(mine)} images are already there (same settings); "
+                  "generating the others", file=sys.stderr)
+        if acceleration is not None:
+            options["acceleration"] = acceleration
+        journal = out_dir / f".generations-process{state.process_index}.jsonl"
+        for first in range(0, len(todo), args.batch_size):
+            batch = todo[first:first + args.batch_size]
+            generators = [torch.Generator("cpu").manual_seed(item["seed"]) for item in batch]  # each image its own seed
+            start = time.perf_counter()
+            with _user_errors("", args.debug):
+                if len(batch) == 1:
+                    images = pipe(batch[0]["prompt"], height=height, width=width, generator=generators[0], **options).images
+                else:
+                    images = pipe([item["prompt"] for item in batch], height=height, width=width, generator=generators,
+                                  **options).images
+            seconds = (time.perf_counter() - start) / len(batch)
+            for item, image in zip(batch, images):
+                path = out_dir / item["file"]
+                tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+                image.save(tmp)
+                os.replace(tmp, path)  # a killed run leaves no half-written image behind
+                record = {"prompt": item["prompt"], "seed": item["seed"], "file": item["file"],
+                          "seconds": round(seconds, 3), "process": state.process_index}
+                with journal.open("a", encoding="utf-8") as stream:
+                    stream.write(json.dumps(record) + "\n")
+                print(f"{path}  ({seconds:.2f} s)  {item['prompt']}")
+
+        # 5. One manifest: the main process merges every process's journal
+        state.wait_for_everyone()
+        if state.is_main_process:
+            _, records = _read_manifest(out_dir)
+            order = {item["file"]: n for n, item in enumerate(items)}
+            merged: Dict[str, Dict[str, Any]] = {}
+            for record in records:
+                if isinstance(record, dict) and (out_dir / str(record.get("file"))).is_file():
+                    merged.setdefault(record["file"], record)
+            earlier = [r for f, r in merged.items() if f not in order]
+            this_run = sorted((r for f, r in merged.items() if f in order), key=lambda r: order[r["file"]])
+            _write_manifest(out_dir, settings, args, earlier + this_run)
+            for journal_file in _journal_files(out_dir):
+                journal_file.unlink()
+            print(f"wrote {out_dir / MANIFEST_NAME} ({len(merged)} images)", file=sys.stderr)
+    except BaseException:
+        # A process that fails leaves at once (torchrun then stops the others): a barrier here would wait forever
+        # for processes that are still generating or waiting at another barrier.
+        _leave_process_group()
+        raise
+    finish_distributed()
     return 0
+
+
+def _leave_process_group() -> None:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]]) -> None:
+    manifest = {"settings": settings, "height": settings["height"], "width": settings["width"],
+                "acceleration": settings["acceleration"], "batch_size": args.batch_size, "images": records}
+    _write_atomic(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .schedulers.scheduling_var_base import split_acceleration_specs
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    try:
+    methods = split_acceleration_specs(args.methods)
+    for method in methods:
+        check_acceleration_overrides(method, "--methods")
+    check_output_folder(args.output)
+    with _user_errors("", args.debug):
         run_demo(prompts=args.prompt or None, num_prompts=args.num_prompts, methods=methods, seed=args.seed,
-                 repeats=args.repeats, output_dir=args.output)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+                 repeats=args.repeats, output_dir=args.output, progress=args.progress)
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import finish_distributed, run_bench
+    from .schedulers.scheduling_var_base import split_acceleration_specs
 
+    for method in split_acceleration_specs(args.methods):
+        check_acceleration_overrides(method, "--methods")
+    check_device(args.device)
+    check_output_folder(args.output)
     sampling = {k: v for k, v in (("guidance_scale", args.guidance_scale), ("tau", args.tau), ("top_k", args.top_k),
                                   ("top_p", args.top_p)) if v is not None}
     try:
-        run_bench(model=args.model, prompts=args.prompts, num_prompts=args.num_prompts, seeds=args.seeds, methods=args.methods,
-                  repeats=args.repeats, warmup=args.warmup, batch_size=args.batch_size, output_dir=args.output,
-                  device=args.device, dtype=args.dtype, height=args.height, width=args.width, sampling=sampling,
-                  save_images=not args.no_images, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        with _user_errors("", args.debug):
+            run_bench(model=args.model, prompts=args.prompts, num_prompts=args.num_prompts, seeds=args.seeds,
+                      methods=args.methods, repeats=args.repeats, warmup=args.warmup, batch_size=args.batch_size,
+                      output_dir=args.output, device=args.device, dtype=args.dtype, height=args.height, width=args.width,
+                      sampling=sampling, save_images=not args.no_images, progress=args.progress)
     finally:
         finish_distributed()
     return 0
@@ -225,7 +599,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             print(f"error: {flag} {value}: not a folder; give a local transformers folder (downloaded beforehand)",
                   file=sys.stderr)
             return 2
-    output = Path(args.output)
+    output = check_output_folder(args.output)
     if (output / "model_index.json").is_file() and not args.overwrite:
         print(f"error: --output {output} already holds a pipeline (model_index.json); pass --overwrite or another folder",
               file=sys.stderr)
@@ -256,9 +630,16 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 tokenizer = _load_local_tokenizer(args.tokenizer or args.text_encoder)
             pipe = load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=dtype,
                                                text_encoder=text_encoder, tokenizer=tokenizer)
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except FileNotFoundError as err:  # a checkpoint file or folder that is not there, or not of the official layout
+        if args.debug:
+            raise
+        raise CLIError(_one_line(err)) from err
+    except (ValueError, OSError, RuntimeError) as err:  # the checkpoint itself does not convert (keys, shapes, file)
+        if args.debug:
+            raise
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 1
+    _make_output_folder(output)
     pipe.save_pretrained(output, safe_serialization=True)
     if args.hub_shim:
         from .hub import write_hub_shim
@@ -335,7 +716,7 @@ Infinity / HART next-scale (VAR) text-to-image generation with training-free acc
 _MAIN_EPILOG = """\
 examples:
   var-accel demo
-  var-accel generate "two red circles" --accel lazyvar
+  var-accel generate "two red circles" --accel lazyvar -o out_lazyvar
   var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
   var-accel flops --model infinity-2b --accel fastvar lazyvar
 
@@ -343,23 +724,28 @@ Run var-accel COMMAND --help for a command's options. Docs: docs/cli.md.
 """
 
 _GENERATE_DESCRIPTION = """\
-Generate one PNG per prompt into --output, with generations.json (prompt, seed, file, seconds per image).
+Generate one PNG per prompt into --output, named <prompt>-s<seed>.png, with generations.json (the settings used:
+model, size, guidance, tau, top-k, top-p, acceleration; per image the prompt, seed, file and seconds).
 Prompt i (counting the positional prompts first, then the --prompts-file lines) uses seed --seed + i, whatever
---batch-size is, so batching does not change which seed an image gets.
+--batch-size is, so batching does not change which seed an image gets. The same command again skips the images
+already there (resume); other settings into the same --output are an error unless --overwrite. Under torchrun /
+accelerate launch the (prompt, seed) items are split across the processes, as var-accel bench splits them.
 """
 
 _GENERATE_EPILOG = """\
 examples:
   var-accel generate "two red circles"                                   # embedded shapes model, baseline
-  var-accel generate "two red circles" --accel lazyvar                   # the LazyVAR preset of the model's family
+  var-accel generate "two red circles" --accel lazyvar -o out_lazyvar    # the LazyVAR preset of the model's family
   var-accel generate --prompts-file prompts.txt --batch-size 4 --seed 10 --output out
   var-accel generate "a red fox" --model infinity-2b-diffusers --device cuda --dtype bfloat16 \\
-      --height 1024 --width 1024 --accel infinity-2b/fastvar:skip_last_scales=false
-  var-accel generate "a red fox" --model tiny --accel my_lazyvar.json    # a scheduler JSON file (any file name)
+      --height 1024 --width 1024 --accel infinity-2b/fastvar:skip_last_scales=false -o fox_fastvar
+  var-accel generate "a red fox" --model tiny --accel my_lazyvar.json -o tiny   # a scheduler JSON file (any name)
+  torchrun --nproc_per_node 8 -m diffusers_var_accel generate --prompts-file geneval.txt --device cuda -o geneval
 
 --accel takes: baseline (the default); a method preset for the model's family (fastvar, lazyvar, depthvar, arvar);
 a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :key=value,key=value overrides (values
-parsed as JSON); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
+parsed as JSON and checked against the scheduler's setting types: keep_ratios=[0.4,0.2,0.1,0.05],
+skip_last_scales=false); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
 --model takes a folder saved with the Hub shim (diffusers_var_accel.hub.write_hub_shim) too.
 """
 
@@ -383,17 +769,63 @@ def _add_convert_common(parser: argparse.ArgumentParser) -> None:
                         "(the pipeline then runs from prompt embeddings)")
     parser.add_argument("--tokenizer", help="local tokenizer folder (default: the --text-encoder folder)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default float32)")
-    parser.add_argument("--output", required=True, help="output folder (created)")
+    parser.add_argument("-o", "--output", required=True, help="output folder (created)")
     parser.add_argument("--overwrite", action="store_true", help="write into an --output that already holds a pipeline")
     parser.add_argument("--hub-shim", action="store_true", help="also write the Hub pipeline.py shim "
                         "(diffusers_var_accel.hub.write_hub_shim), so DiffusionPipeline.from_pretrained(..., "
                         "trust_remote_code=True) loads the folder")
 
 
+def _number_type(kind, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False, what: str = ""):
+    """An argparse ``type``: a finite ``kind`` (int or float) in ``[low, high]`` (``(low, high]`` with ``low_open``);
+    argparse's message then names the value and the range."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: {what}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+_GUIDANCE = _number_type(float)
+_TAU = _number_type(float, 0, low_open=True, what="a temperature > 0")
+_TOP_K = _number_type(int, 0, what="0 (off) or more")
+_TOP_P = _number_type(float, 0, 1, what="0 (off) to 1")
+_AT_LEAST_1 = _number_type(int, 1, what="1 or more")
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` without abbreviated options (``--prompt`` is not ``--prompts-file``), with ``--debug``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        if self.add_help:
+            self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                              help="show the Python traceback of an error instead of its one-line message")
+
+
+def _sampling_default(family_defaults: str) -> str:
+    from .embedded import EMBEDDED_SAMPLING
+
+    embedded = EMBEDDED_SAMPLING
+    return family_defaults.format(**{k: ("off" if v is None or v == 0 and k in ("top_k", "top_p") else v)
+                                     for k, v in embedded.items()})
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}")
+    parser = _Parser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}",
+                                parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
                          epilog=_GENERATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
@@ -405,13 +837,24 @@ def build_parser() -> argparse.ArgumentParser:
                      "for the tiny model; the embedded model and HART make one size)")
     gen.add_argument("--width", type=int, help="image width (default: the height)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
-    gen.add_argument("--guidance-scale", type=float, help="CFG (Infinity default 4.0; HART's weight, default 4.5)")
-    gen.add_argument("--tau", type=float, help="sampling temperature (Infinity only; default 0.5)")
-    gen.add_argument("--top-k", type=int, help="top-k (Infinity default 900; HART default: the official 600/300)")
-    gen.add_argument("--top-p", type=float, help="top-p (Infinity default 0.97; HART default 0 = off)")
-    gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    gen.add_argument("--output", default="outputs", help="output folder (PNG files + generations.json)")
+    gen.add_argument("--guidance-scale", type=_GUIDANCE, help=_sampling_default(
+        "CFG scale (default: the model's own: embedded {guidance_scale}; an Infinity folder / tiny 4.0; HART 4.5)"))
+    gen.add_argument("--tau", type=_TAU, help=_sampling_default(
+        "sampling temperature, Infinity only (default: embedded {tau}; an Infinity folder / tiny 0.5)"))
+    gen.add_argument("--top-k", type=_TOP_K, help=_sampling_default(
+        "top-k, 0 = off (default: embedded {top_k}; an Infinity folder / tiny 900; HART the official 600 / 300 per size)"))
+    gen.add_argument("--top-p", type=_TOP_P, help=_sampling_default(
+        "top-p (default: embedded {top_p}; an Infinity folder / tiny 0.97; HART 0 = off)"))
+    gen.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, mps; under torchrun / "
+                     "accelerate launch, cuda is each process's own GPU")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                     help="weights dtype (default float32)")
+    gen.add_argument("-o", "--output", default="outputs", help="output folder (default outputs): the PNG files "
+                     "(<prompt>-s<seed>.png) and generations.json; running again with the same settings adds to it and "
+                     "skips images already there (resume)")
+    gen.add_argument("--overwrite", action="store_true", help="--output holds images made with other settings: delete "
+                     "them and start afresh (without it, that is an error)")
+    gen.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar per image")
     gen.add_argument("--accel", metavar="NAME|JSON", help="acceleration: baseline (default), fastvar, lazyvar, depthvar, arvar, "
                      "a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
     gen.add_argument("--batch-size", type=int, default=1, help="prompts per pipeline call (default 1); each image keeps "
@@ -423,12 +866,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "print time, speed-up, FLOPs, PSNR/SSIM vs the baseline image and the scorer's "
                                       "accuracy; write report.json and grid.png.")
     demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
-    demo.add_argument("--num-prompts", type=int, default=6)
+    demo.add_argument("--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)")
     demo.add_argument("--methods", default="baseline,fastvar,lazyvar,depthvar,arvar",
                       help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
-    demo.add_argument("--repeats", type=int, default=1, help="timed generations per method and prompt (median reported)")
-    demo.add_argument("--output", default="demo_outputs", help="output folder (report.json, grid.png)")
+    demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt (median reported)")
+    demo.add_argument("-o", "--output", default="demo_outputs", help="output folder (report.json, grid.png)")
+    demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser(
@@ -453,17 +897,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=1, help="images per call (default 1); each image keeps its own seed")
     bench.add_argument("--height", type=int, help="image height (default: the model's size)")
     bench.add_argument("--width", type=int, help="image width (default: the height)")
-    bench.add_argument("--guidance-scale", type=float, help="CFG scale (default: the embedded model's evaluated setting, "
+    bench.add_argument("--guidance-scale", type=_GUIDANCE, help="CFG scale (default: the embedded model's evaluated setting, "
                        "else the pipeline's default)")
-    bench.add_argument("--tau", type=float, help="sampling temperature (Infinity only)")
-    bench.add_argument("--top-k", type=int, help="top-k (0 = off)")
-    bench.add_argument("--top-p", type=float, help="top-p")
+    bench.add_argument("--tau", type=_TAU, help="sampling temperature (Infinity only)")
+    bench.add_argument("--top-k", type=_TOP_K, help="top-k (0 = off)")
+    bench.add_argument("--top-p", type=_TOP_P, help="top-p")
     bench.add_argument("--device", help="default: the process's GPU if there is one, else the CPU")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="weights dtype when loading --model (default float32)")
-    bench.add_argument("--output", default="bench_outputs", help="output folder (default bench_outputs)")
+    bench.add_argument("-o", "--output", default="bench_outputs", help="output folder (default bench_outputs)")
     bench.add_argument("--no-images", action="store_true", help="do not write the generated images")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     bench.set_defaults(func=_cmd_bench)
 
     conv = sub.add_parser("convert", help="official Infinity / HART checkpoints -> a diffusers pipeline folder",
@@ -502,9 +946,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         if argv and argv[0] == "flops":
             return _cmd_flops(argv[1:])
         args = build_parser().parse_args(argv)
+        args.debug = getattr(args, "debug", False)
         return args.func(args)
     except SystemExit as exit_:  # argparse (--help: 0; a bad value: 2, with the allowed values on stderr)
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except CLIError as err:
+        if "--debug" in argv:
+            raise
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if "--debug" in argv:
+            raise
+        print("interrupted; finished images are kept: run the same command again to resume (var-accel generate)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,15 +2,20 @@
 
 For a handful of shapes prompts (one seed each), every method generates every prompt; the demo reports per method
 the median time per image and its speed-up over the baseline (interleaved, after a warm-up, in the same run), the
-FLOPs of one generation (counted with ``torch.utils.flop_counter`` on the real call, text encoder and decoder
-included), PSNR and SSIM against the baseline image of the same prompt and seed, and the shapes scorer's accuracy.
-It writes ``report.json``, ``grid.png`` (one row per method, one column per prompt) and prints a table.
+FLOPs of one generation (counted with ``torch.utils.flop_counter`` on the real call of the first prompt and seed, text
+encoder and decoder included, with the counter of ``var-accel bench`` (:func:`~.bench.probe.make_flop_counter`,
+which also counts PyTorch's CPU attention kernel), so both commands give the same FLOPs for the same model, method,
+prompt and size), PSNR and SSIM against the baseline image of the same prompt and seed, and the shapes scorer's
+accuracy. It writes ``report.json`` (strict JSON: an infinite PSNR, identical images, is the string ``"inf"``),
+``grid.png`` (one row per method, one column per prompt, captioned) and prints a table; progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -28,25 +33,45 @@ def default_prompts(n: int) -> List[str]:
 
 
 def count_call_flops(pipe, prompt: str, **kwargs) -> int:
-    """FLOPs (2 x multiply-accumulates) of one real pipeline call, counted by ``torch.utils.flop_counter``."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs (2 x multiply-accumulates) of one real pipeline call, counted by ``torch.utils.flop_counter`` with the
+    counter ``var-accel bench`` uses (:func:`~.bench.probe.make_flop_counter`: PyTorch's CPU attention kernel, which
+    has no formula in torch, is counted like the CUDA ones)."""
+    from .bench.probe import make_flop_counter
 
-    counter = FlopCounterMode(display=False)
+    counter = make_flop_counter()
     with counter:
         pipe(prompt, output_type="pt", **kwargs)
     return int(counter.get_total_flops())
 
 
-def _to_pil_grid(rows: List[List[Any]], labels: Sequence[str], cell: int):
+#: Height of one text line in the grid's captions (PIL's default bitmap font), in pixels.
+_LINE = 12
+
+
+def _wrap(text: str, width_px: int) -> List[str]:
+    return textwrap.wrap(text, width=max(4, width_px // 6), break_long_words=True) or [""]
+
+
+def caption_grid(rows: List[List[Any]], row_labels: Sequence[str], column_labels: Sequence[str], cell: int):
+    """The images as a grid: one row per ``row_labels`` entry (the method, on the left), one column per
+    ``column_labels`` entry (the prompt, wrapped above its column)."""
     from PIL import Image, ImageDraw
 
-    label_w = 72
-    grid = Image.new("RGB", (label_w + cell * max(len(r) for r in rows), cell * len(rows)), "white")
+    label_w = max(80, min(220, 6 * max(len(label) for label in row_labels) + 10))
+    header_h = 8 + _LINE * max(len(_wrap(label, cell - 6)) for label in column_labels)
+    columns = max(len(r) for r in rows)
+    grid = Image.new("RGB", (label_w + cell * columns, header_h + cell * len(rows)), "white")
     draw = ImageDraw.Draw(grid)
-    for i, (row, label) in enumerate(zip(rows, labels)):
-        draw.text((4, i * cell + cell // 2 - 6), label, fill="black")
+    for j, label in enumerate(column_labels):
+        for k, line in enumerate(_wrap(label, cell - 6)):
+            draw.text((label_w + j * cell + 3, 4 + k * _LINE), line, fill="black")
+    for i, (row, label) in enumerate(zip(rows, row_labels)):
+        lines = _wrap(label, label_w - 8)
+        top = header_h + i * cell + (cell - _LINE * len(lines)) // 2
+        for k, line in enumerate(lines):
+            draw.text((4, top + k * _LINE), line, fill="black")
         for j, image in enumerate(row):
-            grid.paste(image.resize((cell, cell)), (label_w + j * cell, i * cell))
+            grid.paste(image.resize((cell, cell)), (label_w + j * cell, header_h + i * cell))
     return grid
 
 
@@ -78,7 +103,13 @@ def run_demo(
     from .metrics import psnr, ssim
     from .schedulers.scheduling_var_base import load_acceleration
 
-    pipe = pipe if pipe is not None else load_embedded_pipeline()
+    def stage(message: str) -> None:
+        if progress:
+            print(f"demo: {message}", file=sys.stderr, flush=True)
+
+    if pipe is None:
+        stage("loading the embedded model")
+        pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)
     prompts = list(prompts) if prompts else default_prompts(num_prompts)
     methods = list(methods)
@@ -91,6 +122,7 @@ def run_demo(
         generator = torch.Generator().manual_seed(seed + i)
         return pipe(prompts[i], generator=generator, output_type="pt", acceleration=schedulers[method], **kwargs).images
 
+    stage(f"{len(methods)} methods x {len(prompts)} prompts x {repeats} repeats, after one warm-up call")
     generate(methods[0], 0)  # warm-up (first-call allocations, lazy imports)
     times: Dict[str, List[float]] = {m: [] for m in methods}
     images: Dict[str, List[torch.Tensor]] = {m: [None] * len(prompts) for m in methods}
@@ -104,8 +136,10 @@ def run_demo(
                 bar.update()
     bar.close()
 
-    flops = {m: count_call_flops(pipe, prompts[0], generator=torch.Generator().manual_seed(seed),
-                                 acceleration=schedulers[m], **kwargs) for m in methods}
+    flops = {}
+    for m in tqdm(methods, desc="counting FLOPs", disable=not progress):  # one call per method, under the counter
+        flops[m] = count_call_flops(pipe, prompts[0], generator=torch.Generator().manual_seed(seed),
+                                    acceleration=schedulers[m], **kwargs)
     base_time = statistics.median(times["baseline"])
     rows, report_methods = [], {}
     for m in methods:
@@ -129,12 +163,16 @@ def run_demo(
         return Image.fromarray((t[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte().numpy()))
 
     rows = [[pil(images[m][i]) for i in range(len(prompts))] for m in methods]
-    _to_pil_grid(rows, methods, cell=128).save(out / "grid.png")
+    caption_grid(rows, methods, prompts, cell=128).save(out / "grid.png")
     report = dict(model=str(getattr(pipe, "name_or_path", "embedded")), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
                   sampling=kwargs, repeats=repeats, methods=report_methods,
-                  notes="time: median s/image, interleaved, after one warm-up; FLOPs: one real call (prompt 0) counted by "
-                        "torch.utils.flop_counter incl. text encoder and decoder; PSNR/SSIM vs the baseline image of the same seed")
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+                  notes="time: median s/image, interleaved, after one warm-up; FLOPs: one real call (prompt 0, seed "
+                        "--seed) counted by torch.utils.flop_counter incl. text encoder and decoder, with var-accel bench's "
+                        "counter (the same FLOPs as bench for the same prompt, seed and size); PSNR/SSIM vs the baseline image "
+                        "of the same seed (\"inf\": identical images)")
+    from .bench.runner import _json_safe
+
+    (out / "report.json").write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False))
     print(format_table(report))
     print(f"wrote {out / 'report.json'} and {out / 'grid.png'}")
     return report

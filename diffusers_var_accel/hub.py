@@ -5,8 +5,10 @@
   :class:`HARTPipeline`. It writes the one-line ``pipeline.py`` (``from diffusers_var_accel import InfinityPipeline``)
   and sets ``"_class_name": ["pipeline", "InfinityPipeline"]`` in ``model_index.json``; diffusers then imports
   ``pipeline.py`` (so the installed package, whose modules ``model_index.json`` names) and takes the class from it.
-  diffusers runs ``pipeline.py`` only with ``trust_remote_code=True``, **also when the folder is loaded with
-  ``InfinityPipeline.from_pretrained``** (diffusers 0.42 picks ``pipeline.py`` up for every class).
+  diffusers runs ``pipeline.py`` only with ``trust_remote_code=True``. ``InfinityPipeline.from_pretrained`` loads a
+  shimmed folder without it once it has checked that ``pipeline.py`` is exactly our one-line shim of that class.
+  A plain saved folder (no shim) loads through ``DiffusionPipeline`` / ``AutoPipelineForText2Image`` once
+  ``diffusers_var_accel`` is imported (``pipelines/diffusers_registration.py``).
 * :func:`make_model_card` / :func:`write_model_card` write the folder's ``README.md``: YAML metadata (library, tags
   with the acceleration methods, ``pipeline_tag: text-to-image``, license), the acceleration presets of the model's
   family, the measured numbers of a benchmark ``results.json`` (:func:`read_benchmark_results`) and a usage snippet.
@@ -104,6 +106,35 @@ def has_hub_shim(folder: PathLike) -> bool:
     return shim.read_text(encoding="utf-8") == hub_shim_source(stored[1])
 
 
+def holds_own_shim(path_or_repo: PathLike, class_name: str, **hub_kwargs) -> bool:
+    """Whether a local folder or a Hub repo holds exactly our shim for ``class_name`` (byte for byte).
+
+    ``InfinityPipeline`` / ``HARTPipeline.from_pretrained`` use it to load a shimmed folder without
+    ``trust_remote_code``: the only code diffusers would run is the one-line import of the very class being loaded.
+    For a repo id only ``model_index.json`` and ``pipeline.py`` are fetched (``hub_kwargs``: ``cache_dir``,
+    ``revision``, ``token``, ``local_files_only``, ``subfolder``); any failure to fetch them answers ``False`` and
+    leaves the error to diffusers' own loading.
+    """
+    folder = Path(path_or_repo)
+    if folder.is_dir():
+        try:
+            return has_hub_shim(folder) and _read_index(folder)["_class_name"][1] == class_name
+        except (ValueError, OSError):
+            return False
+    from huggingface_hub import hf_hub_download
+
+    kwargs = {k: hub_kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if hub_kwargs.get(k) is not None}
+    try:
+        index_path = hf_hub_download(str(path_or_repo), "model_index.json", **kwargs)
+        stored = json.loads(Path(index_path).read_text(encoding="utf-8")).get("_class_name")
+        if stored != [HUB_SHIM_MODULE, class_name]:
+            return False
+        shim_path = hf_hub_download(str(path_or_repo), HUB_SHIM_FILE, **kwargs)
+    except Exception:  # noqa: BLE001 - not our shim as far as we can tell; diffusers reports the real problem
+        return False
+    return Path(shim_path).read_text(encoding="utf-8") == hub_shim_source(class_name)
+
+
 def write_hub_shim(folder: PathLike, overwrite: bool = False) -> Path:
     """Make a saved pipeline folder load with ``DiffusionPipeline.from_pretrained(folder_or_repo, trust_remote_code=True)``.
 
@@ -111,8 +142,9 @@ def write_hub_shim(folder: PathLike, overwrite: bool = False) -> Path:
     ["pipeline", "<class>"]`` in ``model_index.json``. Call it after every ``save_pretrained`` into the folder
     (``save_pretrained`` writes the plain class name again). Idempotent.
 
-    After it, diffusers (0.42) executes ``pipeline.py`` for every ``from_pretrained`` of the folder, so
-    ``InfinityPipeline.from_pretrained(folder)`` also needs ``trust_remote_code=True``; :func:`remove_hub_shim` undoes it.
+    After it, ``DiffusionPipeline.from_pretrained(folder)`` needs ``trust_remote_code=True`` (diffusers runs
+    ``pipeline.py``); ``InfinityPipeline.from_pretrained(folder)`` does not: it checks that ``pipeline.py`` is exactly
+    this shim of its own class (:func:`holds_own_shim`). :func:`remove_hub_shim` undoes it.
 
     Args:
         folder (`str` or `os.PathLike`): a folder written by ``InfinityPipeline`` / ``HARTPipeline.save_pretrained``.
@@ -389,20 +421,20 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
 
 
 def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str, str], in_folder: Iterable[str]) -> List[str]:
-    trust = ", trust_remote_code=True" if shim else ""
     method = "lazyvar" if "lazyvar" in presets else next(iter(presets), None)
     others = " / ".join(f"enable_{m}()" for m in presets if m != method)
     lines = ["## Usage", "", f"Needs the `diffusers_var_accel` package (version {__version__} or later) installed.", "",
              "```python", "import torch", f"from diffusers_var_accel import {class_name}", "",
-             f'pipe = {class_name}.from_pretrained("{repo_id}"{trust})']
+             f'pipe = {class_name}.from_pretrained("{repo_id}")']
     if method is not None:
         lines += [f"pipe.enable_{method}()" + (f"   # or {others}" if others else "")]
     lines += ['image = pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0)).images[0]',
               "pipe.disable_acceleration()   # the baseline again, bit for bit", "```", ""]
     if shim:
         lines += ["With diffusers' generic loader (the repo's `pipeline.py` is one line, "
-                  f"`from diffusers_var_accel import {class_name}`; it is why `trust_remote_code=True` is needed, "
-                  "also above):", "", "```python", "from diffusers import DiffusionPipeline", "",
+                  f"`from diffusers_var_accel import {class_name}`; it is why diffusers asks for `trust_remote_code=True`; "
+                  f"`{class_name}.from_pretrained` above checks that file and needs no flag):", "", "```python",
+                  "from diffusers import DiffusionPipeline", "",
                   f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)   # returns a {class_name}',
                   "```", ""]
     if method is not None:

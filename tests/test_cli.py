@@ -37,7 +37,7 @@ def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, caps
 
     build_tiny_hart_pipeline(seed=0).save_pretrained(tmp_path / "hart")
     assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--output", str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "0000.png").is_file()
+    assert (tmp_path / "out" / "a-red-fox-s0.png").is_file()
     assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--tau", "0.5", "--output", str(tmp_path / "o2")]) == 2
     assert "--tau" in capsys.readouterr().err
     assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--height", "128", "--output", str(tmp_path / "o3")]) == 2

@@ -160,8 +160,9 @@ def test_convert_infinity_official_fixture(tmp_path, capsys):
 
 
 def test_convert_infinity_errors_say_what_to_do(tmp_path, capsys):
+    # a missing input file is a bad value (exit 2); a checkpoint that does not convert is exit 1 (docs/cli.md)
     assert main(["convert", "infinity", "--transformer", str(tmp_path / "nope.pth"),
-                 "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth"), "--output", str(tmp_path / "o")]) == 1
+                 "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth"), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "nope.pth" in err and "official checkpoint" in err
     # the transformer and VAE swapped: strict loading lists the offending keys
@@ -188,10 +189,10 @@ def test_convert_hart_official_fixture_and_wrong_layout(tmp_path, capsys):
 
     (tmp_path / "empty").mkdir()
     capsys.readouterr()
-    assert main(["convert", "hart", "--checkpoint", str(tmp_path / "empty"), "--output", str(tmp_path / "o")]) == 1
+    assert main(["convert", "hart", "--checkpoint", str(tmp_path / "empty"), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "llm/config.json" in err and "llm/, tokenizer/" in err
-    assert main(["convert", "hart", "--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")]) == 1
+    assert main(["convert", "hart", "--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")]) == 2
     assert "not a folder" in capsys.readouterr().err
 
 

@@ -121,17 +121,67 @@ def test_diffusion_pipeline_loads_our_pipeline_from_the_hub(kind, saved, offline
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         DiffusionPipeline.from_pretrained(repo_id, cache_dir=offline_hub)
-    # diffusers 0.42 runs pipeline.py for every class, ours too (documented; the model card says so)
-    with pytest.raises(ValueError, match="trust_remote_code=True"):
-        cls.from_pretrained(repo_id, cache_dir=offline_hub)
-    direct = cls.from_pretrained(repo_id, trust_remote_code=True, cache_dir=offline_hub)
+    # our own class checks that pipeline.py is exactly its one-line shim, so it needs no trust_remote_code
+    direct = cls.from_pretrained(repo_id, cache_dir=offline_hub)
     assert type(direct) is cls
     assert all(torch.equal(a, b) for a, b in zip(direct.transformer.state_dict().values(), pipe.transformer.state_dict().values()))
 
 
-def test_without_the_shim_diffusion_pipeline_cannot_resolve_the_class(saved, offline_hub):
-    """Why the shim exists: diffusers looks a plain _class_name up in the diffusers namespace."""
-    write_to_hub_cache(saved["hart"], "fake-org/plain-hart", offline_hub)
-    with pytest.raises(AttributeError, match="HARTPipeline"):
-        DiffusionPipeline.from_pretrained("fake-org/plain-hart", cache_dir=offline_hub)
-    assert type(HARTPipeline.from_pretrained("fake-org/plain-hart", cache_dir=offline_hub)) is HARTPipeline
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_changed_shim_needs_trust_remote_code_again(kind, saved, tmp_path, offline_hub):
+    _, cls, _ = KINDS[kind]
+    folder = tmp_path / "shimmed"
+    cls.from_pretrained(saved[kind]).save_pretrained(folder)
+    write_hub_shim(folder)
+    assert type(cls.from_pretrained(folder)) is cls  # a local shimmed folder, no trust_remote_code
+    (folder / "pipeline.py").write_text(hub_shim_source(cls.__name__) + "import os\n")
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        cls.from_pretrained(folder)
+    other = (set(KINDS) - {kind}).pop()
+    (folder / "pipeline.py").write_text(hub_shim_source(KINDS[other][1].__name__))  # the shim of the other class
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        cls.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_without_the_shim_the_generic_loaders_resolve_the_registered_class(kind, saved, offline_hub):
+    """diffusers looks a plain _class_name up in its own namespace (DiffusionPipeline) and in its text-to-image
+    mapping (AutoPipelineForText2Image); importing diffusers_var_accel registers our two classes in both."""
+    from diffusers import AutoPipelineForText2Image
+
+    _, cls, size = KINDS[kind]
+    reference = run(cls.from_pretrained(saved[kind]), size)
+    repo_id = f"fake-org/plain-{kind}"
+    write_to_hub_cache(saved[kind], repo_id, offline_hub)
+    for loader in (DiffusionPipeline, AutoPipelineForText2Image):
+        for source, kwargs in ((saved[kind], {}), (repo_id, {"cache_dir": offline_hub})):
+            pipe = loader.from_pretrained(source, **kwargs)
+            assert type(pipe) is cls
+            assert torch.equal(run(pipe, size), reference)
+
+
+def test_registration_never_replaces_a_diffusers_name():
+    import diffusers
+
+    from diffusers_var_accel.pipelines.diffusers_registration import register_pipelines_with_diffusers
+
+    class FluxPipeline(InfinityPipeline):  # a name diffusers defines
+        pass
+
+    register_pipelines_with_diffusers(FluxPipeline)
+    assert diffusers.FluxPipeline is not FluxPipeline and diffusers.FluxPipeline.__module__.startswith("diffusers.")
+    assert diffusers.InfinityPipeline is InfinityPipeline and diffusers.HARTPipeline is HARTPipeline
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_component_entries_may_name_the_top_level_package(kind, saved, tmp_path):
+    """["diffusers_var_accel", "<class>"] (the package, not the defining module) also loads: diffusers takes the class
+    from the imported module named in model_index.json, and the package exports every component class."""
+    _, cls, size = KINDS[kind]
+    folder = tmp_path / "top_level"
+    cls.from_pretrained(saved[kind]).save_pretrained(folder)
+    data = index(folder)
+    for name in ("transformer", "vae"):
+        data[name] = ["diffusers_var_accel", data[name][1]]
+    (folder / "model_index.json").write_text(json.dumps(data))
+    assert torch.equal(run(DiffusionPipeline.from_pretrained(folder), size), run(cls.from_pretrained(saved[kind]), size))

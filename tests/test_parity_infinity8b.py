@@ -242,7 +242,9 @@ def test_teacher_bits_of_the_wrong_shape_are_named(pipe):
     embeds, mask = padded_text(INPUTS)
     call = MANIFEST["runs"]["greedy_cfg"]["call"] if "greedy_cfg" in MANIFEST["runs"] else next(iter(MANIFEST["runs"].values()))["call"]
     good = INPUTS["teacher_bits.0"]
-    for bad, match in ((good[:, :, :1], "VAE layout"), (good.reshape(good.shape[0], -1)[:, None, :3], "teacher bits of scale 0"),
+    # the call's shape check names the scale and the token layout; the family's names the VAE layout
+    for bad, match in ((good[:, :, :1], r"teacher_tokens\[0\]|VAE layout"),
+                       (good.reshape(good.shape[0], -1)[:, None, :3], r"teacher_tokens\[0\]|teacher bits of scale 0"),
                        ([INPUTS[f"teacher_bits.{si}"] for si in range(len(MANIFEST["scale_schedule"]))] + [good], "the schedule has")):
         with pytest.raises(ValueError, match=match):
             pipe(**official_call_kwargs(MANIFEST, call, embeds, mask), teacher_tokens=bad if isinstance(bad, list) else [bad],

@@ -215,7 +215,7 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
             raise ValueError(f"model {model!r}: {HUB_SHIM_FILE} is not the diffusers_var_accel shim; it is not run")
         options["trust_remote_code"] = True
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return classes[class_name].from_pretrained(model, torch_dtype=torch_dtype, **options).to(device), False
+    return classes[class_name].from_pretrained(model, dtype=torch_dtype, **options).to(device), False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,6 +283,27 @@ def finish_distributed() -> None:
         state.destroy_process_group()
 
 
+def process_state(device: Optional[str] = None):
+    """``(state, device)`` of this process: ``accelerate.PartialState`` (one process, or one of a ``torchrun`` /
+    ``accelerate launch`` run; a CPU run uses the gloo backend) and its device: ``device`` as given, except that
+    ``None`` means the process's accelerator (``cuda:<local rank>``) if any, else the CPU, and under several processes
+    ``"cuda"`` means the process's own GPU."""
+    from accelerate import PartialState
+
+    want_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    state = PartialState(cpu=want_cpu)
+    if device is None or (state.num_processes > 1 and device == "cuda"):
+        device = str(state.device)
+    return state, device
+
+
+def process_share(state, items: Sequence[Any]) -> List[Any]:
+    """This process's contiguous share of ``items`` (``split_between_processes``: process 0 first, the first
+    processes one item more when the count does not divide; all of them in a single process)."""
+    with state.split_between_processes(list(items)) as share:
+        return list(share)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the benchmark
 # ---------------------------------------------------------------------------------------------------------------------
@@ -345,7 +366,6 @@ def run_bench(
     Raises:
         ValueError / FileNotFoundError: bad prompts, seeds, methods, numbers or model, naming the bad value.
     """
-    from accelerate import PartialState
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
@@ -364,10 +384,7 @@ def run_bench(
     # 2. Processes, device, pipeline, schedulers
     if pipe is not None:
         device = str(pipe.device) if device is None else device
-    want_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
-    state = PartialState(cpu=want_cpu)
-    if device is None or (state.num_processes > 1 and device == "cuda"):
-        device = str(state.device)
+    state, device = process_state(device)
     device_t = torch.device(device)
     if pipe is None:
         pipe, is_embedded = load_bench_pipeline(model, device_t, dtype)
@@ -425,8 +442,7 @@ def run_bench(
 
     # 4. This process's share of the work items
     items = [(p, k) for p in range(len(prompt_set)) for k in range(len(seed_list))]
-    with state.split_between_processes(items) as share:
-        mine = list(share)
+    mine = process_share(state, items)
     batches = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,11 +10,13 @@ Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c
 
 from __future__ import annotations
 
+import copy
 import importlib.util
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 
 from ..next_scale.context import VARForwardContext, block_causal_mask
@@ -70,6 +72,24 @@ class VARAttnProcessor:
 
     _attention_backend = None
     _parallel_config = None
+    #: Heads per attention call (``enable_attention_slicing``); ``None`` attends with every head at once.
+    slice_size: Optional[int] = None
+
+    def _attend(self, q_RLHc, k_RSHc, v_RSHc, mask, scale, backend) -> torch.Tensor:
+        """``dispatch_attention_fn`` on (R, L, H, c) tensors, ``slice_size`` heads at a time when slicing is on
+        (heads are independent, so slicing only bounds the size of the score tensor of one call)."""
+        H = q_RLHc.shape[2]
+        if self.slice_size is None or self.slice_size >= H:
+            return dispatch_attention_fn(q_RLHc, k_RSHc, v_RSHc, attn_mask=mask, scale=scale, backend=backend)
+        parts = []
+        for h0 in range(0, H, self.slice_size):
+            heads = slice(h0, h0 + self.slice_size)
+            sub_mask = mask
+            if mask is not None and mask.ndim == 4 and mask.shape[1] == H:
+                sub_mask = mask[:, heads]
+            parts.append(dispatch_attention_fn(q_RLHc[:, :, heads], k_RSHc[:, :, heads], v_RSHc[:, :, heads],
+                                               attn_mask=sub_mask, scale=scale, backend=backend))
+        return torch.cat(parts, dim=2)
 
     def __call__(
         self,
@@ -126,9 +146,7 @@ class VARAttnProcessor:
             out = out.transpose(1, 2)
         else:
             backend = _pick_backend(self._attention_backend, q, mask is not None)
-            out = dispatch_attention_fn(
-                q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn_mask=mask, scale=attn.softmax_scale, backend=backend
-            )
+            out = self._attend(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), mask, attn.softmax_scale, backend)
         return attn.proj(out.reshape(R, L, C))
 
     # -- cross-attention ------------------------------------------------------------------------------------------
@@ -139,7 +157,7 @@ class VARAttnProcessor:
         k, v = kv.view(R, T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
         q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
         backend = _pick_backend(self._attention_backend, q, text_mask_R11T is not None)
-        out = dispatch_attention_fn(q, k, v, attn_mask=text_mask_R11T, scale=attn.scale, backend=backend)
+        out = self._attend(q, k, v, text_mask_R11T, attn.scale, backend)
         return attn.proj(out.reshape(R, L, C))
 
 
@@ -163,3 +181,67 @@ class HARTAttnProcessor(VARAttnProcessor):
         rope = rope_cos_sin.to(q.dtype)
         return apply_rope_half(q, rope), apply_rope_half(k, rope), v.contiguous()
 
+
+
+class VARAttentionModuleMixin(AttentionModuleMixin):
+    """``AttentionModuleMixin`` for the VAR attention modules: only this library's processors are accepted.
+
+    diffusers' processors (``AttnProcessor2_0``, ``FluxAttnProcessor`` ...) expect ``to_q`` / ``to_k`` / ``to_v``
+    projections and know nothing of the per-call KV cache, the 2D RoPE or the block-causal mask of grouped scales,
+    so they cannot compute this attention; they are refused when set instead of failing at the first call.
+    """
+
+    def set_processor(self, processor) -> None:
+        allowed = tuple(self._available_processors)
+        if not isinstance(processor, allowed):
+            names = ", ".join(cls.__name__ for cls in allowed)
+            raise ValueError(
+                f"{type(processor).__name__} cannot run {type(self).__name__}: its q/k/v live in one fused projection "
+                f"and the attention needs the next-scale KV cache and RoPE; allowed processors: {names} (or subclasses)"
+            )
+        super().set_processor(processor)
+
+    def set_attention_slice(self, slice_size: Optional[int]) -> None:
+        """Attend ``slice_size`` heads at a time (``None``: all heads in one call). Same outputs, smaller peaks."""
+        if slice_size is not None and (isinstance(slice_size, bool) or not isinstance(slice_size, int)
+                                       or not 1 <= slice_size <= self.num_heads):
+            raise ValueError(f"slice_size must be an int in [1, {self.num_heads}] (heads per slice) or None, got {slice_size!r}")
+        processor = copy.copy(self.processor)  # keeps its attention backend; a processor shared by modules stays unchanged
+        processor.slice_size = slice_size
+        self.processor = processor
+
+
+class VARAttentionMixin(AttentionMixin):
+    """``AttentionMixin`` for the VAR transformers: attention slicing, and an explicit answer to q/k/v fusion."""
+
+    def set_attention_slice(self, slice_size: Union[str, int, None]) -> None:
+        """Attention slicing over heads, as ``DiffusionPipeline.enable_attention_slicing`` asks for it.
+
+        Args:
+            slice_size (`str`, `int` or `None`): ``"auto"`` attends half the heads at a time, ``"max"`` one head at a
+                time, an int that many heads at a time; ``None`` turns slicing off.
+        """
+        modules = [m for m in self.modules() if isinstance(m, VARAttentionModuleMixin)]
+        for module in modules:
+            if slice_size == "auto":
+                size = max(module.num_heads // 2, 1)
+            elif slice_size == "max":
+                size = 1
+            elif slice_size is None or isinstance(slice_size, int):
+                size = slice_size
+            else:
+                raise ValueError(f"slice_size must be 'auto', 'max', an int or None, got {slice_size!r}")
+            module.set_attention_slice(size)
+
+    def fuse_qkv_projections(self) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} already stores q, k and v as one Linear per attention (the official checkpoint "
+            "layout: mat_qkv / qkv_proj for self-attention, mat_kv for Infinity's cross-attention); there are no "
+            "separate projections to fuse"
+        )
+
+    def unfuse_qkv_projections(self) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps q, k and v in one Linear (the official checkpoint layout); splitting it "
+            "would change the weight names the checkpoints load into"
+        )

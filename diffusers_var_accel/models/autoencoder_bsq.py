@@ -34,7 +34,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
+from .vae_decoding import SlicedTiledDecodeMixin
 
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
@@ -232,7 +233,7 @@ class BSQDecoder(nn.Module):
         return self.conv_out(_swish(self.norm_out(h_BChw)))
 
 
-class InfinityBSQVAE(ModelMixin, ConfigMixin):
+class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
     r"""The BSQ VAE of Infinity (https://arxiv.org/abs/2412.04431): decoder, encoder and the multi-scale bit helpers.
 
     Generation needs only [`~InfinityBSQVAE.bits_to_codes`], [`~InfinityBSQVAE.add_scale_codes`],
@@ -364,7 +365,7 @@ class InfinityBSQVAE(ModelMixin, ConfigMixin):
         # inaccurate for some configurations (up to 1e-2 from float64, thread-count dependent); the contiguous path
         # stays within ~1e-5 of float64, so we decode a contiguous tensor (within FIXTURE.md's 1e-3 of the official).
         z_Bdhw = z_Bdhw.contiguous()
-        return self.decoder(z_Bdhw).clamp(min=-1.0, max=1.0)
+        return self._decode_sliced_tiled(lambda z: self.decoder(z).clamp(min=-1.0, max=1.0), z_Bdhw)
 
     def forward(self, z_Bdhw: torch.Tensor) -> torch.Tensor:
         """Same as [`~InfinityBSQVAE.decode`] (generation only needs the decoder)."""

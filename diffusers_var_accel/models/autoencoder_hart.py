@@ -36,7 +36,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
-from .checkpoint_utils import build_and_load_strict, load_original_state_dict
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
+from .vae_decoding import SlicedTiledDecodeMixin
 
 __all__ = [
     "HARTHybridTokenizer",
@@ -284,7 +285,7 @@ class HARTQuantizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------- model
 
 
-class HARTHybridTokenizer(ModelMixin, ConfigMixin):
+class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
     r"""The hybrid tokenizer of HART (https://arxiv.org/abs/2410.10812): conv encoder / decoder, a multi-scale VQ
     codebook with shared Phi convolutions, and the ``f_hat`` helpers of next-scale generation.
 
@@ -493,7 +494,8 @@ class HARTHybridTokenizer(ModelMixin, ConfigMixin):
         if f_hat_BCvHW.ndim != 4 or f_hat_BCvHW.shape[1] != self.config.z_channels:
             raise ValueError(f"decode expects a latent of shape (B, {self.config.z_channels}, H, W), "
                              f"got {tuple(f_hat_BCvHW.shape)}")
-        return self.decoder(self.post_quant_conv(f_hat_BCvHW.contiguous())).clamp(min=-1.0, max=1.0)
+        return self._decode_sliced_tiled(lambda f: self.decoder(self.post_quant_conv(f)).clamp(min=-1.0, max=1.0),
+                                         f_hat_BCvHW.contiguous())
 
     def forward(self, f_hat_BCvHW: torch.Tensor) -> torch.Tensor:
         """Same as [`~HARTHybridTokenizer.decode`] (generation only needs the decoder)."""

@@ -1,15 +1,91 @@
 """Reading official checkpoints safely and loading them strictly.
 
 ``.pth`` files are read only with ``torch.load(..., weights_only=True)``; safetensors with ``safetensors``. Loading
-never ignores a key: missing, unexpected and mis-shaped keys are all listed in one error.
+never ignores a key: missing, unexpected and mis-shaped keys are all listed in one error. A file that cannot be read
+(empty, truncated, not a checkpoint) fails naming the file and what is wrong with it. The same strictness applies to
+folders written by ``save_pretrained`` (:class:`StrictLoadingMixin`).
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+import pickle
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
+
+#: The names a string ``torch_dtype`` / ``dtype`` may take (also with a ``"torch."`` prefix).
+DTYPE_NAMES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                                       "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16,
+                                       "bf16": torch.bfloat16, "half": torch.float16, "float": torch.float32}
+
+
+def resolve_torch_dtype(value: Any, name: str = "torch_dtype") -> Optional[torch.dtype]:
+    """``value`` as a ``torch.dtype``: a ``torch.dtype``, ``None``, or one of :data:`DTYPE_NAMES` (``"float16"``,
+    ``"torch.bfloat16"``, ...). Anything else is an error (never a silent float32).
+
+    Raises:
+        ValueError: an unknown name or another type; the message lists the accepted names.
+    """
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower()
+        key = key[len("torch."):] if key.startswith("torch.") else key
+        if key in DTYPE_NAMES:
+            return DTYPE_NAMES[key]
+    raise ValueError(f"{name}={value!r} is not a dtype: pass a torch.dtype (torch.float16) or one of the names "
+                     f"{sorted(n for n in DTYPE_NAMES if n in ('float32', 'float16', 'bfloat16', 'float64'))} "
+                     "(optionally as 'torch.<name>')")
+
+
+class CheckpointFileError(ValueError):
+    """A weights file that cannot be read: the message names the file and what is wrong with it."""
+
+
+def check_checkpoint_file(path: Union[str, os.PathLike]) -> None:
+    """Raise :class:`CheckpointFileError` (a ``ValueError``) when ``path`` is empty or not a readable checkpoint.
+
+    A safetensors file is checked by opening it (its header and the size it announces; the tensors are not read); a
+    pickle (``.pth`` / ``.bin`` / ``.pt`` / ``.ckpt``) by loading it with ``weights_only=True``.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this weights file did not finish")
+    if path.endswith(".safetensors"):
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(path, framework="pt") as f:
+                list(f.keys())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise CheckpointFileError(f"{path} ({size} bytes) is not a readable safetensors file (truncated or corrupted): "
+                                      f"{err}") from None
+    else:
+        _load_pickle(path)
+
+
+def _load_pickle(path: str):
+    size = os.path.getsize(path)
+    if size == 0:
+        raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this checkpoint did not finish")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # weights_only refuses objects that are not tensors or plain containers (e.g. a malicious pickle), and bytes
+        # that are no pickle at all
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
+        raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint for torch.load(weights_only=True) "
+                                  f"(corrupted, or it holds objects other than tensors, which are refused): {reason}") from None
+    except (EOFError, RuntimeError, OSError, ValueError, TypeError, KeyError) as err:
+        raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint (truncated or corrupted): "
+                                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
 
 
 def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:
@@ -28,9 +104,12 @@ def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[st
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
+            check_checkpoint_file(path)
             state_dict = load_file(path)
         else:
-            state_dict = torch.load(path, map_location="cpu", weights_only=True)
+            state_dict = _load_pickle(path)
+        if not isinstance(state_dict, dict):
+            raise CheckpointFileError(f"{path} holds a {type(state_dict).__name__}, not a state dict (name -> tensor)")
     if entry is not None and isinstance(state_dict.get(entry), dict):
         state_dict = state_dict[entry]
     bad = [k for k, v in state_dict.items() if not isinstance(v, torch.Tensor)]
@@ -66,8 +145,7 @@ def build_and_load_strict(cls, config: Dict[str, Any], state_dict: Dict[str, tor
     ``convert(state_dict, expected_shapes)`` renames official keys first. Tensors of the given dict are copied, so the
     model never shares storage with the caller's dict.
     """
-    if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
+    torch_dtype = resolve_torch_dtype(torch_dtype)
     with torch.device("meta"):
         model = cls(**config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -188,3 +266,124 @@ def build_and_load_sharded_strict(cls, config: Dict[str, Any], folder: Union[str
     if still_meta:  # pragma: no cover - excluded by check_state_dict above
         raise ValueError(f"{what} {folder}: keys never loaded: {still_meta[:10]}")
     return model.eval()
+
+
+def check_folder_files(folder: Union[str, os.PathLike]) -> None:
+    """Check every file a component folder of a saved pipeline holds, before any library reads it: ``*.json`` must be
+    valid JSON, ``*.safetensors`` readable (header and announced size), and no weights file empty.
+
+    Raises:
+        CheckpointFileError: naming the file and what is wrong with it.
+    """
+    folder = os.fspath(folder)
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointFileError(f"{path} is not valid JSON (truncated or corrupted?): {err}") from None
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        check_checkpoint_file(path)
+    for pattern in ("*.bin", "*.pth", "*.pt", "*.ckpt"):
+        for path in sorted(glob.glob(os.path.join(folder, pattern))):
+            if os.path.getsize(path) == 0:
+                raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this file did not finish")
+
+
+def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -> None:
+    """After a library loaded ``model`` from ``folder`` (a transformers text encoder), check that the folder's
+    safetensors files held exactly the model's weights: transformers initialises missing weights at random with only a
+    log line. Weights tied to another (``all_tied_weights_keys``) and keys the class declares ignorable are not
+    required. Folders with pickled weights only are not checked (their keys cannot be read without loading them).
+
+    Raises:
+        ValueError: listing the missing and unexpected keys, naming the files.
+    """
+    import re
+
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(os.fspath(folder), "*.safetensors")))
+    if not files:
+        return
+    stored = set()
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            stored.update(f.keys())
+    expected = set(model.state_dict())
+    tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    ignore_missing = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+    ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    missing = sorted(k for k in expected - stored
+                     if not (k in tied and tied[k] in stored) and not any(re.search(p, k) for p in ignore_missing))
+    unexpected = sorted(k for k in stored - expected if not any(re.search(p, k) for p in ignore_unexpected))
+    if missing or unexpected:
+        lines = [f"{', '.join(files)} do not match {type(model).__name__} as {os.path.join(os.fspath(folder), 'config.json')} "
+                 "describes it:"]
+        if missing:
+            lines += [f"missing keys ({len(missing)}):"] + [f"  {k}" for k in missing[:50]]
+        if unexpected:
+            lines += [f"unexpected keys ({len(unexpected)}):"] + [f"  {k}" for k in unexpected[:50]]
+        raise ValueError("\n".join(lines))
+
+
+def _weights_files(folder: str) -> List[str]:
+    """The weights files ``ModelMixin.from_pretrained`` reads from a saved model folder."""
+    names = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    return names or sorted(glob.glob(os.path.join(folder, "*.bin")))
+
+
+class StrictLoadingMixin:
+    """``from_pretrained`` of a saved model folder as strict as loading the official checkpoints.
+
+    Mixed in before ``ModelMixin``. The weights files are checked first (an empty or truncated file is named); then
+    every missing, unexpected or mis-shaped key is an error that lists the keys and names the folder's weights and
+    ``config.json`` (a config that disagrees with its weights, e.g. another depth, shows as missing or unexpected
+    blocks). diffusers itself only logs unexpected keys and initialises missing ones (or leaves them on the meta
+    device). A string ``torch_dtype`` / ``dtype`` (``"float16"``) is honoured, an unknown one refused.
+    """
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        for key in ("torch_dtype", "dtype"):
+            if key in kwargs:
+                kwargs[key] = resolve_torch_dtype(kwargs[key], key)
+        return_info = kwargs.pop("output_loading_info", False)
+        folder = os.fspath(pretrained_model_name_or_path) if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) else None
+        if folder is not None and kwargs.get("subfolder"):
+            folder = os.path.join(folder, kwargs["subfolder"])
+        local = folder is not None and os.path.isdir(folder)
+        if local:
+            config_file = os.path.join(folder, "config.json")
+            if not os.path.isfile(config_file):
+                raise FileNotFoundError(f"{folder} has no config.json: not a folder written by {cls.__name__}.save_pretrained")
+            try:
+                with open(config_file, encoding="utf-8") as f:
+                    json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise CheckpointFileError(f"{config_file} is not valid JSON: {err}") from None
+            weights = _weights_files(folder)
+            if not weights:
+                raise FileNotFoundError(f"{folder} has no weights file (diffusion_pytorch_model.safetensors or .bin)")
+            for path in weights:
+                check_checkpoint_file(path)
+        where = (f"{', '.join(_weights_files(folder))} (with {os.path.join(folder, 'config.json')})" if local
+                 else str(pretrained_model_name_or_path))
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        except ValueError as err:
+            if "expected shape" not in str(err):
+                raise
+            # diffusers stops at the first mis-shaped key and names no file
+            raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\nmis-shaped keys: "
+                             f"{str(err).split(' If you want')[0]}") from None
+        problems = []
+        for label, keys in (("missing keys", info.get("missing_keys")), ("unexpected keys", info.get("unexpected_keys")),
+                            ("mis-shaped keys", info.get("mismatched_keys")), ("load errors", info.get("error_msgs"))):
+            keys = sorted(str(k) for k in (keys or []))
+            if keys:
+                problems.append(f"{label} ({len(keys)}):\n" + "\n".join(f"  {k}" for k in keys[:50])
+                                + (f"\n  ... and {len(keys) - 50} more" if len(keys) > 50 else ""))
+        if problems:
+            raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\n" + "\n".join(problems))
+        return (model, info) if return_info else model

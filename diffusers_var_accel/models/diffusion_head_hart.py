@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .dtype_utils import compute_dtype
+
 __all__ = [
     "HARTDiffusionHead",
     "HARTDiffusionMLP",
@@ -160,7 +162,7 @@ class HARTTimestepEmbedder(nn.Module):
 
     def forward(self, t_N: torch.Tensor) -> torch.Tensor:
         emb = self.sinusoid(t_N, self.frequency_channels)
-        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+        return self.mlp(emb.to(compute_dtype(self.mlp[0])))
 
 
 class HARTAdaLNResBlock(nn.Module):
@@ -368,7 +370,7 @@ class HARTDiffusionHead(nn.Module):
 
         tables = {name: table.to(device) for name, table in self._tables.items()}
         timestep_map = torch.tensor(self.schedule.timestep_map, dtype=torch.long, device=device)
-        net_dtype = self.net.input_proj.weight.dtype
+        net_dtype = compute_dtype(self.net.input_proj)
         condition_2NC = condition_2NC.to(net_dtype)
 
         # 2. Denoise from the last respaced step down to 0; the network sees the original timestep index

@@ -29,15 +29,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .attention_processor import HARTAttnProcessor
-from .checkpoint_utils import build_and_load_strict, check_state_dict, load_original_state_dict
+from .attention_processor import HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
+from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from ..next_scale.context import VARForwardContext
 from ..next_scale.executor import execute_blocks
+from .dtype_utils import compute_dtype
 from .routing import TokenRoutedBlock
 
 #: HART-0.7B at 1024x1024 (ARCHITECTURE facts: 24 x 1536 llama blocks, 300 Qwen2-1.5B context tokens, 14 scales,
@@ -92,10 +92,10 @@ class HARTLevelEmbedding(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(frequency_dim, embed_dim), nn.SiLU(), nn.Linear(embed_dim, embed_dim))
 
     def forward(self, level_L: torch.Tensor) -> torch.Tensor:
-        return self.mlp(sinusoidal_embedding(level_L, self.frequency_dim).to(self.mlp[0].weight.dtype))
+        return self.mlp(sinusoidal_embedding(level_L, self.frequency_dim).to(compute_dtype(self.mlp[0])))
 
 
-class HARTAttention(nn.Module, AttentionModuleMixin):
+class HARTAttention(nn.Module, VARAttentionModuleMixin):
     """Llama-style self-attention of one HART block (weights only; :class:`HARTAttnProcessor` does the math)."""
 
     _default_processor_cls = HARTAttnProcessor
@@ -194,14 +194,14 @@ class HARTHeadNorm(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(embed_dim, 2 * embed_dim))
 
     def forward(self, x_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.ada_lin(cond_RC.to(self.ada_lin[1].weight.dtype)).float().view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
+        scale, shift = self.ada_lin(cond_RC.to(compute_dtype(self.ada_lin[1]))).float().view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
         return self.ln_wo_grad(x_RLC).float().mul(scale.add(1)).add_(shift)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 
     Args:
@@ -276,7 +276,7 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
             raise ValueError(f"HART expects text features of shape (rows, {T}, {self.config.context_dim}); got {tuple(context_RTD.shape)}")
         if position_ids_RT.shape != context_RTD.shape[:2]:
             raise ValueError(f"position ids {tuple(position_ids_RT.shape)} do not match the text features {tuple(context_RTD.shape[:2])}")
-        x = context_RTD.to(self.context_embed.weight.dtype)
+        x = context_RTD.to(compute_dtype(self.context_embed))
         if self.context_norm is not None:
             x = self.context_norm(x)
         context = self.context_embed(x)
@@ -351,12 +351,12 @@ class HARTTransformer(ModelMixin, ConfigMixin, AttentionMixin):
     def head_logits(self, hidden_states_RLC: torch.Tensor, head_cond_RC: torch.Tensor) -> torch.Tensor:
         """Codebook logits (fp32) of every token: ``head(AdaLN(x, max-pooled context))``."""
         normed = self.head_nm(hidden_states_RLC.float(), head_cond_RC)
-        return self.head(normed.to(self.head.weight.dtype)).float()
+        return self.head(normed.to(compute_dtype(self.head))).float()
 
     @apply_forward_hook
     def diffusion_condition(self, hidden_states_RLC: torch.Tensor, codes_BLd: torch.Tensor) -> torch.Tensor:
         """Per-token condition of the diffusion head: ``decoder_norm(x + word_embed(codebook codes))``, all rows."""
-        embedded = self.word_embed(codes_BLd.to(self.word_embed.weight.dtype))
+        embedded = self.word_embed(codes_BLd.to(compute_dtype(self.word_embed)))
         embedded = embedded.repeat(hidden_states_RLC.shape[0] // codes_BLd.shape[0], 1, 1)
         return self.decoder_norm(hidden_states_RLC + embedded.to(hidden_states_RLC.dtype))
 

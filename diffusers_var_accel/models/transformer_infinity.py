@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .attention_processor import VARAttnProcessor
+from .attention_processor import VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import (
+    StrictLoadingMixin,
     build_and_load_sharded_strict,
     build_and_load_strict,
     load_original_state_dict,
@@ -122,7 +122,7 @@ class InfinityRMSNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # attention modules (weights only; math in the processor)
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
+class InfinitySelfAttention(nn.Module, VARAttentionModuleMixin):
     """Cosine self-attention with a learned per-head scale and 2D RoPE (weights only)."""
 
     _default_processor_cls = VARAttnProcessor
@@ -153,7 +153,7 @@ class InfinitySelfAttention(nn.Module, AttentionModuleMixin):
         return f"heads={self.num_heads}, head_dim={self.head_dim}, layer_idx={self.layer_idx}"
 
 
-class InfinityCrossAttention(nn.Module, AttentionModuleMixin):
+class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
     """Cross-attention of image tokens to projected text tokens; with ``for_pooling`` a learned query per head."""
 
     _default_processor_cls = VARAttnProcessor
@@ -294,7 +294,7 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinityTransformer(ModelMixin, ConfigMixin, AttentionMixin):
+class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller

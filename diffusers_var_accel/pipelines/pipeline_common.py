@@ -1,12 +1,20 @@
 """What the Infinity and HART pipelines share around the one next-scale loop: token sampling, the per-scale
-callback, the pipeline properties diffusers users read, and decoding to the requested output type."""
+callback, the pipeline properties diffusers users read, decoding to the requested output type, and the validation of
+the call's arguments (one helper per kind of argument, so both pipelines refuse the same bad values the same way)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+import json
+import math
+import numbers
+import os
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
+
+from ..schedulers.presets import close_names
 
 GeneratorArg = Union[None, torch.Generator, Sequence[torch.Generator]]
 
@@ -43,6 +51,318 @@ def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -
     return out.to(probs_NV.device)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# input validation shared by the pipelines: each helper names the argument, the bad value and what is allowed
+# ---------------------------------------------------------------------------------------------------------------------
+class InputTypeError(TypeError, ValueError):
+    """An argument of the wrong type. A ``TypeError`` that is also a ``ValueError``, so code that catches the
+    pipelines' ``ValueError`` for bad input (the CLI) catches it too."""
+
+
+#: The values of ``output_type`` the pipelines accept.
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_output_type(output_type: Any) -> None:
+    """``output_type`` must be one of :data:`OUTPUT_TYPES`."""
+    if not isinstance(output_type, str) or output_type not in OUTPUT_TYPES:
+        raise ValueError(f"output_type must be one of {list(OUTPUT_TYPES)}, got {output_type!r}")
+
+
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    """``value`` must be an integer (not a bool or a float) >= ``minimum``."""
+    if not _is_int(value):
+        raise InputTypeError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_real(name: str, value: Any, minimum: Optional[float] = None, strictly_above: bool = False, rule: str = "") -> None:
+    """``value`` must be a finite real number (not a bool), ``>= minimum`` (``> minimum`` with ``strictly_above``).
+
+    ``rule`` is appended to the message (what the value means)."""
+    bound = "" if minimum is None else f" {'>' if strictly_above else '>='} {minimum}"
+    what = f"a finite number{bound}{rule}"
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not _is_real(value):
+        raise InputTypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if minimum is not None and (value <= minimum if strictly_above else value < minimum):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def check_per_scale(name: str, values: Any, num_scales: int, minimum: Optional[float] = None, strictly_above: bool = False,
+                    rule: str = "", schedule_text: str = "the model") -> None:
+    """``values`` must be a sequence of ``num_scales`` finite numbers, each as :func:`check_real` demands."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
+        raise InputTypeError(f"{name} must be a list of {num_scales} numbers (one per scale), got {values!r}")
+    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    if len(values) != num_scales:
+        raise ValueError(f"{name} has {len(values)} values; {schedule_text} has {num_scales} scales (one value per scale)")
+    for i, v in enumerate(values):
+        check_real(f"{name}[{i}]", v, minimum, strictly_above, rule)
+
+
+def check_prompt_argument(name: str, prompt: Any, required: bool = False) -> None:
+    """``prompt`` must be ``None`` (unless ``required``), a str, or a non-empty list / tuple of str."""
+    if prompt is None and not required:
+        return
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, (list, tuple)):
+        raise InputTypeError(f"{name} must be a str or a list of str, got {prompt!r} ({type(prompt).__name__})")
+    if len(prompt) == 0:
+        raise ValueError(f"{name} is an empty list: pass at least one prompt (a str or a list of str)")
+    for i, p in enumerate(prompt):
+        if not isinstance(p, str):
+            raise InputTypeError(f"{name}[{i}] is {p!r} ({type(p).__name__}); every entry of {name} must be a str")
+
+
+def check_text_embeds(name: str, embeds: Any, width: int, tokens: Optional[int] = None) -> None:
+    """``embeds`` must be a finite floating-point tensor ``(batch >= 1, tokens, width)`` (``tokens`` fixed when given)."""
+    if embeds is None:
+        return
+    expected = f"(batch, {tokens if tokens is not None else 'tokens'}, {width})"
+    if not isinstance(embeds, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor of text features {expected}, got {type(embeds).__name__}")
+    if not embeds.is_floating_point():
+        raise InputTypeError(f"{name} must be a floating-point tensor of text features {expected}, got dtype {embeds.dtype}")
+    shape = tuple(embeds.shape)
+    if embeds.ndim != 3 or shape[0] < 1 or shape[1] < 1 or shape[2] != width or (tokens is not None and shape[1] != tokens):
+        raise ValueError(f"{name} must be {expected} text features; got shape {shape}")
+    if not torch.isfinite(embeds).all():
+        bad = int((~torch.isfinite(embeds)).sum())
+        raise ValueError(f"{name} contains {bad} non-finite values (NaN or inf); text features must be finite")
+
+
+def check_generator(name: str, generator: Any) -> None:
+    """``generator`` must be ``None``, a ``torch.Generator`` or a non-empty list of them."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if isinstance(generator, (list, tuple)) and generator:
+        for i, g in enumerate(generator):
+            if not isinstance(g, torch.Generator):
+                raise InputTypeError(f"{name}[{i}] is {g!r} ({type(g).__name__}); {name} must be a torch.Generator or a list "
+                                     "of them (one per image)")
+        return
+    raise InputTypeError(f"{name} must be a torch.Generator, a list of them (one per image) or None, got {generator!r} "
+                         f"({type(generator).__name__}); e.g. torch.Generator().manual_seed(0)")
+
+
+def check_generator_count(name: str, generator: Any, batch_size: int) -> None:
+    """A list of generators must hold one per image."""
+    if isinstance(generator, (list, tuple)) and len(generator) != batch_size:
+        raise ValueError(f"got {len(generator)} {name}s for {batch_size} images; pass one per image or a single one")
+
+
+def resolve_size(height: Any, width: Any, default_hw: Tuple[int, int]) -> Tuple[int, int]:
+    """``(height, width)``: both given (positive integers), or neither (the model's default size)."""
+    default_text = f"{default_hw[0]}x{default_hw[1]}"
+    if height is None and width is None:
+        return default_hw
+    if height is None or width is None:
+        given, missing = ("height", "width") if width is None else ("width", "height")
+        raise ValueError(f"{given}={height if width is None else width!r} was given without {missing}: pass both or "
+                         f"neither (the default size is {default_text})")
+    for name, value in (("height", height), ("width", width)):
+        if not _is_int(value):
+            raise InputTypeError(f"{name} must be a positive integer (pixels), got {value!r} ({type(value).__name__})")
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive integer (pixels), got {value!r} (the default size is {default_text})")
+    return int(height), int(width)
+
+
+def check_max_sequence_length(value: Any) -> None:
+    """``max_sequence_length`` must be ``None`` (the model's length) or an integer >= 1."""
+    if value is not None:
+        check_positive_int("max_sequence_length", value)
+
+
+def warn_if_truncated(tokenizer, prompts: Sequence[str], max_length: int, what: str = "the text encoder's input") -> None:
+    """Warn, naming the lengths, when prompts are longer than ``max_length`` tokens (they are truncated)."""
+    lengths = [len(ids) for ids in tokenizer(list(prompts), truncation=False).input_ids]
+    long = [(i, n) for i, n in enumerate(lengths) if n > max_length]
+    if long:
+        listed = ", ".join(f"prompt {i}: {n} tokens" for i, n in long[:5]) + (" ..." if len(long) > 5 else "")
+        warnings.warn(f"{len(long)} prompt(s) longer than {what} ({max_length} tokens) truncated to {max_length} tokens "
+                      f"({listed})", UserWarning, stacklevel=3)
+
+
+def warn_unused_negative(negative_prompt: Any, negative_prompt_embeds: Any, guidance_off: bool, off_text: str) -> None:
+    """Warn that a negative prompt is not used when no scale is guided (it only enters the CFG rows)."""
+    if guidance_off and (negative_prompt is not None or negative_prompt_embeds is not None):
+        name = "negative_prompt" if negative_prompt is not None else "negative_prompt_embeds"
+        warnings.warn(f"{name} is ignored: no scale is guided ({off_text}); it only enters the classifier-free "
+                      "guidance rows", UserWarning, stacklevel=3)
+
+
+def check_teacher_tokens(teacher_tokens: Any, expected_shapes: Sequence[Tuple[int, ...]], alternatives: Sequence[str] = (),
+                         integer_range: Optional[Tuple[int, int]] = None) -> None:
+    """``teacher_tokens`` must be a list of at most ``len(expected_shapes)`` tensors, the ``i``-th of shape
+    ``expected_shapes[i]`` (or the same number of elements per image: ``alternatives[i]`` describes it), holding
+    integers in ``integer_range`` (inclusive) when given."""
+    if teacher_tokens is None:
+        return
+    if isinstance(teacher_tokens, torch.Tensor) or not isinstance(teacher_tokens, (list, tuple)):
+        raise InputTypeError(f"teacher_tokens must be a list of tensors (one per scale, from the first), got "
+                             f"{type(teacher_tokens).__name__}")
+    if len(teacher_tokens) > len(expected_shapes):
+        raise ValueError(f"teacher_tokens has {len(teacher_tokens)} entries; the schedule has {len(expected_shapes)} scales")
+    for si, tokens in enumerate(teacher_tokens):
+        shape = expected_shapes[si]
+        alt = f" or {alternatives[si]}" if si < len(alternatives) and alternatives[si] else ""
+        if not isinstance(tokens, torch.Tensor):
+            raise InputTypeError(f"teacher_tokens[{si}] must be a tensor of shape {shape}{alt}, got {type(tokens).__name__}")
+        if tokens.ndim == 0 or tokens.shape[0] != shape[0] or tokens.numel() != math.prod(shape):
+            raise ValueError(f"teacher_tokens[{si}] must have shape {shape}{alt} (batch {shape[0]}, scale {si}); "
+                             f"got {tuple(tokens.shape)}")
+        if tokens.is_floating_point() and not torch.equal(tokens, tokens.round()):
+            raise ValueError(f"teacher_tokens[{si}] must hold integers, got non-integer values")
+        if integer_range is not None and tokens.numel():
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < integer_range[0] or hi > integer_range[1]:
+                raise ValueError(f"teacher_tokens[{si}] values must be in [{integer_range[0]}, {integer_range[1]}], got "
+                                 f"values in [{lo}, {hi}]")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------------------------------
+#: The pipeline classes a saved folder's ``model_index.json`` may name.
+PIPELINE_CLASS_NAMES = ("HARTPipeline", "InfinityPipeline")
+
+
+def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[str, Any],
+                             packaged: Optional[Dict[str, Callable[[], Any]]] = None):
+    """What ``from_pretrained`` of a VAR pipeline passes on to diffusers: ``(path, kwargs)``.
+
+    * a packaged name (``packaged``: name -> function returning its folder) becomes its folder; a name close to one
+      (a typo, e.g. ``"embeded"``) that is neither a folder nor a Hub repo id (``org/name``) is an error suggesting it;
+    * ``torch_dtype`` (the name diffusers 0.42 deprecates) is passed on as ``dtype``; a string dtype (``"float16"``,
+      ``"torch.bfloat16"``, also in a per-component dict) becomes the ``torch.dtype``; an unknown one is refused
+      (diffusers would fall back to float32);
+    * a local folder's ``model_index.json`` must be valid JSON and name ``cls`` (with or without the Hub shim): a
+      class that does not exist or another pipeline's class is an error naming it and the allowed ones; every
+      component folder it lists must exist, with valid JSON files and readable safetensors files (an error names the
+      file), so that no library fails later with a message that names no file.
+    """
+    from ..models.checkpoint_utils import CheckpointFileError, check_folder_files, resolve_torch_dtype
+
+    packaged = packaged or {}
+    kwargs = dict(kwargs)
+    if "torch_dtype" in kwargs:
+        # diffusers 0.42 renamed it ``dtype`` (and warns on every load); both names are accepted here, one at a time
+        if kwargs.get("dtype") is not None and kwargs["torch_dtype"] is not None:
+            raise ValueError("pass dtype or torch_dtype (its older name), not both")
+        torch_dtype = kwargs.pop("torch_dtype")
+        if torch_dtype is not None:
+            kwargs["dtype"] = torch_dtype
+    if "dtype" in kwargs:
+        value = kwargs["dtype"]
+        kwargs["dtype"] = ({k: resolve_torch_dtype(v, f"dtype[{k!r}]") for k, v in value.items()} if isinstance(value, dict)
+                           else resolve_torch_dtype(value, "dtype"))
+    path = pretrained_model_name_or_path
+    if isinstance(path, str) and path in packaged:
+        return packaged[path](), kwargs
+    if isinstance(path, str) and not os.path.exists(path) and "/" not in path and os.sep not in path:
+        hint = close_names(path, list(packaged))
+        if hint:
+            raise FileNotFoundError(f"{path!r} is not a folder, a Hub repo id ('org/name') or a packaged model name{hint}; "
+                                    f"packaged: {sorted(packaged)}")
+    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+        index_file = os.path.join(os.fspath(path), "model_index.json")
+        if not os.path.isfile(index_file):
+            raise FileNotFoundError(f"{path} has no model_index.json: not a folder written by {cls.__name__}.save_pretrained")
+        try:
+            with open(index_file, encoding="utf-8") as f:
+                index = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointFileError(f"{index_file} is not valid JSON: {err}") from None
+        stored = index.get("_class_name") if isinstance(index, dict) else None
+        name = stored[1] if isinstance(stored, list) and len(stored) == 2 else stored
+        if name not in [c.__name__ for c in cls.__mro__]:  # the class itself or a pipeline class it extends
+            if name in PIPELINE_CLASS_NAMES:
+                raise ValueError(f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained")
+            hint = close_names(name, PIPELINE_CLASS_NAMES) if isinstance(name, str) else ""
+            raise ValueError(f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
+                             f"allowed: {list(PIPELINE_CLASS_NAMES)}")
+        # components passed to from_pretrained are not read from the folder
+        stored_components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
+                             and k not in kwargs]
+        missing = [k for k in stored_components if not os.path.isdir(os.path.join(os.fspath(path), k))]
+        if missing:
+            raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
+        for component in stored_components:
+            check_folder_files(os.path.join(os.fspath(path), component))
+    return path, kwargs
+
+
+def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
+    """After ``from_pretrained`` of a local folder: the transformers components (text encoders) it read held exactly
+    their model's weights (our own models check themselves when they load; transformers would fill missing weights at
+    random with only a log line). Components in ``passed`` were given to ``from_pretrained``, not read."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isdir(path)):
+        return
+    from transformers import PreTrainedModel
+
+    from ..models.checkpoint_utils import check_loaded_keys
+
+    for name, component in pipe.components.items():
+        if isinstance(component, PreTrainedModel) and name not in passed:
+            check_loaded_keys(component, os.path.join(os.fspath(path), name))
+
+
+class LiveGuidance(Sequence):
+    """The loop's per-scale guidance, read from the pipeline's ``_guidance_scale`` when the loop reaches each scale.
+
+    ``_guidance_scale`` holds what the call was given: one number (``guidance_scale``) or one value per scale
+    (``cfg_list``). A ``callback_on_step_end`` may replace it with either form (diffusers' ``callback_cfg``
+    convention: ``pipe._guidance_scale += 1``) and the change applies from the next scale on. ``per_scale(value,
+    num_scales)`` turns a number into the family's per-scale values in the loop's convention (1 = no guidance).
+
+    The unconditional rows are set up when the call starts; a callback may not turn guidance on in a call that
+    started without it (there are no unconditional rows to guide with).
+    """
+
+    def __init__(self, pipeline, num_scales: int, per_scale: Callable[[float, int], List[float]],
+                 list_to_loop: Callable[[float], float] = float):
+        self._pipeline, self._num_scales = pipeline, num_scales
+        self._per_scale, self._list_to_loop = per_scale, list_to_loop
+        self._with_cfg = any(self._resolve(si) != 1 for si in range(num_scales))
+
+    def _resolve(self, si: int) -> float:
+        value = self._pipeline._guidance_scale
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(self._per_scale(float(value), self._num_scales)[si])
+        if isinstance(value, (list, tuple)) and len(value) == self._num_scales and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+            return float(self._list_to_loop(float(value[si])))
+        raise ValueError(f"_guidance_scale must be a number or a list of {self._num_scales} numbers (one per scale); "
+                         f"got {value!r}")
+
+    def __len__(self) -> int:
+        return self._num_scales
+
+    def __getitem__(self, si):
+        if isinstance(si, slice):
+            return [self[i] for i in range(*si.indices(self._num_scales))]
+        value = self._resolve(si)
+        if value != 1 and not self._with_cfg:
+            raise ValueError(f"guidance at scale {si} was changed to {self._pipeline._guidance_scale!r}, but this call "
+                             "started without guidance, so no unconditional rows ran; start the call with guidance on")
+        return value
+
+
 class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 
@@ -50,7 +370,8 @@ class NextScalePipelineMixin:
 
     @property
     def guidance_scale(self):
-        """The guidance of every scale of the current (or last) call."""
+        """The guidance of the current (or last) call: the ``guidance_scale`` number, or the per-scale list when
+        ``cfg_list`` was given (or a callback set one)."""
         return self._guidance_scale
 
     @property
@@ -64,7 +385,15 @@ class NextScalePipelineMixin:
 
     def _scale_callback(self, callback: Optional[Callable], tensor_inputs: Sequence[str], scale_schedule, prompt_embeds, progress):
         """The loop's ``on_scale_end``: the user's ``callback_on_step_end`` (which may replace ``latents``) and the
-        progress bar."""
+        progress bar. A diffusers ``PipelineCallback`` / ``MultiPipelineCallbacks`` brings its own ``tensor_inputs``
+        (as diffusers' pipelines take them), checked against ``_callback_tensor_inputs`` here."""
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            tensor_inputs = list(callback.tensor_inputs)
+            bad = [k for k in tensor_inputs if k not in self._callback_tensor_inputs]
+            if bad:
+                raise ValueError(f"{type(callback).__name__}.tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
 
         def on_scale_end(si: int, state) -> None:
             if callback is not None:
@@ -77,12 +406,21 @@ class NextScalePipelineMixin:
 
         return on_scale_end
 
-    def _decode_output(self, latents: torch.Tensor, output_type: str, return_dict: bool):
-        """The images in ``output_type`` (``"latent"`` returns the summed latent as is)."""
+    def _decode_output(self, latents: torch.Tensor, output_type: str, return_dict: bool, per_image: bool = False):
+        """The images in ``output_type`` (``"latent"`` returns the summed latent as is).
+
+        ``per_image`` (a list of generators was given: each image must not depend on its batch) decodes the images
+        one by one: a convolution's result depends on the batch size in its last bits (the backend picks its kernel
+        by shape), which is enough to move a pixel by 1/255 after quantisation.
+        """
         if output_type == "latent":
             image = latents
         else:
-            image = self.vae.decode(latents.to(self.vae.dtype))
+            latents = latents.to(self.vae.dtype)
+            if per_image and latents.shape[0] > 1:
+                image = torch.cat([self.vae.decode(latents[b:b + 1]) for b in range(latents.shape[0])])
+            else:
+                image = self.vae.decode(latents)
             image = self.image_processor.postprocess(image, output_type=output_type)
         self.maybe_free_model_hooks()
         if not return_dict:

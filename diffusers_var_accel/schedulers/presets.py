@@ -27,11 +27,12 @@ Examples:
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 #: The folder of the packaged preset files (``<model>/<method>/acceleration_config.json``).
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -41,6 +42,25 @@ PRESET_CONFIG_NAME = "acceleration_config.json"
 
 #: Per model family, the model whose presets ``Scheduler.from_preset(family)`` and ``pipe.enable_<method>()`` use.
 FAMILY_PRESET_MODELS: Dict[str, str] = {"infinity": "infinity-2b", "hart": "hart-0.7b"}
+
+
+def close_names(name: str, candidates: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the candidate closest to ``name`` (difflib), else ``""``."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.7)
+    return f" (did you mean {' or '.join(repr(m) for m in matches)}?)" if matches else ""
+
+
+def close_preset_names(name: str) -> str:
+    """``" (did you mean 'infinity-2b/lazyvar'?)"`` for a name close to a packaged preset, or to a method's name (then
+    every preset of that method is suggested), else ``""``."""
+    presets = available_presets()
+    hint = close_names(name, presets)
+    if hint:
+        return hint
+    methods = difflib.get_close_matches(name, sorted({p.split("/")[1] for p in presets}), n=1, cutoff=0.7)
+    if methods:
+        return f" (did you mean {' or '.join(repr(p) for p in presets if p.split('/')[1] == methods[0])}?)"
+    return ""
 
 
 def available_presets(method: Optional[str] = None, model: Optional[str] = None) -> List[str]:
@@ -68,7 +88,8 @@ def preset_folder(name: str) -> Path:
         ValueError: no packaged preset has that name; the message lists the available ones.
     """
     if not is_preset_name(name):
-        raise ValueError(f"unknown acceleration preset {name!r}; available presets: {available_presets() or _missing_files_note()}")
+        hint = close_preset_names(name) if isinstance(name, str) else ""
+        raise ValueError(f"unknown acceleration preset {name!r}{hint}; available presets: {available_presets() or _missing_files_note()}")
     model, method = name.split("/")
     return PRESETS_DIR / model / method
 
@@ -109,7 +130,8 @@ def resolve_preset_reference(name_or_path: Any, subfolder: Optional[str] = None)
     if is_preset_name(candidate):
         return candidate
     if is_preset_like and model in set(preset_models()) | set(FAMILY_PRESET_MODELS.values()):
-        raise ValueError(f"unknown acceleration preset {candidate!r}; available presets: {available_presets() or _missing_files_note()}")
+        raise ValueError(f"unknown acceleration preset {candidate!r}{close_preset_names(candidate)}; "
+                         f"available presets: {available_presets() or _missing_files_note()}")
     return None
 
 

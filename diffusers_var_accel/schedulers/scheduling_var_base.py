@@ -114,7 +114,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             ValueError: an unknown preset name (the message lists the available ones), a configuration of another
                 scheduler class than ``cls``, or an unknown setting.
         """
-        from .presets import available_presets, preset_folder, presets_for_class, resolve_preset_reference
+        from .presets import PRESET_CONFIG_NAME, available_presets, close_preset_names, preset_folder, presets_for_class, resolve_preset_reference
 
         hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
         overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
@@ -126,10 +126,21 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         try:
             config = cls.load_config(source, subfolder=subfolder, **hub_kwargs)
         except OSError as err:
-            if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") == 1:
-                raise OSError(f"{err}\n(not a packaged acceleration preset either; available presets: {available_presets()})") from err
+            if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") <= 1:
+                presets = available_presets()
+                hint = close_preset_names(source)
+                raise OSError(f"{err}\n({source!r} is not a packaged acceleration preset either{hint}; available presets: "
+                              f"{presets})") from err
             raise
+        where = (os.path.join(os.fspath(source), subfolder or "", PRESET_CONFIG_NAME)
+                 if isinstance(source, (str, os.PathLike)) and os.path.isdir(source) else (preset or pretrained_model_name_or_path))
         stored = config.get("_class_name")
+        if stored is None and cls is VARAccelScheduler:
+            raise ValueError(f"{where} has no _class_name: VARAccelScheduler.from_pretrained cannot tell which scheduler it "
+                             f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}")
+        if stored is not None and stored not in _SCHEDULER_CLASSES:
+            raise ValueError(f"{where} names the scheduler class {stored!r}, which does not exist"
+                             f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
         target = cls
         if stored and stored != cls.__name__:
             if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
@@ -140,9 +151,27 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
                     f"or VARAccelScheduler.from_pretrained" + (f"; {cls.__name__} presets: {own}" if own else "")
                 )
             target = _SCHEDULER_CLASSES.get(stored, cls)
+        stored_settings = {k: v for k, v in config.items() if not k.startswith("_")}
+        try:
+            target._check_overrides(stored_settings)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
         target._check_overrides(overrides)
         scheduler = target.from_config({**config, **overrides})
         return (scheduler, {}) if return_unused_kwargs else scheduler
+
+    @classmethod
+    def from_config(cls, config=None, return_unused_kwargs=False, **kwargs):
+        """``ConfigMixin.from_config``, strict: a ``_class_name`` that names no scheduler class and a setting the class
+        does not have are errors (diffusers would only log them and build a scheduler without them)."""
+        if config is not None:
+            config = dict(config)
+            stored = config.get("_class_name")
+            if stored is not None and stored not in _SCHEDULER_CLASSES:
+                raise ValueError(f"the configuration names the scheduler class {stored!r}, which does not exist"
+                                 f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
+            cls._check_overrides({k: v for k, v in config.items() if not k.startswith("_")})
+        return super().from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     @classmethod
     def _check_overrides(cls, overrides: Dict[str, Any]) -> None:
@@ -200,11 +229,17 @@ class IdentityScheduler(VARAccelScheduler):
         self._check_family_name(model_family)
 
 
+def _close_class_names(name: str) -> str:
+    from .presets import close_names
+
+    return close_names(name, sorted(_SCHEDULER_CLASSES))
+
+
 def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     """Rebuild a scheduler from ``to_dict()`` output (``_class_name`` + settings)."""
     name = config.get("_class_name")
     if name not in _SCHEDULER_CLASSES:
-        raise ValueError(f"unknown acceleration scheduler {name!r}; known: {sorted(_SCHEDULER_CLASSES)}")
+        raise ValueError(f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(_SCHEDULER_CLASSES)}")
     cls = _SCHEDULER_CLASSES[name]
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)

@@ -10,12 +10,33 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
+from ...models.dtype_utils import compute_dtype
 from ...next_scale.context import VARForwardContext, gather_tokens, scatter_tokens
 from ...next_scale.rows import match_rows
 from ...models.transformer_hart import HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
+from ..pipeline_common import (
+    InputTypeError,
+    LiveGuidance,
+    NextScalePipelineMixin,
+    check_generator,
+    check_loaded_pipeline,
+    check_generator_count,
+    check_output_type,
+    check_per_scale,
+    check_positive_int,
+    check_prompt_argument,
+    check_real,
+    check_teacher_tokens,
+    check_text_embeds,
+    mask_top_k_top_p,
+    prepare_pipeline_loading,
+    resolve_size,
+    sample_categorical,
+    warn_if_truncated,
+    warn_unused_negative,
+)
 from ...next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -118,7 +139,7 @@ class HARTScaleFamily(ScaleModelFamily):
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(self.transformer.word_embed.weight.dtype), scale_index_L, levels)
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
         tables = [self.transformer.context_rope(condition.position_ids_RT) if si == 0
@@ -231,8 +252,30 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor, do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor if vae is not None else 32,
+                                                 do_resize=False)
         self._interrupt = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """``DiffusionPipeline.from_pretrained``, as strict as loading the official checkpoints; ``dtype`` (or its older
+        name ``torch_dtype``) may be a ``torch.dtype`` or its name (``"bfloat16"``). A folder or repo with our Hub shim
+        (``hub.write_hub_shim``) loads without ``trust_remote_code``.
+
+        Raises:
+            FileNotFoundError: a component folder is missing.
+            ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
+                truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
+        """
+        from ...hub import holds_own_shim
+
+        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
+        if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
+        pipe = super().from_pretrained(path, **kwargs)
+        check_loaded_pipeline(pipe, path, passed=list(kwargs))
+        return pipe
 
     @property
     def vae_scale_factor(self) -> int:
@@ -251,7 +294,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         num_images_per_prompt: int = 1,
         use_system_prompt: bool = True,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(embeds (B, T, D), position_ids (B, T))``.
+        """Qwen2 features of the prompts as the official ``encode_prompts``: ``(prompt_embeds (B, T, D),
+        prompt_position_ids (B, T))``, the arguments of the same names of ``__call__`` (for a negative prompt, pass the
+        outputs of its encoding as ``negative_prompt_embeds`` / ``negative_prompt_position_ids``). Uses the text
+        encoder, the tokenizer and the transformer's ``context_tokens``; the VAE may be absent.
 
         Each prompt is padded/truncated to the transformer's T context tokens; with ``use_system_prompt`` the
         official instruction is prepended (all visible) and only the prompt's own slots are kept. Position ids are
@@ -259,9 +305,14 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
+        check_prompt_argument("prompt", prompt, required=True)
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        if self.transformer is None:
+            raise ValueError("encode_prompt pads every prompt to the transformer's context_tokens: this pipeline has no transformer")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         T = self.transformer.config.context_tokens
+        warn_if_truncated(self.tokenizer, prompts, T, "HART's text context")
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
             raise ValueError("the tokenizer has no pad token; HART pads every prompt to the context length")
@@ -278,26 +329,33 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             hidden = hidden[:, system.shape[1]:]
         else:
             hidden = self.text_encoder(ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
-        embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_position_ids = position_ids.repeat_interleave(num_images_per_prompt, dim=0)
+        return prompt_embeds, prompt_position_ids
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
                      guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs,
-                     negative_prompt_position_ids=None):
+                     negative_prompt_position_ids=None, num_images_per_prompt=1, generator=None, diffusion_generator=None,
+                     output_type="pil"):
+        """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
+        argument, its value and what is allowed."""
         size = self.default_size
         if (height, width) != (size, size):
             raise ValueError(f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
                              f"x tokenizer downsampling {self.vae_scale_factor}); got height={height}, width={width}")
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("pass exactly one of prompt or prompt_embeds")
-        if prompt is not None and not isinstance(prompt, (str, list)):
-            raise ValueError(f"prompt must be a str or a list of str, not {type(prompt).__name__}")
+        check_prompt_argument("prompt", prompt)
+        check_prompt_argument("negative_prompt", negative_prompt)
         T, D = self.transformer.config.context_tokens, self.transformer.config.context_dim
-        for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
-            if embeds is not None and (embeds.ndim != 3 or tuple(embeds.shape[1:]) != (T, D)):
-                raise ValueError(f"{name} must be (batch, {T}, {D}) text features; got shape {tuple(embeds.shape)}")
-        if prompt_position_ids is not None and prompt_embeds is not None and prompt_position_ids.shape != prompt_embeds.shape[:2]:
+        check_text_embeds("prompt_embeds", prompt_embeds, D, tokens=T)
+        check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, D, tokens=T)
+        for name, ids in (("prompt_position_ids", prompt_position_ids), ("negative_prompt_position_ids", negative_prompt_position_ids)):
+            if ids is not None and (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex()):
+                raise InputTypeError(f"{name} must be an integer tensor (batch, {T}), got "
+                                     f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+        if prompt_position_ids is not None and prompt_embeds is not None and tuple(prompt_position_ids.shape) != tuple(prompt_embeds.shape[:2]):
             raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
         if prompt_position_ids is not None and prompt_embeds is None:
             raise ValueError("prompt_position_ids go with prompt_embeds; with a prompt they come from its tokenization")
@@ -309,15 +367,22 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                  f"negative_prompt_embeds (batch, tokens) {tuple(negative_prompt_embeds.shape[:2])}")
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        check_generator("generator", generator)
+        check_generator("diffusion_generator", diffusion_generator)
+        check_output_type(output_type)
         num_scales = len(self.transformer.config.patch_nums)
-        if cfg_list is not None and len(cfg_list) != num_scales:
-            raise ValueError(f"cfg_list has {len(cfg_list)} values; the model has {num_scales} scales (one guidance weight per scale)")
-        if guidance_scale < 0:
-            raise ValueError(f"guidance_scale must be >= 0 (HART's weight t: (1 + t) cond - t uncond), got {guidance_scale}")
-        if top_p is not None and not (0 <= top_p <= 1):
-            raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {top_p}")
-        if top_k is not None and (int(top_k) != top_k or top_k < 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
+        if cfg_list is not None:
+            check_per_scale("cfg_list", cfg_list, num_scales, 0, rule=" (guidance weight t)", schedule_text="the model")
+        check_real("guidance_scale", guidance_scale, 0, rule=" (HART's weight t: (1 + t) cond - t uncond)")
+        if top_p is not None:
+            check_real("top_p", top_p, rule=" in [0, 1] (0 disables it)")
+            if not (0 <= top_p <= 1):
+                raise ValueError(f"top_p must be in [0, 1] (0 disables it), got {top_p}")
+        if top_k is not None:
+            check_real("top_k", top_k, rule=" (an integer >= 0; 0 disables it; None = the official 600/300 schedule)")
+            if int(top_k) != top_k or top_k < 0:
+                raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
         bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
         if bad:
             raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
@@ -395,7 +460,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (f_hat).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (the weight `cfg` of the ramp, or one weight `t` per scale as `cfg_list`)
+                for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
 
         Examples:
@@ -405,13 +472,15 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 or the tuple `(images,)` when `return_dict` is `False`.
         """
         size = self.default_size
-        height, width = height or size, width or size
+        height, width = resolve_size(height, width, (size, size))
         self.check_inputs(prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids)
+                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids,
+                          num_images_per_prompt, generator, diffusion_generator, output_type)
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
         weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
-        self._guidance_scale, self._num_timesteps, self._interrupt = weights, num_scales, False
+        self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
@@ -422,9 +491,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             prompt_embeds, prompt_position_ids = self._given_embeds(prompt_embeds, prompt_position_ids, device, num_images_per_prompt)
         batch_size = prompt_embeds.shape[0]
         for name, gen in (("generator", generator), ("diffusion_generator", diffusion_generator)):
-            if isinstance(gen, list) and len(gen) != batch_size:
-                raise ValueError(f"got {len(gen)} {name}s for {batch_size} images; pass one per image or a single one")
+            check_generator_count(name, gen, batch_size)
         text, positions = prompt_embeds, prompt_position_ids
+        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(t == 0 for t in weights), "every guidance weight is 0")
         if any(t != 0 for t in weights):
             if negative_prompt is not None:
                 negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
@@ -448,20 +517,26 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             diffusion_generator = ([_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator))
         family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head)
         if teacher_tokens is not None:
-            teacher_tokens = [t.to(device).reshape(t.shape[0], -1).long() for t in teacher_tokens]
+            vocab = int(self.vae.quantize.embedding.weight.shape[0])
+            check_teacher_tokens(teacher_tokens, [(batch_size, pn * pn) for pn in patch_nums],
+                                 [f"({batch_size}, {pn}, {pn})" for pn in patch_nums], integer_range=(0, vocab - 1))
+            teacher_tokens = [t.to(device).reshape(batch_size, -1).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)
 
         on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, family.scale_schedule, prompt_embeds,
                                             progress)
 
         with progress, autocast:
-            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, [1.0 + t for t in weights],
+            # the loop's guidance scale is 1 + t; a callback may change the weight between scales
+            live_guidance = LiveGuidance(self, num_scales, lambda g, n: [1.0 + t for t in self.guidance_schedule(g, n)],
+                                         lambda t: 1.0 + t)
+            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
                                         [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
                                         should_stop=lambda: self._interrupt)
         latents = state.f_hat
 
         # 3. Decode
-        return self._decode_output(latents, output_type, return_dict)
+        return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
 
     def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
         embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)

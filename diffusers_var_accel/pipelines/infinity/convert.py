@@ -24,7 +24,7 @@ from typing import Optional, Union
 import torch
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
-from ...models.checkpoint_utils import SHARDED_INDEX_NAME
+from ...models.checkpoint_utils import SHARDED_INDEX_NAME, resolve_torch_dtype
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from .pipeline_infinity import InfinityPipeline, check_token_layout
 
@@ -69,8 +69,7 @@ def convert_infinity_original(
     """
     if config is not None and config not in INFINITY_CONFIGS:
         raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)")
-    if torch_dtype is not None and not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"torch_dtype must be a torch.dtype or None, got {torch_dtype!r}")
+    torch_dtype = resolve_torch_dtype(torch_dtype)
     transformer_path = os.fspath(transformer_path)
     if not (os.path.isfile(transformer_path) or os.path.isdir(transformer_path)):
         raise FileNotFoundError(f"transformer checkpoint not found: {transformer_path} (a file, or a sharded folder "

@@ -12,6 +12,7 @@ from diffusers.utils import logging, replace_example_docstring
 
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...next_scale.context import VARForwardContext
+from ...models.dtype_utils import compute_dtype
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import (
     InfinityCondition,
@@ -22,7 +23,27 @@ from ...models.transformer_infinity import (
 )
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import NextScalePipelineMixin, mask_top_k_top_p, sample_categorical
+from ..pipeline_common import (
+    LiveGuidance,
+    NextScalePipelineMixin,
+    check_generator,
+    check_loaded_pipeline,
+    check_generator_count,
+    check_max_sequence_length,
+    check_output_type,
+    check_per_scale,
+    check_positive_int,
+    check_prompt_argument,
+    check_real,
+    check_teacher_tokens,
+    check_text_embeds,
+    mask_top_k_top_p,
+    prepare_pipeline_loading,
+    resolve_size,
+    sample_categorical,
+    warn_if_truncated,
+    warn_unused_negative,
+)
 from ...next_scale import ScaleModelFamily, run_next_scale_loop
 
 logger = logging.get_logger(__name__)
@@ -33,7 +54,7 @@ EXAMPLE_DOC_STRING = """
         >>> import torch
         >>> from diffusers_var_accel import InfinityPipeline
 
-        >>> pipe = InfinityPipeline.from_pretrained("path/to/infinity-2b-diffusers", torch_dtype=torch.bfloat16).to("cuda")
+        >>> pipe = InfinityPipeline.from_pretrained("path/to/infinity-2b-diffusers", dtype=torch.bfloat16).to("cuda")
         >>> image = pipe("a red fox in the snow", generator=torch.Generator("cuda").manual_seed(0)).images[0]
         ```
 """
@@ -75,7 +96,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.embed_start(condition)
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        dtype = self.transformer.word_embed.weight.dtype
+        dtype = compute_dtype(self.transformer.word_embed)
         return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
 
     def rope_cos_sin(self, scale_indices, condition=None):
@@ -186,21 +207,37 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         super().__init__()
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
-        check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
+        if transformer is not None and vae is not None:  # either may be absent (encode_prompt alone needs neither)
+            check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size), do_resize=False)
+        # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
+        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16,
+                                                 do_resize=False)
         self._interrupt = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """``DiffusionPipeline.from_pretrained``; the names ``"embedded"`` / ``"shapes-infinity-tiny"`` load the
-        packaged embedded model (offline)."""
-        from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+        packaged embedded model (offline). ``dtype`` (or its older name ``torch_dtype``) may be a ``torch.dtype`` or
+        its name (``"bfloat16"``). A folder or repo with our Hub shim (``hub.write_hub_shim``) loads without
+        ``trust_remote_code``.
 
-        if isinstance(pretrained_model_name_or_path, str) and pretrained_model_name_or_path in EMBEDDED_MODEL_NAMES:
-            pretrained_model_name_or_path = embedded_model_path()
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        Raises:
+            FileNotFoundError: a name close to a packaged one (the message suggests it), or a component folder is missing.
+            ValueError: ``model_index.json`` names another or a non-existent class, a weights file is empty or
+                truncated, or a component's weights do not match its ``config.json`` (the files and keys are named).
+        """
+        from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
+        from ...hub import holds_own_shim
+
+        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
+                                                {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
+        if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
+            kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
+        pipe = super().from_pretrained(path, **kwargs)
+        check_loaded_pipeline(pipe, path, passed=list(kwargs))
+        return pipe
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def encode_prompt(
@@ -210,21 +247,34 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         num_images_per_prompt: int = 1,
         max_sequence_length: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """T5 features of the prompts, padded to the longest: ``(embeds (B, T, D), attention_mask (B, T))``.
+        """T5 features of the prompts, padded to the longest: ``(prompt_embeds (B, T, D), prompt_attention_mask (B, T))``,
+        the arguments of the same names of ``__call__`` (for a negative prompt, pass the two outputs of its encoding as
+        ``negative_prompt_embeds`` / ``negative_prompt_attention_mask``).
 
-        Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()`` tokens per prompt).
+        Only the text encoder and tokenizer are used (the VAE may be absent; the transformer only gives the default
+        ``max_sequence_length``). Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()``
+        tokens per prompt).
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
+        check_prompt_argument("prompt", prompt, required=True)
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        check_max_sequence_length(max_sequence_length)
+        if max_sequence_length is None and self.transformer is None:
+            raise ValueError("without a transformer there is no default token limit (its text_maxlen): pass max_sequence_length")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        max_len = max_sequence_length or min(self.transformer.config.text_maxlen, getattr(self.tokenizer, "model_max_length", 512) or 512)
+        if max_sequence_length is None:
+            max_len = min(self.transformer.config.text_maxlen, getattr(self.tokenizer, "model_max_length", 512) or 512)
+        else:
+            max_len = int(max_sequence_length)
+        warn_if_truncated(self.tokenizer, prompts, max_len, "max_sequence_length")
         tokens = self.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
         input_ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
         embeds = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-        embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
-        mask = mask.repeat_interleave(num_images_per_prompt, dim=0)
-        return embeds, mask.bool()
+        prompt_embeds = embeds.repeat_interleave(num_images_per_prompt, dim=0)
+        prompt_attention_mask = mask.repeat_interleave(num_images_per_prompt, dim=0).bool()
+        return prompt_embeds, prompt_attention_mask
 
     def scale_schedule_for(self, height: int, width: int):
         """The ``(1, h, w)`` schedule that produces ``height x width`` pixels and the grid its RoPE positions live on.
@@ -264,28 +314,49 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
 
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
-                     guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs):
+                     guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs,
+                     negative_prompt_attention_mask=None, num_images_per_prompt=1, generator=None, output_type="pil",
+                     max_sequence_length=None):
+        """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
+        argument, its value and what is allowed."""
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("pass exactly one of prompt or prompt_embeds")
-        if prompt is not None and not isinstance(prompt, (str, list)):
-            raise ValueError(f"prompt must be a str or a list of str, not {type(prompt).__name__}")
-        if prompt_embeds is not None and prompt_embeds.ndim != 3:
-            raise ValueError(f"prompt_embeds must be (batch, tokens, channels); got shape {tuple(prompt_embeds.shape)}")
-        if prompt_attention_mask is not None and prompt_embeds is not None and prompt_attention_mask.shape != prompt_embeds.shape[:2]:
-            raise ValueError(f"prompt_attention_mask shape {tuple(prompt_attention_mask.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
+        check_prompt_argument("prompt", prompt)
+        check_prompt_argument("negative_prompt", negative_prompt)
+        width_D = int(self.transformer.config.text_channels)
+        check_text_embeds("prompt_embeds", prompt_embeds, width_D)
+        check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, width_D)
+        for name, mask, embeds in (("prompt_attention_mask", prompt_attention_mask, prompt_embeds),
+                                   ("negative_prompt_attention_mask", negative_prompt_attention_mask, negative_prompt_embeds)):
+            if mask is None:
+                continue
+            if embeds is None:
+                raise ValueError(f"{name} goes with {name.replace('attention_mask', 'embeds')}; with a prompt it comes from its tokenization")
+            if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(embeds.shape[:2]):
+                shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise ValueError(f"{name} shape {shape} != {name.replace('attention_mask', 'embeds')} (batch, tokens) {tuple(embeds.shape[:2])}")
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
-        if cfg_list is not None and len(cfg_list) != num_scales:
-            raise ValueError(f"cfg_list has {len(cfg_list)} values; the {height}x{width} schedule has {num_scales} scales (one value per scale)")
-        if tau_list is not None and len(tau_list) != num_scales:
-            raise ValueError(f"tau_list has {len(tau_list)} values; the {height}x{width} schedule has {num_scales} scales (one value per scale)")
-        for t in (tau_list if tau_list is not None else [tau]):
-            if not t > 0:
-                raise ValueError(f"temperature tau must be > 0, got {t}")
-        if top_p is not None and not (0 < top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if top_k is not None and (int(top_k) != top_k or top_k < 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k}")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        check_generator("generator", generator)
+        check_output_type(output_type)
+        check_max_sequence_length(max_sequence_length)
+        schedule_text = f"the {height}x{width} schedule"
+        check_real("guidance_scale", guidance_scale, 0, rule=" (1 disables CFG)")
+        if cfg_list is not None:
+            check_per_scale("cfg_list", cfg_list, num_scales, 0, schedule_text=schedule_text)
+        if tau_list is not None:
+            check_per_scale("tau_list", tau_list, num_scales, 0, strictly_above=True, rule=" (temperature tau)", schedule_text=schedule_text)
+        else:
+            check_real("tau", tau, 0, strictly_above=True, rule=" (temperature tau)")
+        if top_p is not None:
+            check_real("top_p", top_p, rule=" in (0, 1]")
+            if not (0 < top_p <= 1):
+                raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k is not None:
+            check_real("top_k", top_k, rule=" (an integer >= 0; 0 disables it)")
+            if int(top_k) != top_k or top_k < 0:
+                raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k}")
         bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
         if bad:
             raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
@@ -352,7 +423,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 spatial-patchify path).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as
-                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`.
+                `callback(pipe, scale_index, scale, callback_kwargs)`; may return a new `latents`, and may set
+                `pipe._guidance_scale` (a number, or one guidance scale per scale) for the scales that follow.
             callback_on_step_end_tensor_inputs (`List[str]`, *optional*): names from `_callback_tensor_inputs`.
             max_sequence_length (`int`, *optional*): T5 token limit (default: the transformer's `text_maxlen`).
 
@@ -363,16 +435,17 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 or the tuple `(images,)` when `return_dict` is `False`.
         """
         # 1. Schedule and input checks
-        if height is None or width is None:
-            default_h, default_w = self.default_size
-            height, width = height or default_h, width or default_w
+        height, width = resolve_size(height, width, self.default_size)
         scale_schedule, grid_hw = self.scale_schedule_for(height, width)
         num_scales = len(scale_schedule)
         self.check_inputs(prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs)
+                          guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs,
+                          negative_prompt_attention_mask, num_images_per_prompt, generator, output_type, max_sequence_length)
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
-        self._guidance_scale, self._num_timesteps, self._interrupt = cfg, num_scales, False
+        self._guidance_scale = cfg if cfg_list is not None else float(guidance_scale)
+        self._num_timesteps, self._interrupt = num_scales, False
+        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n)  # a callback may change it between scales
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
@@ -385,9 +458,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 prompt_attention_mask = torch.ones(prompt_embeds.shape[:2], dtype=torch.bool, device=device)
             prompt_attention_mask = prompt_attention_mask.to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
         batch_size = prompt_embeds.shape[0]
-        if isinstance(generator, list) and len(generator) != batch_size:
-            raise ValueError(f"got {len(generator)} generators for {batch_size} images; pass one per image or a single one")
+        check_generator_count("generator", generator, batch_size)
         text, mask = prompt_embeds, prompt_attention_mask
+        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(c == 1 for c in cfg), "every guidance scale is 1")
         if any(c != 1 for c in cfg):
             if negative_prompt is not None:
                 negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
@@ -412,6 +485,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         # 3. The next-scale loop
         family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p)
         if teacher_tokens is not None:
+            bits = int(self.transformer.config.codebook_dim)  # per token: p*p*d with spatial patchify
+            check_teacher_tokens(teacher_tokens, [(batch_size, 1, h, w, bits) for _, h, w in scale_schedule],
+                                 [f"({batch_size}, {h * w}, {bits})" for _, h, w in scale_schedule], integer_range=(0, 1))
             teacher_tokens = [family.teacher_tokens(t.to(device), si) for si, t in enumerate(teacher_tokens)]
         progress = self.progress_bar(total=num_scales)
 
@@ -424,7 +500,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         latents = state.f_hat
 
         # 4. Decode
-        return self._decode_output(latents, output_type, return_dict)
+        return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
 
 
 def _concat_padded(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

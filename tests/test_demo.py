@@ -1,0 +1,57 @@
+"""``var-accel demo``: its captions, its FLOPs (the same as ``var-accel bench``'s) and what the docs say it draws."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from diffusers_var_accel.demo import caption_grid, default_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_caption_grid_labels_every_row_and_column():
+    prompts = ["a circle", "a green circle above a purple square and a yellow triangle", "x"]
+    methods = ["baseline", "fastvar:skip_last_scales=false,prune_ratios=[0.3,0.4]"]
+    cell = 64
+    rows = [[Image.new("RGB", (16, 16), "white") for _ in prompts] for _ in methods]
+    grid = np.asarray(caption_grid(rows, methods, prompts, cell=cell).convert("L"))
+    label_w = grid.shape[1] - cell * len(prompts)
+    header_h = grid.shape[0] - cell * len(methods)
+    assert label_w >= 80 and header_h >= 12
+    for j in range(len(prompts)):  # text (dark pixels) above every column
+        assert (grid[:header_h, label_w + j * cell:label_w + (j + 1) * cell] < 128).any(), j
+    for i in range(len(methods)):  # and left of every row
+        assert (grid[header_h + i * cell:header_h + (i + 1) * cell, :label_w] < 128).any(), i
+    # the long prompt wraps onto more lines than the short one: its caption goes lower
+    def lowest_ink(j):
+        return np.nonzero((grid[:header_h, label_w + j * cell:label_w + (j + 1) * cell] < 128).any(axis=1))[0].max()
+
+    assert lowest_ink(1) > lowest_ink(0)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/quickstart.md"])
+def test_docs_quote_the_prompts_the_demo_draws(doc):
+    text = " ".join((ROOT / doc).read_text().split())
+    listed = re.search(r"generates the first six held-out shapes prompts \(([^;)]*)", text)
+    assert listed, f"{doc} no longer says which prompts var-accel demo draws"
+    assert re.findall(r'"([^"]+)"', listed.group(1)) == default_prompts(6)
+    assert "a blue square to the left of a yellow triangle\")" not in text
+
+
+def test_demo_and_bench_count_the_same_flops(tmp_path):
+    from diffusers_var_accel.bench import run_bench
+    from diffusers_var_accel.demo import run_demo
+    from diffusers_var_accel.embedded import load_embedded_pipeline
+
+    pipe = load_embedded_pipeline()
+    demo = run_demo(num_prompts=1, methods=["baseline", "lazyvar"], output_dir=tmp_path / "demo", pipe=pipe,
+                    progress=False)
+    bench = run_bench(num_prompts=1, methods="baseline,lazyvar", repeats=1, warmup=0, output_dir=tmp_path / "bench",
+                      pipe=pipe, save_images=False, progress=False, fid_feature_extractor=None, lpips_fn=None, verbose=False)
+    assert demo["prompts"][0] == bench["items"][0]["prompt"] and demo["seeds"][0] == bench["items"][0]["seed"]
+    for method in ("baseline", "lazyvar"):
+        assert demo["methods"][method]["gflops"] == pytest.approx(bench["methods"][method]["flops"]["total_gflops"], rel=1e-12)
+    assert demo["methods"]["lazyvar"]["flops_ratio"] == pytest.approx(bench["methods"]["lazyvar"]["flops"]["ratio"])
