@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 
@@ -36,33 +38,36 @@ def official_call_kwargs(manifest, call, embeds, mask):
 class RecordingFastVAR:
     """Builds a FastVAR scheduler whose routers record the call's decisions in ``self.log`` (tests only):
     ``log["kept"][(scale, layer, sublayer)]`` the kept indices, ``log["scores"]`` the PTS scores of that sublayer's
-    input, ``log["updates"]`` every routed sublayer's computed update (the cache scale's are the CTR cache)."""
+    input, ``log["updates"]`` the cache scale's recorded sublayer updates (the CTR cache)."""
 
     @staticmethod
     def build(**config):
         from diffusers_var_accel import FastVARScheduler
         from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
 
-        class _Spy:
-            def __init__(self, router, scale_index, log):
-                self.router, self.scale_index, self.log = router, scale_index, log
+        class _LoggingSelector:
+            def __init__(self, selector, key, log):
+                self.selector, self.key, self.log = selector, key, log
 
-            def select(self, layer_idx, sublayer, x_RLC):
-                index = self.router.select(layer_idx, sublayer, x_RLC)
-                if index is not None:
-                    key = (self.scale_index, layer_idx, sublayer)
-                    self.log["kept"][key] = index.clone()
-                    self.log["scores"][key] = pivotal_token_scores(x_RLC)
+            def __call__(self, x_RLC):
+                index = self.selector(x_RLC)
+                self.log["kept"][self.key] = index.clone()
+                self.log["scores"][self.key] = pivotal_token_scores(x_RLC)
                 return index
 
-            def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-                self.log["updates"][(self.scale_index, layer_idx, sublayer)] = computed_RKC.clone()
-                return self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
-
         class _Recording(FastVARScheduler):
-            def token_router(self, state, plan):
-                router = super().token_router(state, plan)
-                return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+            def route_pass(self, state, plan):
+                routes = super().route_pass(state, plan)
+                if routes is not None:
+                    k = plan.scale_indices[0]
+                    routes.routes = {key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
+                                     for key, route in routes.routes.items()}
+                return routes
+
+            def after_scale(self, state, plan, hidden_states_RLC):
+                super().after_scale(state, plan, hidden_states_RLC)
+                for (layer, sublayer), update in state.records.sublayer_updates.items():
+                    self.log["updates"][(plan.scale_indices[0], layer, sublayer)] = update.clone()
 
         scheduler = _Recording(**config)
         scheduler.log = {"kept": {}, "scores": {}, "updates": {}}

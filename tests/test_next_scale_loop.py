@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from diffusers_var_accel import IdentityScheduler, InfinityBSQVAE, InfinityTransformer, ScalePlan, VARAccelScheduler, run_next_scale_loop
-from diffusers_var_accel.models.forward_context import scatter_tokens
+from diffusers_var_accel.next_scale.plan import PassRoutes, TokenRoute
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers.scheduling_var_base import validate_plans
@@ -55,31 +55,46 @@ def _teacher(batch=2, d=8):
     return [torch.randint(0, 2, (batch, h * w, d), generator=g) for _, h, w in SCHEDULE]
 
 
-class _Router:
-    def __init__(self, keep):
-        self.keep, self.calls = keep, []
+class _Selector:
+    """A token selector that logs the layers and sublayers it is asked about."""
 
-    def select(self, layer_idx, sublayer, x):
-        self.calls.append((layer_idx, sublayer))
-        return self.keep(layer_idx, sublayer, x)
+    def __init__(self, keep, key, calls):
+        self.keep, self.key, self.calls = keep, key, calls
 
-    def restore(self, layer_idx, sublayer, computed, index, x):
-        # sublayers: zero update for the others; block: the others keep their input (an identity layer for them)
-        return scatter_tokens(x if sublayer == "block" else torch.zeros_like(x), index, computed)
+    def __call__(self, x):
+        self.calls.append(self.key)
+        return self.keep(*self.key, x)
+
+
+def _routes(keep, kinds, num_layers, calls):
+    """Routes of every layer's ``kinds`` to ``keep(layer, kind, x)``; the others pass through (a block keeps its input,
+    a sublayer adds a zero update). Block routes share one selector, so they form one span."""
+    routes = {}
+    for kind in kinds:
+        shared = _Selector(keep, (0, kind), calls) if kind == "block" else None
+        for layer in range(num_layers):
+            routes[(layer, kind)] = TokenRoute(selector=shared or _Selector(keep, (layer, kind), calls))
+    return routes
 
 
 class _PlanScheduler(VARAccelScheduler):
-    """Test scheduler: fixed plans, an optional router for chosen scales, and a log of after_scale calls."""
+    """Test scheduler: fixed plans, routes for chosen scales, and a log of after_scale calls."""
 
-    def __init__(self, plans=None, router_at=None, router=None):
+    def __init__(self, plans=None, routes_at=None, routes=None, code_weights=None):
         super().__init__()
-        self._plans, self.router_at, self.router, self.after = plans, router_at or set(), router, []
+        self._plans, self.routes_at, self.routes, self.after = plans, routes_at or set(), routes, []
+        self.code_weights = code_weights
 
     def plan_scales(self, scale_schedule):
         return self._plans if self._plans is not None else super().plan_scales(scale_schedule)
 
-    def token_router(self, state, plan):
-        return self.router if plan.scale_indices[0] in self.router_at else None
+    def route_pass(self, state, plan):
+        routes = PassRoutes()
+        if plan.scale_indices[0] in self.routes_at:
+            routes.routes = self.routes(state)
+        if self.code_weights is not None:
+            routes.code_weights = self.code_weights(state, plan)
+        return routes or None
 
     def after_scale(self, state, plan, hidden):
         self.after.append((plan.scale_indices, hidden.shape, state.kv_cache.get_seq_length(0), dict(state.attention_maps)))
@@ -93,19 +108,30 @@ def test_identity_scheduler_is_the_default(models):
 
 def test_routing_every_token_is_bit_identical_to_dense(models):
     everything = lambda layer, kind, x: torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    depth = models[0].config.depth
     for kinds in ({"block"}, {"self_attn", "cross_attn", "ffn"}):
-        router = _Router(lambda l, k, x, kinds=kinds: everything(l, k, x) if k in kinds else None)
-        routed = _run(models, _PlanScheduler(router_at=set(range(1, S)), router=router))
+        calls = []
+        sched = _PlanScheduler(routes_at=set(range(1, S)), routes=lambda state, kinds=kinds: _routes(everything, kinds, depth, calls))
+        routed = _run(models, sched)
         dense = _run(models)
         assert torch.equal(routed.f_hat, dense.f_hat)
         assert all(torch.equal(routed.logits[i], dense.logits[i]) for i in range(S))
-        assert {k for _, k in router.calls} >= kinds
+        assert {k for _, k in calls} >= kinds
+
+
+def test_block_routes_of_one_index_form_one_span(models):
+    """Consecutive block routes with the same tokens are gathered once: the selector runs once per pass."""
+    keep, depth, calls = 5, models[0].config.depth, []
+    sched = _PlanScheduler(routes_at={S - 1}, routes=lambda state: _routes(
+        lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, depth, calls))
+    _run(models, sched)
+    assert depth > 1 and calls == [(0, "block")]
 
 
 def test_routing_a_subset_caches_only_kept_tokens_and_changes_the_output(models):
-    keep = 5
-    router = _Router(lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1) if k == "block" else None)
-    sched = _PlanScheduler(router_at={S - 1}, router=router)
+    keep, calls = 5, []
+    sched = _PlanScheduler(routes_at={S - 1}, routes=lambda state: _routes(
+        lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, models[0].config.depth, calls))
     out = _run(models, sched)
     dense = _run(models)
     before = sum(h * w for _, h, w in SCHEDULE[:-1])
@@ -134,20 +160,21 @@ def test_routing_every_token_of_a_grouped_pass_is_bit_identical(models):
     def keep(layer, kind, x):
         index = torch.arange(x.shape[1]).expand(x.shape[0], -1).clone()
         index[1::2] = index[1::2].flip(-1)
-        return index if kind == "block" else None
-    routed = _run(models, _PlanScheduler(plans=plans, router_at={S - 3}, router=_Router(keep)), teacher=teacher)
+        return index
+    routes = lambda state: _routes(keep, {"block"}, models[0].config.depth, [])
+    routed = _run(models, _PlanScheduler(plans=plans, routes_at={S - 3}, routes=routes), teacher=teacher)
     dense = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
     for si in range(S - 3, S):
         torch.testing.assert_close(routed.logits[si], dense.logits[si], atol=1e-5, rtol=1e-5)
 
 
-def test_restore_codes_hook_feeds_f_hat(models):
-    class ZeroLastCodes(_PlanScheduler):
-        def restore_codes(self, state, scale_index, codes):
-            return torch.zeros_like(codes) if scale_index == S - 1 else codes
+def test_code_weights_feed_f_hat(models):
+    def zero_last(state, plan):
+        _, h, w = SCHEDULE[S - 1]
+        return {S - 1: torch.zeros(state.batch_size, h, w)} if plan.scale_indices[0] == S - 1 else {}
 
     teacher = _teacher()
-    zeroed = _run(models, ZeroLastCodes(), teacher=teacher)
+    zeroed = _run(models, _PlanScheduler(code_weights=zero_last), teacher=teacher)
     plans = [ScalePlan((i,)) for i in range(S - 1)] + [ScalePlan((S - 1,), skip=True)]
     skipped = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
     torch.testing.assert_close(zeroed.f_hat, skipped.f_hat, atol=0, rtol=0)
