@@ -22,6 +22,9 @@ from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, LazyVARScheduler, VARAccelScheduler
 from diffusers_var_accel.schedulers.scheduling_depthvar import bit_reversal_permutation, layer_masks, plan_depth, scheduling_function
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.next_scale.executor import weight_codes
+from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
+from diffusers_var_accel.next_scale.rows import match_rows
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 DEPTH = 8
@@ -63,24 +66,23 @@ def run_loop(pipe, scheduler, batch=2, cfg=3.0):
 
 
 class _Recording(DepthVARScheduler):
-    """DepthVAR whose routers are wrapped to record every block's input, kept tokens and output (test only)."""
+    """DepthVAR that also records every block's output and delta, and logs its routes (test only):
+    ``log[(scale, layer)] = (input, index of the computed tokens or None, delta, output)``."""
 
-    def token_router(self, state, plan):
-        router = super().token_router(state, plan)
-        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
+    def route_pass(self, state, plan):
+        routes = super().route_pass(state, plan) or PassRoutes()
+        every = frozenset(range(state.model.num_layers))
+        routes.record = routes.record | RecordRequest(block_outputs=every, block_deltas=every)
+        self.routes[plan.scale_indices[0]] = {layer: route for (layer, _), route in routes.routes.items()}
+        return routes
 
-
-class _Spy:
-    def __init__(self, router, scale_index, log):
-        self.router, self.scale_index, self.log = router, scale_index, log
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        return self.router.select(layer_idx, sublayer, x_RLC)
-
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        out = self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
-        self.log[(self.scale_index, layer_idx)] = (x_RLC.clone(), index_RK.clone(), computed_RKC.clone(), out.clone())
-        return out
+    def after_scale(self, state, plan, hidden_states_RLC):
+        k, records = plan.scale_indices[0], state.records
+        for layer, out in records.block_outputs.items():
+            delta, route = records.block_deltas[layer], self.routes[k].get(layer)
+            index = None if route is None else match_rows(route.index, out.shape[0])
+            self.log[(k, layer)] = (out - delta, index, delta, out)
+        super().after_scale(state, plan, hidden_states_RLC)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,28 +192,42 @@ def test_full_depth_everywhere_is_bit_identical_to_the_baseline(pipe):
 
 def test_skipped_layers_take_the_previous_scales_upsampled_layer_delta(pipe):
     scheduler = _Recording(reference_scale=-3)
-    scheduler.log = {}
+    scheduler.log, scheduler.routes = {}, {}
     state = run_loop(pipe, scheduler)
     plans = scheduler.depth_plans(state)
     assert sorted(plans) == list(DYNAMIC)
     for k in DYNAMIC:
         h, w = SCHEDULE[k][1:]
         for l in range(DEPTH):
-            x, index, computed, out = scheduler.log[(k, l)]
-            x_prev, _, _, out_prev = scheduler.log[(k - 1, l)]
-            delta_prev = (out_prev - x_prev).transpose(1, 2).reshape(4, -1, *SCHEDULE[k - 1][1:])
+            x, index, _, out = scheduler.log[(k, l)]
+            _, _, delta_prev, _ = scheduler.log[(k - 1, l)]
+            delta_prev = delta_prev.transpose(1, 2).reshape(4, -1, *SCHEDULE[k - 1][1:])
             proxy = F.interpolate(delta_prev, size=(h, w), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
             assert torch.equal(index, plans[k].layer_index[l].repeat(2, 1))  # both CFG rows of an image: one plan
             skipped = torch.ones(4, h * w, dtype=torch.bool).scatter_(1, index, False)
             assert skipped.any() and (~skipped).any()
-            torch.testing.assert_close(out[skipped], (x + proxy)[skipped], atol=1e-6, rtol=0)
-            assert torch.equal(out.gather(1, index[..., None].expand(-1, -1, out.shape[2])), computed)
-    # the scale before the first dynamic one ran every token (full depth)
-    assert all(scheduler.log[(DYNAMIC[0] - 1, l)][1].shape[1] == 64 for l in range(DEPTH))
+            torch.testing.assert_close(out[skipped], (x + proxy)[skipped], atol=1e-5, rtol=0)
+            assert not torch.allclose(out[~skipped], (x + proxy)[~skipped], atol=1e-3)  # computed tokens ran the block
+    # the scale before the first dynamic one ran every token (full depth: no route)
+    assert all(scheduler.log[(DYNAMIC[0] - 1, l)][1] is None for l in range(DEPTH))
     # only the computed tokens' keys/values entered each layer's cache
     dense = sum(h * w for _, h, w in SCHEDULE[:DYNAMIC[0]])
     for l in range(DEPTH):
         assert state.kv_cache.get_seq_length(l) == dense + sum(plans[k].layer_index[l].shape[1] for k in DYNAMIC)
+
+
+def _code_weights(scheduler, pipe):
+    """``{scale: weights}`` the scheduler's passes declared in one run."""
+    seen = {}
+
+    class _Spy(type(scheduler)):
+        def route_pass(self, state, plan):
+            routes = super().route_pass(state, plan)
+            seen.update(routes.code_weights if routes is not None else {})
+            return routes
+
+    run_loop(pipe, _Spy(**{k: v for k, v in scheduler.to_dict().items() if k != "_class_name"}))
+    return seen
 
 
 def test_codes_of_dynamic_scales_are_weighted_by_the_depth_score(pipe):
@@ -220,11 +236,11 @@ def test_codes_of_dynamic_scales_are_weighted_by_the_depth_score(pipe):
     codes = torch.randn(2, 8, 12, 12, generator=gen(4))
     scores = scheduler.depth_plans(state)[5].scores
     assert scores.shape == (2, 12, 12) and scores.min() < 0.5
-    assert torch.equal(scheduler.restore_codes(state, 5, codes), codes * scores.unsqueeze(1))
-    assert torch.equal(scheduler.restore_codes(state, 4, codes[..., :8, :8]), codes[..., :8, :8])  # not dynamic
+    assert torch.equal(weight_codes(codes, scores), codes * scores.unsqueeze(1))
+    assert set(_code_weights(scheduler, pipe)) == set(DYNAMIC)  # only dynamic scales are weighted
     off = DepthVARScheduler(reference_scale=-3, code_blending=False)
     off_state = run_loop(pipe, off)
-    assert torch.equal(off.restore_codes(off_state, 5, codes), codes)
+    assert _code_weights(off, pipe) == {}
     assert not torch.equal(off_state.f_hat, state.f_hat)
 
 
@@ -300,9 +316,13 @@ class _HalveLastScale(VARAccelScheduler):
 def test_composition(pipe):
     composed = ComposedScheduler([DepthVARScheduler(reference_scale=-3), _HalveLastScale()])
     assert torch.isfinite(latents(pipe, acceleration=composed)).all()
+    # depth within LazyVAR's kept tokens: the group's scales are ranked by the scale before the group
     grouped = ComposedScheduler([LazyVARScheduler(), DepthVARScheduler(reference_scale=-3)])
-    with pytest.raises(ValueError, match="one scale per pass"):
-        latents(pipe, acceleration=grouped)
+    assert torch.isfinite(latents(pipe, acceleration=grouped)).all()
+    # DepthVAR ranks the scale after a group by the group's last scale: refused unless it ends before the group
+    after = ComposedScheduler([LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1)), DepthVARScheduler(reference_scale=-3)])
+    with pytest.raises(ValueError, match="end_scale"):
+        latents(pipe, acceleration=after)
 
 
 def test_flops_are_counted_on_meta_tensors():

@@ -16,7 +16,8 @@ from diffusers.configuration_utils import register_to_config
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityTransformer, LazyVARScheduler, ScalePlan, run_next_scale_loop
 from diffusers_var_accel import schedule_for_size, supported_sizes
-from diffusers_var_accel.models.forward_context import scatter_tokens
+from diffusers_var_accel.next_scale.executor import keep_residual
+from diffusers_var_accel.next_scale.plan import PassRoutes, TokenRoute
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, VARAccelScheduler
@@ -236,33 +237,20 @@ class _InputsFromBeforeTheGroup:
         return self._family.next_inputs(self._f_hat_before if scale_index in GROUP else f_hat, scale_index)
 
 
-class _KeepRouter:
-    def __init__(self, index_BK):
-        self.index_BK = index_BK
-
-    def select(self, layer_idx, sublayer, x):
-        return self.index_BK.repeat(x.shape[0] // self.index_BK.shape[0], 1) if sublayer == "block" else None
-
-    def restore(self, layer_idx, sublayer, computed, index, x):
-        return scatter_tokens(x, index, computed)
-
-
 class _OneByOne(VARAccelScheduler):
-    """Reference: the group's scales one pass each, pruned to given tokens, zero residual elsewhere."""
+    """Reference: the group's scales one pass each, pruned to given tokens, zero residual elsewhere (each block on its
+    own: one route per layer, so no span)."""
 
     def __init__(self, kept):
         super().__init__()
         self.kept = kept
 
-    def token_router(self, state, plan):
+    def route_pass(self, state, plan):
         k = plan.scale_indices[0]
-        return _KeepRouter(self.kept[k]) if k in self.kept and self.kept[k].shape[1] < SCHEDULE[k][1] * SCHEDULE[k][2] else None
-
-    def restore_codes(self, state, scale_index, codes):
-        if scale_index not in self.kept:
-            return codes
-        keep = torch.zeros(codes.shape[0], codes[0, 0].numel(), dtype=torch.bool).scatter_(1, self.kept[scale_index], True)
-        return codes * keep.view(codes.shape[0], 1, *codes.shape[-2:])
+        if k not in self.kept or self.kept[k].shape[1] == SCHEDULE[k][1] * SCHEDULE[k][2]:
+            return None
+        return PassRoutes(routes={(layer, "block"): TokenRoute(index=self.kept[k].clone()) for layer in range(state.model.num_layers)},
+                          residual_tokens={k: self.kept[k]})
 
 
 def _grouped_and_one_by_one(models, scheduler):
@@ -304,7 +292,7 @@ def test_pruned_positions_get_a_zero_residual(models):
         h, w = SCHEDULE[k][1:]
         keep = torch.zeros(2, h * w).scatter_(1, kept[k], 1.0).view(2, 1, h, w)
         codes = vae.bits_to_codes(state.tokens[k].reshape(2, h, w, -1))
-        assert torch.equal(scheduler.restore_codes(state, k, codes), codes * keep)  # pruned codes are zeroed
+        assert torch.equal(keep_residual(codes, kept[k]), codes * keep)  # pruned codes are zeroed
         if k < S - 1:
             support = support + vae.add_scale_codes(None, keep.expand(-1, codes.shape[1], -1, -1), (H, W), False)[:, :1]
         added = added + vae.add_scale_codes(None, codes * keep, (H, W), is_last_scale=k == S - 1)
