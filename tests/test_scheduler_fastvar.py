@@ -8,12 +8,17 @@ code is ``test_parity_fastvar.py``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from diffusers_var_accel import FastVARScheduler, IdentityScheduler, VARAccelScheduler, schedule_for_size, supported_sizes
-from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores, pivotal_tokens, restore_from_cache
+from diffusers_var_accel.next_scale.context import scatter_tokens
+from diffusers_var_accel.next_scale.executor import interpolate_tokens
+from diffusers_var_accel.next_scale.plan import RecordRequest
+from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores, pivotal_tokens
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 PROMPT = "a red fox in the snow"
@@ -41,27 +46,39 @@ def pipe():
     return pipeline
 
 
-class _Recording(FastVARScheduler):
-    """FastVAR whose routers are wrapped to record what they do (test only)."""
+class _LoggingSelector:
+    def __init__(self, selector, key, log):
+        self.selector, self.key, self.log = selector, key, log
 
-    def token_router(self, state, plan):
-        router = super().token_router(state, plan)
-        return None if router is None else _Spy(router, plan.scale_indices[0], self.log)
-
-
-class _Spy:
-    def __init__(self, router, scale_index, log):
-        self.router, self.scale_index, self.log = router, scale_index, log
-
-    def select(self, layer_idx, sublayer, x_RLC):
-        index = self.router.select(layer_idx, sublayer, x_RLC)
-        self.log.setdefault("select", []).append((self.scale_index, layer_idx, sublayer, x_RLC.shape, None if index is None else index.clone()))
+    def __call__(self, x_RLC):
+        index = self.selector(x_RLC)
+        self.log.setdefault("select", []).append((*self.key, x_RLC.shape, index.clone()))
+        self.log.setdefault("index", {})[self.key] = index.clone()
         return index
 
-    def restore(self, layer_idx, sublayer, computed_RKC, index_RK, x_RLC):
-        out = self.router.restore(layer_idx, sublayer, computed_RKC, index_RK, x_RLC)
-        self.log.setdefault("restore", {})[(self.scale_index, layer_idx, sublayer)] = (computed_RKC.clone(), index_RK.clone(), out.clone())
-        return out
+
+class _Recording(FastVARScheduler):
+    """FastVAR whose selectors are logged and whose routed sublayers' full updates are recorded (test only):
+    ``log["restore"][(scale, layer, sublayer)] = (computed updates of the kept tokens or None, kept index or None,
+    full update)``."""
+
+    def route_pass(self, state, plan):
+        routes = super().route_pass(state, plan)
+        if routes is None:
+            return None
+        k = plan.scale_indices[0]
+        routes.routes = {key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
+                         for key, route in routes.routes.items()}
+        routes.record = routes.record | RecordRequest(sublayer_updates=frozenset(routes.routes))
+        return routes
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        super().after_scale(state, plan, hidden_states_RLC)
+        k = plan.scale_indices[0]
+        for key, update in state.records.sublayer_updates.items():
+            index = self.log.get("index", {}).get((k, *key))
+            computed = None if index is None else update.gather(1, index[..., None].expand(-1, -1, update.shape[-1]))
+            self.log.setdefault("restore", {})[(k, *key)] = (computed, index, update.clone())
 
 
 def recording(**settings):
@@ -97,6 +114,11 @@ def test_pts_keeps_the_tokens_farthest_from_the_mean():
 def test_kept_count(L, r, K):
     assert num_kept_tokens(L, r) == K == L - int(L * r)
     assert pivotal_tokens(torch.randn(3, L, 4), r).shape == (3, K)
+
+
+def restore_from_cache(cache, cached_hw, hw, index, computed):
+    """CTR as the executor does it: the cached update area-interpolated to ``hw``, the kept tokens overwritten."""
+    return scatter_tokens(interpolate_tokens(cache, cached_hw, hw, "area"), index, computed)
 
 
 def test_restoration_is_the_area_interpolated_cache_with_kept_rows_overwritten():
@@ -155,7 +177,8 @@ def test_pruned_scales_restore_the_cache_scale_update(pipe):
                 assert torch.equal(out, expected)
     # layers outside pruned_layers run dense; "block" is never routed; nothing routed at other scales
     selected = [(k, layer, kind) for k, layer, kind, _, index in log["select"] if index is not None]
-    assert {k for k, _, _ in selected} == {c, *scales.prune_ratios}
+    assert {k for k, _, _ in selected} == set(scales.prune_ratios)  # the cache scale runs dense and records
+    assert {(layer, kind) for k, layer, kind in log["restore"] if k == c} == {(l, s) for l in range(3, DEPTH) for s in ("self_attn", "cross_attn", "ffn")}
     assert {layer for _, layer, _ in selected} == {3, 4, 5} and {kind for _, _, kind in selected} == {"self_attn", "cross_attn", "ffn"}
 
 
@@ -314,9 +337,9 @@ def test_a_routed_scale_in_a_grouped_pass_raises():
     schedule = schedule_for_size(*SQUARE)[0]
     state = NextScaleState(tuple(schedule), 1, 2, ScaleKVCache(DEPTH))
     with pytest.raises(ValueError, match="single-scale"):
-        scheduler.token_router(state, ScalePlan((3, 4)))
-    assert scheduler.token_router(state, ScalePlan((0,))) is None
-    assert scheduler.token_router(state, ScalePlan((5, 6))) is None  # nothing of FastVAR's in this group
+        scheduler.route_pass(state, ScalePlan((3, 4)))
+    assert scheduler.route_pass(state, ScalePlan((0,))) is None
+    assert scheduler.route_pass(state, ScalePlan((5, 6))) is None  # nothing of FastVAR's in this group
 
 
 def test_ratio_one_restores_every_token_from_the_cache():
