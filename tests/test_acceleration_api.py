@@ -108,7 +108,7 @@ def test_composed_scheduler_json_round_trip_and_conflicts(pipe, tmp_path):
     assert [type(m) for m in again.members] == [LazyVARScheduler, FastVARScheduler]
     assert torch.equal(_latents(pipe, acceleration=composed), _latents(pipe, acceleration=again))
     both_group = ComposedScheduler([LazyVARScheduler(), LazyVARScheduler(group_scales=(-2, -1), keep_ratios=(0.5, 0.5))])
-    with pytest.raises(ValueError, match="groups scales"):
+    with pytest.raises(ValueError, match="both group scales"):
         _latents(pipe, acceleration=both_group)
     with pytest.raises(ValueError, match="at least one"):
         ComposedScheduler([])
