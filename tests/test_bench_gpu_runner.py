@@ -36,4 +36,4 @@ def test_bad_arguments(capsys):
 def test_flop_counts_of_the_real_hart_config():
     tflops = count_tflops_per_image("hart-0.7b", "hart", ["baseline", "lazyvar"], 1024, 1024)
     assert tflops["baseline"] == pytest.approx(55.70, abs=0.01)  # the README's counted numbers
-    assert tflops["lazyvar"] == pytest.approx(29.08, abs=0.01)
+    assert tflops["lazyvar"] == pytest.approx(31.13, abs=0.01)

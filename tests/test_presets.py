@@ -72,7 +72,7 @@ def test_the_published_settings():
     assert got["hart-0.7b/fastvar"] == {"prune_scales": [-2, -1], "prune_ratios": [0.5, 0.75], "pruned_layers": None,
                                         "cache_scale": -3, "skip_last_scales": False, "skipped_scales": [], "model_family": "hart"}
     assert (got["infinity-2b/lazyvar"]["group_scales"], got["infinity-2b/lazyvar"]["keep_ratios"]) == ([-4, -3, -2, -1], [0.2, 0.1, 0.05, 0.01])
-    assert (got["hart-0.7b/lazyvar"]["group_scales"], got["hart-0.7b/lazyvar"]["keep_ratios"]) == ([-2, -1], [0.4, 0.15])
+    assert (got["hart-0.7b/lazyvar"]["group_scales"], got["hart-0.7b/lazyvar"]["keep_ratios"]) == ([-2, -1], [0.5, 0.35])
     assert got["infinity-2b/depthvar"]["reference_scale"] == 9 and got["hart-0.7b/depthvar"]["reference_scale"] == 10
     for model in MODELS:
         arvar = got[f"{model}/arvar"]
