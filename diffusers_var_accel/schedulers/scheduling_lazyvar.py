@@ -47,9 +47,12 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 from ..next_scale.maps import cells_marked, position_mask, resize_map, values_at
 from ..next_scale.plan import PassRoutes, TokenRoute
 from .presets import PackagedPresets
+from .scheduling_fastvar import pivotal_token_scores
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 CUMULATIVE_INDEX_MODES = ("claimed", "count", None)
+#: What ranks a pass's tokens (``token_scores``).
+TOKEN_SCORES = ("update_index", "pivotal")
 
 
 def update_index(f_hat_prev_BdHW: Optional[torch.Tensor], f_hat_BdHW: torch.Tensor) -> torch.Tensor:
@@ -113,6 +116,29 @@ def lazyvar_keep_indices(
     return kept
 
 
+class PivotalGroupTokens:
+    """LazyVAR's tokens chosen by FastVAR's pivotal-token score (PTS) of the pass's input: each scale of the pass keeps
+    its ``n`` highest-scoring tokens, chosen on the conditional rows and shared by an image's two CFG rows. The
+    executor evaluates it once, before the first block; it writes the chosen positions per scale into ``chosen``
+    (the pass's zero-residual positions and the call's kept tokens)."""
+
+    def __init__(self, scale_indices: Sequence[int], lengths: Sequence[int], counts: Sequence[int], batch_size: int,
+                 chosen: Dict[int, torch.Tensor], kept: Dict[int, torch.Tensor]):
+        self.scale_indices, self.lengths, self.counts = tuple(scale_indices), tuple(lengths), tuple(counts)
+        self.batch_size, self.chosen, self.kept = batch_size, chosen, kept
+
+    def __call__(self, x_RLC: torch.Tensor) -> torch.Tensor:
+        parts, offset = [], 0
+        for k, length, n in zip(self.scale_indices, self.lengths, self.counts):
+            scores_Bl = pivotal_token_scores(x_RLC[: self.batch_size, offset:offset + length])
+            index_Bn = scores_Bl.topk(n, dim=1, sorted=False).indices.sort(dim=1).values
+            self.chosen[k] = self.kept[k] = index_Bn
+            parts.append(index_Bn + offset)
+            offset += length
+        index_BK = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return index_BK.repeat(x_RLC.shape[0] // self.batch_size, 1)
+
+
 @dataclass
 class LazyVARCallState:
     """What LazyVAR keeps during one call.
@@ -152,6 +178,9 @@ class LazyVARScheduler(VARAccelScheduler):
             larger scales: ``"claimed"``, ``"count"`` (the paper's count) or ``None`` (no cumulative index). Only a
             parallel group uses it.
         parallel_decoding (`bool`, *optional*, defaults to `True`): decode the group in one pass (PGD).
+        token_scores (`str`, *optional*, defaults to `"update_index"`): what ranks the tokens: the update index, or
+            ``"pivotal"``: FastVAR's pivotal-token score of the pass's input tokens (the paper's "PTS instead of the
+            update index" ablation; each scale of the pass keeps its own top ``n``, no cumulative index).
         model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is meant for.
 
     Examples:
@@ -168,6 +197,7 @@ class LazyVARScheduler(VARAccelScheduler):
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/lazyvar`` and ``hart-0.7b/lazyvar``.
     presets = PackagedPresets("lazyvar")
     call_state_class = LazyVARCallState
+    selects_tokens = True
 
     @register_to_config
     def __init__(
@@ -176,6 +206,7 @@ class LazyVARScheduler(VARAccelScheduler):
         keep_ratios: Sequence[float] = (0.20, 0.10, 0.05, 0.01),
         cumulative_index: Optional[str] = "claimed",
         parallel_decoding: bool = True,
+        token_scores: str = "update_index",
         model_family: Optional[str] = "infinity",
     ):
         super().__init__()
@@ -193,6 +224,8 @@ class LazyVARScheduler(VARAccelScheduler):
             raise ValueError(f"group_scales {group} must be consecutive and ascending, e.g. (-4, -3, -2, -1)")
         if cumulative_index not in CUMULATIVE_INDEX_MODES:
             raise ValueError(f"cumulative_index must be one of {list(CUMULATIVE_INDEX_MODES)}, got {cumulative_index!r}")
+        if token_scores not in TOKEN_SCORES:
+            raise ValueError(f"token_scores must be one of {list(TOKEN_SCORES)}, got {token_scores!r}")
         if not isinstance(parallel_decoding, bool):
             raise ValueError(f"parallel_decoding must be True or False, got {parallel_decoding!r}")
 
@@ -240,7 +273,7 @@ class LazyVARScheduler(VARAccelScheduler):
         call = self.call_state(state)
         if plan.scale_indices[-1] in self._indexed_scales(group):
             call.f_hat_before = state.f_hat
-        if plan.scale_indices[0] not in group or plan.skip:
+        if plan.scale_indices[0] not in group or plan.skip or self.config.token_scores == "pivotal":
             return
         hws = [tuple(state.scale_schedule[k][-2:]) for k in plan.scale_indices]
         ratios = [self.config.keep_ratios[k - group[0]] for k in plan.scale_indices]
@@ -254,6 +287,8 @@ class LazyVARScheduler(VARAccelScheduler):
         """The kept tokens of the pass run every block (one span: gathered once, scattered once); the other
         positions pass through and get a zero residual."""
         kept = self.call_state(state).kept
+        if self.config.token_scores == "pivotal" and plan.scale_indices[0] in self.group(state.num_scales) and not plan.skip:
+            return self._pivotal_routes(state, plan)
         if plan.scale_indices[0] not in kept:
             return None
         schedule, offset, parts = state.scale_schedule, 0, []
@@ -266,6 +301,17 @@ class LazyVARScheduler(VARAccelScheduler):
         route = TokenRoute(index=index_BK)
         return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
                           residual_tokens={k: kept[k] for k in plan.scale_indices})
+
+    def _pivotal_routes(self, state, plan) -> PassRoutes:
+        group, schedule = self.group(state.num_scales), state.scale_schedule
+        lengths = [int(schedule[k][-2] * schedule[k][-1]) for k in plan.scale_indices]
+        counts = [num_kept_tokens(self.config.keep_ratios[k - group[0]], l) for k, l in zip(plan.scale_indices, lengths)]
+        routes = PassRoutes()
+        select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size, routes.residual_tokens,
+                                    self.call_state(state).kept)
+        route = TokenRoute(selector=select)
+        routes.routes = {(layer, "block"): route for layer in range(state.model.num_layers)}
+        return routes
 
     def after_scale(self, state, plan, hidden_states_RLC):
         call = self.call_state(state)

@@ -206,6 +206,10 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         """The scales this method changes or reads from (a composition refuses to skip them); default: none."""
         return frozenset()
 
+    #: Whether the method's routes keep a subset of tokens and pass the others through, so that other methods of a
+    #: composition may select again within its kept tokens (they are asked after it).
+    selects_tokens: bool = False
+
     #: The typed per-call object of the method (a dataclass with defaults), or ``None`` when it keeps nothing.
     call_state_class: Optional[Callable[[], Any]] = None
 
@@ -337,7 +341,11 @@ class ComposedScheduler(VARAccelScheduler):
         owner: Dict[Tuple[int, str], int] = {}
         records: List[Tuple[int, str, FrozenSet[int]]] = []  # (member, what, layers) for the conflict check
         scales = set(plan.scale_indices)
-        for i, m in enumerate(self.members):
+        # token selections that pass the other positions through are declared first, so that other members may nest
+        # within them whatever the order of the list (DepthVAR's depth within LazyVAR's kept tokens)
+        order = sorted(range(len(self.members)), key=lambda i: not self.members[i].selects_tokens)
+        for i in order:
+            m = self.members[i]
             recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule)
                                            if scales & set(x.scale_indices)))
             if recorded:
@@ -351,6 +359,11 @@ class ComposedScheduler(VARAccelScheduler):
                     raise ValueError(f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
                                      f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
                                      "in the other")
+                level = [k for k in owner if k[0] == key[0] and (k[1] == "block") != (key[1] == "block") and owner[k] != i]
+                if level:
+                    raise ValueError(f"{names[owner[level[0]]]} routes {level[0][1]} of layer {key[0]} and {names[i]} routes its "
+                                     f"{key[1]} at scales {list(plan.scale_indices)}; a layer is routed as a whole block or per "
+                                     "sublayer, not both")
                 merged.routes[key] = route
                 owner[key] = i
             rec = routes.record
@@ -359,10 +372,14 @@ class ComposedScheduler(VARAccelScheduler):
                 if layers:
                     records.append((i, what, frozenset(layers)))
             merged.record = merged.record | rec
-            for si, index in routes.residual_tokens.items():
-                if si in merged.residual_tokens:
-                    raise ValueError(f"two members choose the zero-residual positions of scale {si}; one method may do so per scale")
-                merged.residual_tokens[si] = index
+            if routes.residual_tokens is not None and not merged.residual_tokens:
+                merged.residual_tokens = routes.residual_tokens  # shared: a selector may fill it during the pass
+            else:
+                for si, index in routes.residual_tokens.items():
+                    if si in merged.residual_tokens:
+                        raise ValueError(f"two members choose the zero-residual positions of scale {si}; one method may do so "
+                                         "per scale")
+                    merged.residual_tokens[si] = index
             for si, weights in routes.code_weights.items():
                 merged.code_weights[si] = merged.code_weights[si] * weights if si in merged.code_weights else weights
         for i, what, layers in records:

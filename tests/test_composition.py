@@ -1,0 +1,149 @@
+"""Composition of the four methods through the one executor: the rules of ``ComposedScheduler``, the compositions the
+library promises (they run end to end on both families), and the table of every pair of presets (docs/acceleration.md):
+each pair composes or fails with an error that names both members and the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffusers_var_accel import (
+    HART_CONFIGS,
+    ARVARScheduler,
+    ComposedScheduler,
+    DepthVARScheduler,
+    FastVARScheduler,
+    LazyVARScheduler,
+)
+from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
+from diffusers_var_accel.schedulers.scheduling_lazyvar import PivotalGroupTokens
+from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+FAMILIES = ("infinity", "hart")
+
+#: Every pair of presets (both orders behave alike): ``None`` = composes, else the reason the error gives. The table in
+#: docs/acceleration.md is this one.
+PAIRS = {
+    "infinity": {
+        ("fastvar", "lazyvar"): "skips scale .* which LazyVARScheduler",
+        ("fastvar", "depthvar"): "skips scale .* which DepthVARScheduler",
+        ("fastvar", "arvar"): "skips scale .* which ARVARScheduler",
+        ("lazyvar", "depthvar"): None,
+        ("lazyvar", "arvar"): "must run alone, not in the group",
+        ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+    },
+    "hart": {
+        ("fastvar", "lazyvar"): "FastVAR routes single-scale passes",
+        ("fastvar", "depthvar"): "FastVARScheduler .* records the sublayer update .* DepthVARScheduler .* routes that layer",
+        ("fastvar", "arvar"): "routed as a whole block or per sublayer, not both",
+        ("lazyvar", "depthvar"): None,
+        ("lazyvar", "arvar"): "must run alone, not in the group",
+        ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    infinity = build_tiny_infinity_pipeline(seed=0, depth=4)
+    hart = build_tiny_hart_pipeline(seed=0, depth=4, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"])
+    for pipe in (infinity, hart):
+        pipe.set_progress_bar_config(disable=True)
+    return {"infinity": infinity, "hart": hart}
+
+
+def latents(pipes, family, scheduler=None):
+    size = dict(height=1024, width=1024) if family == "infinity" else {}  # the real 13 / 14-scale schedules
+    return pipes[family]("a fox in the snow", generator=torch.Generator().manual_seed(0), acceleration=scheduler,
+                         output_type="latent", **size).images
+
+
+def preset(family, method, **overrides):
+    return METHODS[method].from_preset(family, **overrides)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pair", list(PAIRS["infinity"]))
+@pytest.mark.parametrize("reverse", [False, True])
+def test_every_pair_of_presets_composes_or_names_both_members(pipes, family, pair, reverse):
+    members = [preset(family, m) for m in (reversed(pair) if reverse else pair)]
+    reason = PAIRS[family][pair]
+    if reason is None:
+        out = latents(pipes, family, ComposedScheduler(members))
+        assert torch.isfinite(out).all()
+        assert not torch.equal(out, latents(pipes, family, members[0]))  # both methods act
+        assert not torch.equal(out, latents(pipes, family, members[1]))
+    else:
+        with pytest.raises(ValueError, match=reason):
+            latents(pipes, family, ComposedScheduler(members))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fastvar_with_branch_halving_before_its_skipped_scales(pipes, family):
+    """FastVAR's preset and ARVAR's branch halving at the 4th/3rd scales from the end (which FastVAR prunes): halving
+    combines with pruning, and FastVAR's skipped scales are no conflict since ARVAR does not act on them."""
+    fastvar = preset(family, "fastvar")
+    halving = ARVARScheduler(branch_halving_scales=[-4, -3], pruned_scales=[], model_family=family)
+    out = latents(pipes, family, ComposedScheduler([fastvar, halving]))
+    assert torch.isfinite(out).all()
+    assert not torch.equal(out, latents(pipes, family, fastvar))
+    assert torch.equal(out, latents(pipes, family, ComposedScheduler([halving, fastvar])))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_depth_within_kept_tokens_at_full_depth_is_lazyvar_alone(pipes, family):
+    """A nested route that keeps every kept token in every layer changes nothing: DepthVAR at budget 1 on LazyVAR's
+    group gives LazyVAR's latent bit for bit, in either order of the members."""
+    lazyvar = preset(family, "lazyvar")
+    group = len(lazyvar.config.group_scales)
+    full_depth = DepthVARScheduler(reference_scale=-1, start_scale=-group, model_family=family)
+    alone = latents(pipes, family, lazyvar)
+    assert torch.equal(latents(pipes, family, ComposedScheduler([lazyvar, full_depth])), alone)
+    assert torch.equal(latents(pipes, family, ComposedScheduler([full_depth, lazyvar])), alone)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_depthvar_with_an_end_scale_before_a_lazyvar_group(pipes, family):
+    lazyvar = preset(family, "lazyvar")
+    group = len(lazyvar.config.group_scales)
+    depthvar = DepthVARScheduler(reference_scale=-(group + 3), end_scale=-(group + 1), model_family=family)
+    assert sorted(depthvar.budgets([(1, s, s) for s in range(1, 14)])) == [13 - group - 2, 13 - group - 1]
+    out = latents(pipes, family, ComposedScheduler([depthvar, lazyvar]))
+    assert torch.isfinite(out).all() and not torch.equal(out, latents(pipes, family, lazyvar))
+    # a dynamic scale right after a group would be ranked by a grouped scale: refused, the error names end_scale
+    inner = ComposedScheduler([LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1), model_family=family),
+                               DepthVARScheduler(reference_scale=-3, model_family=family)])
+    with pytest.raises(ValueError, match="end_scale"):
+        latents(pipes, family, inner)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lazyvar_with_pivotal_token_scores(pipes, family):
+    """The paper's "PTS instead of the update index" ablation: FastVAR's scores choose LazyVAR's tokens."""
+    pts = preset(family, "lazyvar", token_scores="pivotal")
+    out = latents(pipes, family, pts)
+    assert torch.isfinite(out).all() and not torch.equal(out, latents(pipes, family, preset(family, "lazyvar")))
+    # keeping every token, the PTS route computes all of them: the parallel group decoded densely
+    ones = [1.0] * len(pts.config.keep_ratios)
+    everything = preset(family, "lazyvar", token_scores="pivotal", keep_ratios=ones)
+    dense_group = preset(family, "lazyvar", keep_ratios=ones)
+    torch.testing.assert_close(latents(pipes, family, everything), latents(pipes, family, dense_group), atol=1e-5, rtol=0)
+
+
+def test_pivotal_group_selection_keeps_each_scales_top_tokens():
+    x = torch.randn(4, 4 + 9, 8, generator=torch.Generator().manual_seed(0))  # 2 images x 2 CFG rows; scales 2x2, 3x3
+    chosen, kept = {}, {}
+    index = PivotalGroupTokens((5, 6), (4, 9), (2, 3), 2, chosen, kept)(x)
+    assert index.shape == (4, 5) and torch.equal(index[:2], index[2:])  # an image's two rows share the choice
+    for k, offset, length, n in ((5, 0, 4, 2), (6, 4, 9, 3)):
+        want = pivotal_token_scores(x[:2, offset:offset + length]).topk(n, dim=1).indices.sort(dim=1).values
+        assert torch.equal(chosen[k], want) and kept[k] is chosen[k]
+    assert torch.equal(index[:2, 2:] - 4, chosen[6])
+
+
+def test_bad_token_scores_are_refused():
+    with pytest.raises(ValueError, match="token_scores"):
+        LazyVARScheduler(token_scores="random")
