@@ -1,0 +1,97 @@
+"""The one executor: schedulers only decide (no token moves in ``schedulers/``), spans equal per-block routing, and a
+nested route equals routing the composed selection."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffusers_var_accel import VARAccelScheduler
+from diffusers_var_accel.next_scale.plan import PassRoutes, TokenRoute
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SCHEDULERS = Path(__file__).resolve().parents[1] / "diffusers_var_accel" / "schedulers"
+
+
+def test_schedulers_move_no_tokens():
+    """The methods compute decisions only: no gather, scatter, index_put or interpolate call in ``schedulers/``."""
+    call = re.compile(r"\b\w*(scatter|index_put|interpolate|gather)\w*\s*\(")
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(SCHEDULERS.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if call.search(line.split("#")[0])]
+    assert found == []
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = build_tiny_infinity_pipeline(seed=0, depth=4)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+class _Fixed(VARAccelScheduler):
+    """Routes the last scale with ``make(state, num_tokens)`` -> routes."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def route_pass(self, state, plan):
+        if plan.scale_indices[0] != state.num_scales - 1:
+            return None
+        _, h, w = state.scale_schedule[-1]
+        return PassRoutes(routes=self.make(state, h * w))
+
+
+def _latents(pipe, scheduler=None):
+    return pipe("a fox", height=256, width=256, generator=torch.Generator().manual_seed(0), acceleration=scheduler,
+                output_type="latent").images
+
+
+def _kept(state, num_tokens):
+    g = torch.Generator().manual_seed(1)
+    return torch.stack([torch.randperm(num_tokens, generator=g)[: num_tokens // 3].sort().values
+                        for _ in range(state.batch_size)])
+
+
+def test_a_span_equals_a_gather_and_scatter_per_block(pipe):
+    depth = pipe.transformer.config.depth
+    span = _Fixed(lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n))))
+    per_block = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=_kept(state, n).clone()) for l in range(depth)})
+    out = _latents(pipe, span)
+    assert torch.equal(out, _latents(pipe, per_block))
+    assert not torch.equal(out, _latents(pipe))
+
+
+def test_a_nested_route_equals_its_composed_selection(pipe):
+    """Keeping ``outer[inner]`` tokens of a pass-through route (inner route passing through too) is one route that
+    keeps those tokens."""
+    depth = pipe.transformer.config.depth
+
+    def nested(state, n):
+        outer = _kept(state, n)
+        inner = torch.arange(0, outer.shape[1], 2).expand(state.batch_size, -1)
+        return {(l, "block"): TokenRoute(index=inner).within(TokenRoute(index=outer)) for l in range(depth)}
+
+    def direct(state, n):
+        outer = _kept(state, n)
+        return {(l, "block"): TokenRoute(index=outer[:, ::2].contiguous()) for l in range(depth)}
+
+    assert torch.equal(_latents(pipe, _Fixed(nested)), _latents(pipe, _Fixed(direct)))
+
+
+def test_a_route_takes_exactly_one_of_index_and_selector():
+    with pytest.raises(ValueError, match="exactly one"):
+        TokenRoute()
+    with pytest.raises(ValueError, match="exactly one"):
+        TokenRoute(index=torch.zeros(1, 1, dtype=torch.long), selector=lambda x: x)
+
+
+def test_layer_routed_as_block_and_sublayer_is_refused(pipe):
+    both = _Fixed(lambda state, n: {(0, "block"): TokenRoute(index=_kept(state, n)),
+                                    (0, "ffn"): TokenRoute(index=_kept(state, n))})
+    with pytest.raises(ValueError, match="layer 0 has a block route and sublayer routes"):
+        _latents(pipe, both)
