@@ -650,34 +650,15 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-_FLOPS_NEEDS_CHECKOUT = ("var-accel flops needs a source checkout of diffusers-var-accel: it runs benchmarks/flops.py, "
-                         "which is not installed with the package. Clone the repository and run it there "
-                         "(python -m diffusers_var_accel flops ... or python benchmarks/flops.py ...).")
-
-
-def _import_flops_module():
-    """``benchmarks.flops`` from the source checkout this package lives in, or ``None`` (installed package)."""
-    import importlib
-
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "flops.py").is_file():
-        return None
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("benchmarks.flops")
-
-
 def _cmd_flops(argv: List[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        print("var-accel flops: counted FLOPs of one generation (benchmarks/flops.py; needs a source checkout).\n"
+        print("var-accel flops: counted FLOPs of one generation (diffusers_var_accel.bench.flops, meta tensors).\n"
               "examples:\n  var-accel flops --model infinity-2b\n  var-accel flops --model hart-0.7b --accel fastvar lazyvar\n")
-    module = _import_flops_module()
-    if module is None:
-        print(f"error: {_FLOPS_NEEDS_CHECKOUT}", file=sys.stderr)
-        return 2
-    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # benchmarks/flops.py's parser names itself after argv[0]
+    from .bench import flops
+
+    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # the counter's parser names itself after argv[0]
     try:
-        return module.main(argv)
+        return flops.main(argv)
     finally:
         sys.argv[0] = program
 
@@ -933,10 +914,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_common(hart)
     hart.set_defaults(func=_cmd_convert)
 
-    # parsed by benchmarks/flops.py itself (main() forwards the arguments); listed here for --help
+    # parsed by diffusers_var_accel.bench.flops itself (main() forwards the arguments); listed here for --help
     sub.add_parser("flops", add_help=False,
                    help="counted FLOPs table per model and method: --model infinity-2b|infinity-8b|hart-0.7b|... "
-                   "[--accel ...] (runs benchmarks/flops.py: needs a source checkout, not an installed package)")
+                   "[--accel ...] (meta tensors: no weights needed)")
     return parser
 
 
