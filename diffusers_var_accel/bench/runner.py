@@ -175,13 +175,13 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
     Raises:
         ValueError: a folder without a pipeline, or a Hub id that cannot be resolved.
     """
-    from ..cli import _load_pipeline
+    from ..loading import load_pipeline
     from ..embedded import EMBEDDED_MODEL_NAMES
 
     device = str(device)
     is_embedded = model is None or model in EMBEDDED_MODEL_NAMES
     if is_embedded or model in ("tiny", "tiny-hart") or Path(model).exists():
-        return _load_pipeline(model, device, dtype), is_embedded
+        return load_pipeline(model, device, dtype), is_embedded
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         raise ValueError(f"model {model!r}: not 'embedded', 'tiny', 'tiny-hart', an existing pipeline folder or a Hub id "
                          "(owner/name)")
