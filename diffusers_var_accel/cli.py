@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .loading import load_pipeline
+from .schedulers.registry import default_method_specs, method_names
 
 #: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
-DEFAULT_BENCH_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+#: ``var-accel bench --methods`` default: the baseline and every registered method (the registry's order).
+DEFAULT_BENCH_METHODS = default_method_specs()
 
 #: Exceptions that loading or calling a pipeline raises for bad input (a folder, a file, a value): exit status 2.
 USER_INPUT_ERRORS = (ValueError, TypeError, OSError, KeyError)
@@ -213,8 +215,8 @@ def _load_accel(spec: Optional[str], family: str):
     path = Path(spec)
     if spec.endswith(".json"):
         if not path.is_file():
-            raise ValueError(f"--accel {spec}: no such JSON file; pass a preset name (fastvar, lazyvar, depthvar, arvar, "
-                             "infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
+            raise ValueError(f"--accel {spec}: no such JSON file; pass a method name ({', '.join(method_names())}), a "
+                             "packaged preset (infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
                              "acceleration_config.json")
         if path.name != VARAccelScheduler.config_name:
             import shutil
@@ -687,7 +689,8 @@ examples:
   var-accel generate "a red fox" --model tiny --accel my_lazyvar.json -o tiny   # a scheduler JSON file (any name)
   torchrun --nproc_per_node 8 -m diffusers_var_accel generate --prompts-file geneval.txt --device cuda -o geneval
 
---accel takes: baseline (the default); a method preset for the model's family (fastvar, lazyvar, depthvar, arvar);
+--accel takes: baseline (the default); a method preset for the model's family ({methods}), or methods joined with
+'+' (lazyvar+arvar: a composition of their presets);
 a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :key=value,key=value overrides (values
 parsed as JSON and checked against the scheduler's setting types: keep_ratios=[0.4,0.2,0.1,0.05],
 skip_last_scales=false); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
@@ -772,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}",
                                 parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
-                         epilog=_GENERATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())), formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
     gen.add_argument("--model", help="'embedded' (the default: the packaged shapes model), a converted Infinity or HART "
@@ -800,8 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--overwrite", action="store_true", help="--output holds images made with other settings: delete "
                      "them and start afresh (without it, that is an error)")
     gen.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar per image")
-    gen.add_argument("--accel", metavar="NAME|JSON", help="acceleration: baseline (default), fastvar, lazyvar, depthvar, arvar, "
-                     "a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
+    gen.add_argument("--accel", metavar="NAME|JSON", help=f"acceleration: baseline (default), {', '.join(method_names())}, "
+                     "methods joined with '+' (lazyvar+arvar), a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
     gen.add_argument("--batch-size", type=int, default=1, help="prompts per pipeline call (default 1); each image keeps "
                      "its own seed")
     gen.set_defaults(func=_cmd_generate)
@@ -812,7 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "accuracy; write report.json and grid.png.")
     demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
     demo.add_argument("--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)")
-    demo.add_argument("--methods", default="baseline,fastvar,lazyvar,depthvar,arvar",
+    demo.add_argument("--methods", default=",".join(default_method_specs()),
                       help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
     demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt (median reported)")
@@ -834,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seeds", default="0", help="seeds per prompt: '0', '0,1,2' or '0-3' (default 0); GenEval's sample index "
                        "is the seed's position")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
-                       help="comma-separated: baseline (always run first), preset names (fastvar, lazyvar, depthvar, arvar), "
+                       help=f"comma-separated: baseline (always run first), preset names ({', '.join(method_names())}), "
                        "name:key=value overrides, scheduler folders or acceleration_config.json files "
                        f"(default {','.join(DEFAULT_BENCH_METHODS)})")
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds per batch of prompts (default 3)")

@@ -34,12 +34,16 @@ class ModelFamily:
         flop_counter (`str`): the FLOP counter of a named model of the family, ``"module:function"``, called as
             ``counter(model_name, **options)`` with its own keyword options, ``accel=spec`` among them (see
             :mod:`diffusers_var_accel.bench.flops`).
+        title (`str`): the family's name in text (model cards).
+        description (`str`): one Markdown phrase saying what the model is, with a link to its official code (cards).
     """
 
     name: str
     preset_model: str
     pipeline: str
     flop_counter: str
+    title: str = ""
+    description: str = ""
 
     def pipeline_class(self) -> type:
         """The family's pipeline class (imported on first use)."""
@@ -87,7 +91,11 @@ def get_model_family(name: str) -> ModelFamily:
 
 register_model_family(ModelFamily("infinity", preset_model="infinity-2b",
                                   pipeline="diffusers_var_accel.pipelines.infinity.pipeline_infinity:InfinityPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_infinity_flops"))
+                                  flop_counter="diffusers_var_accel.bench.flops:count_infinity_flops", title="Infinity",
+                                  description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
+                                              "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))"))
 register_model_family(ModelFamily("hart", preset_model="hart-0.7b",
                                   pipeline="diffusers_var_accel.pipelines.hart.pipeline_hart:HARTPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_hart_flops"))
+                                  flop_counter="diffusers_var_accel.bench.flops:count_hart_flops", title="HART",
+                                  description="a hybrid autoregressive (next-scale prediction + residual diffusion) "
+                                              "text-to-image model ([mit-han-lab/hart](https://github.com/mit-han-lab/hart))"))

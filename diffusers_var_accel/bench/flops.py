@@ -56,6 +56,7 @@ from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, In
 from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTPipeline, HARTScaleFamily
 from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily, check_token_layout
 from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
+from diffusers_var_accel.schedulers.registry import method_names
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
 #: Default text length: a typical prompt of ~25 words is ~32 flan-t5 tokens. The count depends on it only through the
@@ -1147,7 +1148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "total; the official encoding is the system instruction + the prompt padded to 300)")
     parser.add_argument("--accel", nargs="+", default=None,
                         help="acceleration methods to compare with the baseline, separated by spaces or commas "
-                             "(fastvar, lazyvar, depthvar, arvar, name:key=value, a config folder)")
+                             f"({', '.join(method_names())}, a+b compositions, name:key=value, a config folder)")
     parser.add_argument("--conventions", action="store_true",
                         help="HART: totals of the baseline and the --accel methods under several counting conventions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -51,9 +51,12 @@ import torch
 from .metrics import MetricUnavailable, frechet_distance, image_sha256, load_fid_extractor, load_lpips
 from .probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from .prompts import PromptSet, load_prompt_set
+from ..families import model_family_names
+from ..schedulers.registry import default_method_specs, method_names
 
-#: Methods run when none are given: the baseline and every preset.
-DEFAULT_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+#: Methods run when none are given: the baseline and every registered method (read when this module is imported;
+#: ``run_bench(methods=None)`` reads the registry at the call).
+DEFAULT_METHODS = default_method_specs()
 
 #: ``fid_feature_extractor`` / ``lpips_fn`` default: the standard network, if its weights are on this machine.
 USE_STANDARD_NETWORK = "standard"
@@ -142,10 +145,10 @@ def check_methods(methods: Sequence[str]) -> None:
             continue
         if spec.endswith(".json") and not Path(spec).is_file():
             raise ValueError(f"method {spec!r}: no such scheduler JSON file; methods are 'baseline', preset names "
-                             "(fastvar, lazyvar, depthvar, arvar) with optional ':key=value,...' overrides, or an existing "
+                             f"({', '.join(method_names())}) with optional ':key=value,...' overrides, or an existing "
                              "scheduler folder / acceleration_config.json file")
         errors = []
-        for family in ("infinity", "hart"):
+        for family in model_family_names():
             try:
                 load_acceleration(spec, family)
                 break
@@ -312,7 +315,7 @@ def run_bench(
     prompts: str = "shapes",
     num_prompts: Optional[int] = None,
     seeds: Union[str, int, Sequence[int]] = (0,),
-    methods: Union[str, Sequence[str]] = DEFAULT_METHODS,
+    methods: Optional[Union[str, Sequence[str]]] = None,
     repeats: int = 3,
     warmup: int = 1,
     batch_size: int = 1,
@@ -341,7 +344,8 @@ def run_bench(
             evenly over the file).
         seeds (`str` or `List[int]`, *optional*, defaults to `(0,)`): every prompt is generated once per seed; the image
             of (prompt, seed) uses ``torch.Generator(device).manual_seed(seed)`` for every method.
-        methods (`str` or `List[str]`): ``baseline`` (always run, first) and acceleration specs.
+        methods (`str` or `List[str]`, *optional*): ``baseline`` (always run, first) and acceleration specs; by default
+            the baseline and every registered method.
         repeats (`int`, *optional*, defaults to 3): timed rounds per batch (and probed calls per method).
         warmup (`int`, *optional*, defaults to 1): untimed rounds of every method before timing, per process.
         batch_size (`int`, *optional*, defaults to 1): images per call; each image has its own generator.
@@ -377,7 +381,7 @@ def run_bench(
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     seed_list = parse_seeds(seeds)
-    method_list = parse_methods(methods)
+    method_list = parse_methods(default_method_specs() if methods is None else methods)
     check_methods(method_list)
     prompt_set: PromptSet = load_prompt_set(prompts, num_prompts)
 

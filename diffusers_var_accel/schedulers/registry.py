@@ -19,7 +19,7 @@ Examples:
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Type
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scheduling_var_base import VARAccelScheduler
@@ -74,6 +74,11 @@ def unregister_method(name: str) -> Type["VARAccelScheduler"]:
 def method_names() -> List[str]:
     """The registered method names, in registration order."""
     return list(METHODS)
+
+
+def default_method_specs() -> Tuple[str, ...]:
+    """``("baseline", <every registered method>)``: what the benchmark and the demo run when given no methods."""
+    return (BASELINE, *METHODS)
 
 
 def get_method(name: str) -> Type["VARAccelScheduler"]:
