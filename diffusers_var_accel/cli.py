@@ -215,8 +215,8 @@ def _load_accel(spec: Optional[str], family: str):
     path = Path(spec)
     if spec.endswith(".json"):
         if not path.is_file():
-            raise ValueError(f"--accel {spec}: no such JSON file; pass a method name ({', '.join(method_names())}), a "
-                             "packaged preset (infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
+            raise ValueError(f"--accel {spec}: no such JSON file; pass a preset name ({', '.join(method_names())}, "
+                             "infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
                              "acceleration_config.json")
         if path.name != VARAccelScheduler.config_name:
             import shutil
