@@ -51,7 +51,7 @@ import torch
 from .metrics import MetricUnavailable, frechet_distance, image_sha256, load_fid_extractor, load_lpips
 from .probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from .prompts import PromptSet, load_prompt_set
-from ..families import model_family_names
+from ..families import MODEL_FAMILIES, model_family_names
 from ..schedulers.registry import default_method_specs, method_names
 
 #: Methods run when none are given: the baseline and every registered method (read when this module is imported;
@@ -190,9 +190,6 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
                          "(owner/name)")
     from huggingface_hub import hf_hub_download
 
-    from ..pipelines.hart import HARTPipeline
-    from ..pipelines.infinity import InfinityPipeline
-
     try:
         index = json.loads(Path(hf_hub_download(model, "model_index.json")).read_text())
     except Exception as err:  # network, missing repository, offline mode: one clear message
@@ -200,7 +197,7 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
                          f"fetched from the Hub ({type(err).__name__}: {err})") from None
     from ..hub import HUB_SHIM_FILE, hub_shim_source
 
-    classes = {"InfinityPipeline": InfinityPipeline, "HARTPipeline": HARTPipeline}
+    classes = {cls.__name__: cls for cls in (family.pipeline_class() for family in MODEL_FAMILIES.values())}
     stored = index.get("_class_name")
     # the Hub-shim form (hub.write_hub_shim) stores ["pipeline", "<class>"]
     shim_form = isinstance(stored, list) and len(stored) == 2
