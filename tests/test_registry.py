@@ -103,7 +103,14 @@ def test_enable_a_composition_by_name(pipe):
     assert torch.equal(accelerated, _latents(pipe, acceleration=expected))
     assert not torch.equal(accelerated, _latents(pipe, acceleration="lazyvar"))
     pipe.disable_acceleration()
-    assert isinstance(load_acceleration("lazyvar+arvar", "infinity"), ComposedScheduler)
+    hart = load_acceleration("lazyvar+arvar", "hart")  # the command line's and the benchmark's spec
+    assert isinstance(hart, ComposedScheduler) and hart.model_family == "hart"
+    assert [m.model_family for m in hart.members] == ["hart", "hart"]
+    from diffusers_var_accel.bench.runner import check_methods
+
+    check_methods(["baseline", "lazyvar+arvar"])
+    with pytest.raises(ValueError, match="unknown method 'lazyvar\\+nope'"):
+        check_methods(["lazyvar+nope"])
 
 
 def test_bad_names_and_overrides_fail_clearly(pipe):

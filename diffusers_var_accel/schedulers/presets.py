@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ..families import MODEL_FAMILIES
+
 #: The folder of the packaged preset files (``<model>/<method>/acceleration_config.json``).
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -41,21 +43,16 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 PRESET_CONFIG_NAME = "acceleration_config.json"
 
 class _FamilyPresetModels(Mapping):
-    """``{model_family: preset model}``, read live from the registry of model families (:mod:`...families`)."""
+    """``{model_family: preset model}``, read live from the registry of model families
+    (:data:`diffusers_var_accel.families.MODEL_FAMILIES`)."""
 
     def __getitem__(self, family: str) -> str:
-        from ..families import MODEL_FAMILIES
-
         return MODEL_FAMILIES[family].preset_model
 
     def __iter__(self) -> Iterator[str]:
-        from ..families import MODEL_FAMILIES
-
         return iter(list(MODEL_FAMILIES))
 
     def __len__(self) -> int:
-        from ..families import MODEL_FAMILIES
-
         return len(MODEL_FAMILIES)
 
     def __repr__(self) -> str:
