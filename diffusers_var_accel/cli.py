@@ -27,8 +27,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .loading import load_pipeline
+from .schedulers.registry import default_method_specs, method_names
+
 #: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
-DEFAULT_BENCH_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+#: ``var-accel bench --methods`` default: the baseline and every registered method (the registry's order).
+DEFAULT_BENCH_METHODS = default_method_specs()
 
 #: Exceptions that loading or calling a pipeline raises for bad input (a folder, a file, a value): exit status 2.
 USER_INPUT_ERRORS = (ValueError, TypeError, OSError, KeyError)
@@ -197,46 +201,8 @@ def _example(hint: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------------------------------
-def _load_pipeline(model: Optional[str], device: str, dtype: str):
-    import torch
-
-    from .pipelines.infinity import InfinityPipeline
-
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    from .embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
-
-    if model is None or model in EMBEDDED_MODEL_NAMES:
-        return InfinityPipeline.from_pretrained(embedded_model_path(), dtype=torch_dtype).to(device)
-    if model in ("tiny", "tiny-hart"):
-        from .utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
-
-        name = "HART" if model == "tiny-hart" else "Infinity"
-        print(f"Using a tiny {name} pipeline with RANDOM weights (built locally, no download). Its images are noise-like; "
-              "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
-        pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
-        for component in pipe.components.values():  # --dtype holds for the tiny models too (built in float32)
-            if isinstance(component, torch.nn.Module):
-                # plain Module.to: diffusers' ModelMixin.to warns about float32-kept modules even when there are none
-                torch.nn.Module.to(component, dtype=torch_dtype)
-    else:
-        from .hub import has_hub_shim, pipeline_class
-
-        index = Path(model) / "model_index.json"
-        if not index.is_file():
-            raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints first with "
-                             "'var-accel convert infinity ...' or 'var-accel convert hart ...' (see var-accel convert --help), "
-                             "or pass 'embedded', 'tiny' or 'tiny-hart'")
-        cls = pipeline_class(model)  # plain or Hub-shim form (["pipeline", "<class>"]) of model_index.json
-        # A folder with the Hub shim (hub.write_hub_shim) makes diffusers execute its pipeline.py, which is the
-        # one-line import of our own class: loading it needs trust_remote_code=True. Only our exact shim is trusted.
-        shim_form = isinstance(json.loads(index.read_text()).get("_class_name"), list)
-        if shim_form and not has_hub_shim(model):
-            raise ValueError(f"--model {model}: model_index.json is in Hub-shim form but pipeline.py is not the "
-                             "diffusers_var_accel shim; restore it with diffusers_var_accel.hub.write_hub_shim(folder, "
-                             "overwrite=True) or undo it with diffusers_var_accel.hub.remove_hub_shim(folder)")
-        options = {"trust_remote_code": True} if shim_form else {}
-        pipe = cls.from_pretrained(model, dtype=torch_dtype, **options)
-    return pipe.to(device)
+#: ``--model``: the pipeline loader below the CLI and the benchmark (kept under this name: tests replace it).
+_load_pipeline = load_pipeline
 
 
 def _load_accel(spec: Optional[str], family: str):
@@ -249,7 +215,7 @@ def _load_accel(spec: Optional[str], family: str):
     path = Path(spec)
     if spec.endswith(".json"):
         if not path.is_file():
-            raise ValueError(f"--accel {spec}: no such JSON file; pass a preset name (fastvar, lazyvar, depthvar, arvar, "
+            raise ValueError(f"--accel {spec}: no such JSON file; pass a preset name ({', '.join(method_names())}, "
                              "infinity-2b/lazyvar, ...), name:key=value, a scheduler folder or an existing "
                              "acceleration_config.json")
         if path.name != VARAccelScheduler.config_name:
@@ -650,34 +616,15 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-_FLOPS_NEEDS_CHECKOUT = ("var-accel flops needs a source checkout of diffusers-var-accel: it runs benchmarks/flops.py, "
-                         "which is not installed with the package. Clone the repository and run it there "
-                         "(python -m diffusers_var_accel flops ... or python benchmarks/flops.py ...).")
-
-
-def _import_flops_module():
-    """``benchmarks.flops`` from the source checkout this package lives in, or ``None`` (installed package)."""
-    import importlib
-
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "flops.py").is_file():
-        return None
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("benchmarks.flops")
-
-
 def _cmd_flops(argv: List[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        print("var-accel flops: counted FLOPs of one generation (benchmarks/flops.py; needs a source checkout).\n"
+        print("var-accel flops: counted FLOPs of one generation (diffusers_var_accel.bench.flops, meta tensors).\n"
               "examples:\n  var-accel flops --model infinity-2b\n  var-accel flops --model hart-0.7b --accel fastvar lazyvar\n")
-    module = _import_flops_module()
-    if module is None:
-        print(f"error: {_FLOPS_NEEDS_CHECKOUT}", file=sys.stderr)
-        return 2
-    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # benchmarks/flops.py's parser names itself after argv[0]
+    from .bench import flops
+
+    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # the counter's parser names itself after argv[0]
     try:
-        return module.main(argv)
+        return flops.main(argv)
     finally:
         sys.argv[0] = program
 
@@ -742,7 +689,8 @@ examples:
   var-accel generate "a red fox" --model tiny --accel my_lazyvar.json -o tiny   # a scheduler JSON file (any name)
   torchrun --nproc_per_node 8 -m diffusers_var_accel generate --prompts-file geneval.txt --device cuda -o geneval
 
---accel takes: baseline (the default); a method preset for the model's family (fastvar, lazyvar, depthvar, arvar);
+--accel takes: baseline (the default); a method preset for the model's family ({methods}), or methods joined with
+'+' (lazyvar+arvar: a composition of their presets);
 a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :key=value,key=value overrides (values
 parsed as JSON and checked against the scheduler's setting types: keep_ratios=[0.4,0.2,0.1,0.05],
 skip_last_scales=false); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
@@ -827,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}",
                                 parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
-                         epilog=_GENERATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())), formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
     gen.add_argument("--model", help="'embedded' (the default: the packaged shapes model), a converted Infinity or HART "
@@ -855,8 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--overwrite", action="store_true", help="--output holds images made with other settings: delete "
                      "them and start afresh (without it, that is an error)")
     gen.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar per image")
-    gen.add_argument("--accel", metavar="NAME|JSON", help="acceleration: baseline (default), fastvar, lazyvar, depthvar, arvar, "
-                     "a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
+    gen.add_argument("--accel", metavar="NAME|JSON", help=f"acceleration: baseline (default), {', '.join(method_names())}, "
+                     "methods joined with '+' (lazyvar+arvar), a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file")
     gen.add_argument("--batch-size", type=int, default=1, help="prompts per pipeline call (default 1); each image keeps "
                      "its own seed")
     gen.set_defaults(func=_cmd_generate)
@@ -867,7 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "accuracy; write report.json and grid.png.")
     demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
     demo.add_argument("--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)")
-    demo.add_argument("--methods", default="baseline,fastvar,lazyvar,depthvar,arvar",
+    demo.add_argument("--methods", default=",".join(default_method_specs()),
                       help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
     demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt (median reported)")
@@ -889,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seeds", default="0", help="seeds per prompt: '0', '0,1,2' or '0-3' (default 0); GenEval's sample index "
                        "is the seed's position")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
-                       help="comma-separated: baseline (always run first), preset names (fastvar, lazyvar, depthvar, arvar), "
+                       help=f"comma-separated: baseline (always run first), preset names ({', '.join(method_names())}), "
                        "name:key=value overrides, scheduler folders or acceleration_config.json files "
                        f"(default {','.join(DEFAULT_BENCH_METHODS)})")
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds per batch of prompts (default 3)")
@@ -933,10 +881,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_common(hart)
     hart.set_defaults(func=_cmd_convert)
 
-    # parsed by benchmarks/flops.py itself (main() forwards the arguments); listed here for --help
+    # parsed by diffusers_var_accel.bench.flops itself (main() forwards the arguments); listed here for --help
     sub.add_parser("flops", add_help=False,
                    help="counted FLOPs table per model and method: --model infinity-2b|infinity-8b|hart-0.7b|... "
-                   "[--accel ...] (runs benchmarks/flops.py: needs a source checkout, not an installed package)")
+                   "[--accel ...] (meta tensors: no weights needed)")
     return parser
 
 

@@ -22,7 +22,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-DEFAULT_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+from .schedulers.registry import default_method_specs
+
+#: The baseline and every registered method (read at import; ``run_demo(methods=None)`` reads the registry at the call).
+DEFAULT_METHODS = default_method_specs()
 
 
 def default_prompts(n: int) -> List[str]:
@@ -78,7 +81,7 @@ def caption_grid(rows: List[List[Any]], row_labels: Sequence[str], column_labels
 def run_demo(
     prompts: Optional[Sequence[str]] = None,
     num_prompts: int = 6,
-    methods: Sequence[str] = DEFAULT_METHODS,
+    methods: Optional[Sequence[str]] = None,
     seed: int = 0,
     repeats: int = 1,
     output_dir: str = "demo_outputs",
@@ -112,7 +115,7 @@ def run_demo(
         pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)
     prompts = list(prompts) if prompts else default_prompts(num_prompts)
-    methods = list(methods)
+    methods = list(default_method_specs() if methods is None else methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")
     schedulers = {m: load_acceleration(m, pipe.model_family) for m in methods}

@@ -37,7 +37,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from huggingface_hub import ModelCard, ModelCardData
 
 from . import __version__
-from .schedulers.presets import FAMILY_PRESET_MODELS, available_presets, load_preset_config, save_presets
+from .families import MODEL_FAMILIES
+from .schedulers.presets import FAMILY_PRESET_MODELS, is_preset_name, load_preset_config, save_presets
 
 PathLike = Union[str, os.PathLike]
 
@@ -52,12 +53,6 @@ _SHIM_LINE = "from diffusers_var_accel import {name}  # noqa: F401 - the install
 #: The metrics a benchmark record may carry, in the order of the model card's table.
 RESULT_FIELDS = ("speedup", "tflops", "psnr", "ssim", "accuracy")
 
-_FAMILY_TEXT = {
-    "infinity": ("Infinity", "a bitwise visual autoregressive (next-scale prediction) text-to-image model "
-                 "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))"),
-    "hart": ("HART", "a hybrid autoregressive (next-scale prediction + residual diffusion) text-to-image model "
-             "([mit-han-lab/hart](https://github.com/mit-han-lab/hart))"),
-}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -76,16 +71,15 @@ def _write_index(folder: PathLike, index: Dict[str, Any]) -> None:
 
 
 def pipeline_class(folder: PathLike):
-    """The pipeline class of a saved folder (``InfinityPipeline`` or ``HARTPipeline``), with or without the shim.
+    """The pipeline class of a saved folder (a registered family's: ``InfinityPipeline``, ``HARTPipeline``), with or
+    without the shim.
 
     Raises:
         ValueError: no ``model_index.json``, or it names a class this package does not provide.
     """
-    from . import HARTPipeline, InfinityPipeline
-
     stored = _read_index(folder).get("_class_name")
     name = stored[1] if isinstance(stored, (list, tuple)) and len(stored) == 2 else stored
-    classes = {cls.__name__: cls for cls in (InfinityPipeline, HARTPipeline)}
+    classes = {cls.__name__: cls for cls in (family.pipeline_class() for family in MODEL_FAMILIES.values())}
     if name not in classes:
         raise ValueError(f"{folder}/model_index.json names the pipeline {stored!r}; diffusers_var_accel provides {sorted(classes)}")
     return classes[name]
@@ -358,8 +352,13 @@ def make_model_card(
     repo_id = repo_id or folder.resolve().name
     title = model_name or folder.resolve().name
     preset_model = FAMILY_PRESET_MODELS[family]
-    presets = {name.split("/")[1]: name for name in available_presets(model=preset_model)}
-    configs = {method: load_preset_config(name) for method, name in presets.items()}
+    # every registered method with a preset for the family (sorted by name); a packaged preset's stored file, else the
+    # configuration its class builds
+    from .schedulers.registry import METHODS
+
+    presets = {method: f"{preset_model}/{method}" for method in sorted(METHODS) if family in METHODS[method].presets}
+    configs = {method: load_preset_config(name) if is_preset_name(name) else METHODS[method].from_preset(family).to_dict()
+               for method, name in presets.items()}
     in_folder = sorted(m for m in presets if (folder / m / "acceleration_config.json").is_file())
     bench = read_benchmark_results(results) if results is not None else None
 
@@ -378,7 +377,7 @@ def make_model_card(
     data = ModelCardData(library_name=library_name, pipeline_tag="text-to-image", license=license, base_model=base_model,
                          tags=card_tags, **metadata)
 
-    name, about = _FAMILY_TEXT[family]
+    name, about = (MODEL_FAMILIES[family].title, MODEL_FAMILIES[family].description)
     shim = has_hub_shim(folder)
     lines = [f"# {title}", "",
              f"{name}, {about}, in the format of `diffusers_var_accel` ({__version__}), loaded by its `{cls.__name__}`: "

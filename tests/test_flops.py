@@ -212,7 +212,7 @@ def test_unsupported_size_fails_with_the_list():
 # =====================================================================================================================
 # HART
 # =====================================================================================================================
-import benchmarks.flops as flops_module  # noqa: E402
+import diffusers_var_accel.bench.flops as flops_module  # noqa: E402
 from benchmarks.flops import (  # noqa: E402
     HART_PAPER_TFLOPS, compare_hart_methods, count_hart_flops, format_hart_comparison, hart_conventions,
 )

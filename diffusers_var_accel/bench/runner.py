@@ -51,9 +51,12 @@ import torch
 from .metrics import MetricUnavailable, frechet_distance, image_sha256, load_fid_extractor, load_lpips
 from .probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from .prompts import PromptSet, load_prompt_set
+from ..families import MODEL_FAMILIES, model_family_names
+from ..schedulers.registry import default_method_specs, method_names
 
-#: Methods run when none are given: the baseline and every preset.
-DEFAULT_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+#: Methods run when none are given: the baseline and every registered method (read when this module is imported;
+#: ``run_bench(methods=None)`` reads the registry at the call).
+DEFAULT_METHODS = default_method_specs()
 
 #: ``fid_feature_extractor`` / ``lpips_fn`` default: the standard network, if its weights are on this machine.
 USE_STANDARD_NETWORK = "standard"
@@ -142,10 +145,10 @@ def check_methods(methods: Sequence[str]) -> None:
             continue
         if spec.endswith(".json") and not Path(spec).is_file():
             raise ValueError(f"method {spec!r}: no such scheduler JSON file; methods are 'baseline', preset names "
-                             "(fastvar, lazyvar, depthvar, arvar) with optional ':key=value,...' overrides, or an existing "
+                             f"({', '.join(method_names())}) with optional ':key=value,...' overrides, or an existing "
                              "scheduler folder / acceleration_config.json file")
         errors = []
-        for family in ("infinity", "hart"):
+        for family in model_family_names():
             try:
                 load_acceleration(spec, family)
                 break
@@ -175,20 +178,17 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
     Raises:
         ValueError: a folder without a pipeline, or a Hub id that cannot be resolved.
     """
-    from ..cli import _load_pipeline
+    from ..loading import load_pipeline
     from ..embedded import EMBEDDED_MODEL_NAMES
 
     device = str(device)
     is_embedded = model is None or model in EMBEDDED_MODEL_NAMES
     if is_embedded or model in ("tiny", "tiny-hart") or Path(model).exists():
-        return _load_pipeline(model, device, dtype), is_embedded
+        return load_pipeline(model, device, dtype), is_embedded
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
         raise ValueError(f"model {model!r}: not 'embedded', 'tiny', 'tiny-hart', an existing pipeline folder or a Hub id "
                          "(owner/name)")
     from huggingface_hub import hf_hub_download
-
-    from ..pipelines.hart import HARTPipeline
-    from ..pipelines.infinity import InfinityPipeline
 
     try:
         index = json.loads(Path(hf_hub_download(model, "model_index.json")).read_text())
@@ -197,7 +197,7 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
                          f"fetched from the Hub ({type(err).__name__}: {err})") from None
     from ..hub import HUB_SHIM_FILE, hub_shim_source
 
-    classes = {"InfinityPipeline": InfinityPipeline, "HARTPipeline": HARTPipeline}
+    classes = {cls.__name__: cls for cls in (family.pipeline_class() for family in MODEL_FAMILIES.values())}
     stored = index.get("_class_name")
     # the Hub-shim form (hub.write_hub_shim) stores ["pipeline", "<class>"]
     shim_form = isinstance(stored, list) and len(stored) == 2
@@ -312,7 +312,7 @@ def run_bench(
     prompts: str = "shapes",
     num_prompts: Optional[int] = None,
     seeds: Union[str, int, Sequence[int]] = (0,),
-    methods: Union[str, Sequence[str]] = DEFAULT_METHODS,
+    methods: Optional[Union[str, Sequence[str]]] = None,
     repeats: int = 3,
     warmup: int = 1,
     batch_size: int = 1,
@@ -341,7 +341,8 @@ def run_bench(
             evenly over the file).
         seeds (`str` or `List[int]`, *optional*, defaults to `(0,)`): every prompt is generated once per seed; the image
             of (prompt, seed) uses ``torch.Generator(device).manual_seed(seed)`` for every method.
-        methods (`str` or `List[str]`): ``baseline`` (always run, first) and acceleration specs.
+        methods (`str` or `List[str]`, *optional*): ``baseline`` (always run, first) and acceleration specs; by default
+            the baseline and every registered method.
         repeats (`int`, *optional*, defaults to 3): timed rounds per batch (and probed calls per method).
         warmup (`int`, *optional*, defaults to 1): untimed rounds of every method before timing, per process.
         batch_size (`int`, *optional*, defaults to 1): images per call; each image has its own generator.
@@ -377,7 +378,7 @@ def run_bench(
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     seed_list = parse_seeds(seeds)
-    method_list = parse_methods(methods)
+    method_list = parse_methods(default_method_specs() if methods is None else methods)
     check_methods(method_list)
     prompt_set: PromptSet = load_prompt_set(prompts, num_prompts)
 

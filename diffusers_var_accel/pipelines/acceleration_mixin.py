@@ -1,10 +1,18 @@
-"""Attaching acceleration schedulers to a pipeline: per instance, reversible, or for one call."""
+"""Attaching acceleration schedulers to a pipeline: per instance, reversible, or for one call.
+
+The ``enable_<method>()`` shortcuts are generated from the registry of methods
+(:mod:`diffusers_var_accel.schedulers.registry`): one per registered method, added when the method registers and
+removed when it is unregistered.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
 
-from ..schedulers.scheduling_var_base import VARAccelScheduler
+from typing import Any, Callable, Optional, Type, Union
+
+from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
+from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration
 
 
 class VARAccelerationMixin:
@@ -18,147 +26,116 @@ class VARAccelerationMixin:
     #: The model family of the pipeline (``"infinity"``, ``"hart"``): selects presets and is checked on attach.
     model_family: str = ""
 
-    def enable_acceleration(self, scheduler: VARAccelScheduler) -> None:
+    def enable_acceleration(self, scheduler: Union[VARAccelScheduler, str], **overrides: Any) -> VARAccelScheduler:
         """Accelerate every following call with ``scheduler`` (replacing any attached one).
 
+        Args:
+            scheduler (`VARAccelScheduler` or `str`): a scheduler, a registered method's name (``"lazyvar"``: its preset
+                for this pipeline's family) or several names joined with ``"+"`` (``"lazyvar+arvar"``: a
+                [`ComposedScheduler`] of the presets, in that order).
+            **overrides (`Any`): only with a name. For one method, its settings replacing the preset's
+                (``enable_acceleration("lazyvar", keep_ratios=(0.4, 0.2, 0.1, 0.02))``); for a composition, one keyword
+                per member holding that member's settings (``enable_acceleration("lazyvar+arvar",
+                arvar={"prune_ratios": (0.5,)})``): a plain setting would be ambiguous between members and is refused.
+
+        Returns:
+            [`VARAccelScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
+
         Raises:
-            ValueError: ``scheduler`` is not a ``VARAccelScheduler`` or was built for another model family.
+            ValueError: an unknown method name (the message lists the registered ones), overrides given with a
+                scheduler instance, a bad override, or a scheduler built for another model family.
         """
+        if isinstance(scheduler, str):
+            scheduler = build_acceleration(scheduler, self.model_family, **overrides)
+        elif overrides:
+            raise ValueError(f"overrides {sorted(overrides)} apply to a method name (enable_acceleration('lazyvar', ...)); "
+                             f"a {type(scheduler).__name__} instance is attached as it is: configure it when building it")
         if not isinstance(scheduler, VARAccelScheduler):
-            raise ValueError(f"acceleration must be a VARAccelScheduler, got {type(scheduler).__name__}")
+            raise ValueError(f"acceleration must be a VARAccelScheduler or a method name ({method_names()}, joined with "
+                             f"{COMPOSE_SEPARATOR!r} to compose), got {type(scheduler).__name__}")
         scheduler.check_model_family(self.model_family)
         self.register_modules(acceleration=scheduler)
+        return scheduler
 
     def disable_acceleration(self) -> None:
         """Detach the acceleration scheduler: calls run the baseline again, bit for bit."""
         self.register_modules(acceleration=None)
 
-    def _acceleration_for_call(self, acceleration: Optional[VARAccelScheduler]) -> Optional[VARAccelScheduler]:
+    def _acceleration_for_call(self, acceleration: Optional[Union[VARAccelScheduler, str]]) -> Optional[VARAccelScheduler]:
         if acceleration is None:
             return getattr(self, "acceleration", None)
+        if isinstance(acceleration, str):  # a method name or a composition of names, as in enable_acceleration
+            acceleration = build_acceleration(acceleration, self.model_family)
         if not isinstance(acceleration, VARAccelScheduler):
-            raise ValueError(f"acceleration must be a VARAccelScheduler, got {type(acceleration).__name__}")
+            raise ValueError(f"acceleration must be a VARAccelScheduler or a method name ({method_names()}), got "
+                             f"{type(acceleration).__name__}")
         acceleration.check_model_family(self.model_family)
         return acceleration
-
-    def enable_fastvar(self, **overrides) -> VARAccelScheduler:
-        r"""Accelerate every following call with FastVAR (arXiv:2503.23367), in its published setting for this model.
-
-        Pivotal tokens of the late scales are computed, the others restored from a cached earlier scale, and (Infinity)
-        the last two scales are skipped. See [`FastVARScheduler`] for the settings.
-
-        Args:
-            **overrides (`Any`): settings of [`FastVARScheduler`] replacing the preset's (e.g.
-                ``skip_last_scales=False``, ``prune_ratios=(0.5, 0.6)``); an unknown name raises a ``ValueError``.
-
-        Returns:
-            [`FastVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(depth=8)
-            >>> fastvar = pipe.enable_fastvar(pruned_layers=None)  # the tiny model has only 8 layers
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        from ..schedulers.scheduling_fastvar import FastVARScheduler
-
-        return self._enable_preset(FastVARScheduler, overrides)
-
-    def enable_lazyvar(self, **overrides) -> VARAccelScheduler:
-        r"""Accelerate every following call with LazyVAR (CVPR 2026), in its published setting for this model.
-
-        The last four scales are decoded in one pass, each computing only the tokens with the largest update index
-        (20%, 10%, 5%, 1%); the other positions get a zero residual. See [`LazyVARScheduler`] for the settings.
-
-        Args:
-            **overrides (`Any`): settings of [`LazyVARScheduler`] replacing the preset's (e.g.
-                ``keep_ratios=(0.4, 0.2, 0.1, 0.02)``, ``parallel_decoding=False``); an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`LazyVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> pipe.enable_lazyvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        from ..schedulers.scheduling_lazyvar import LazyVARScheduler
-
-        return self._enable_preset(LazyVARScheduler, overrides)
-
-    def enable_depthvar(self, **overrides) -> VARAccelScheduler:
-        r"""Accelerate every following call with DepthVAR (CVPR 2026 Findings), in its published setting for this model.
-
-        Every token of the late scales runs a number of layers set by its depth score (spread over the network by bit
-        reversal); skipped layers take the previous scale's upsampled layer delta, and the codes are weighted by the
-        score. The preset is the paper's R = 9 point; ``reference_scale=7`` gives its R = 7 point. See
-        [`DepthVARScheduler`] for the settings.
-
-        Args:
-            **overrides (`Any`): settings of [`DepthVARScheduler`] replacing the preset's (e.g. ``reference_scale=7``,
-                ``rotation_step=0``); an unknown name raises a ``ValueError``.
-
-        Returns:
-            [`DepthVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(depth=8)
-            >>> pipe.enable_depthvar(reference_scale=7)
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        from ..schedulers.scheduling_depthvar import DepthVARScheduler
-
-        return self._enable_preset(DepthVARScheduler, overrides)
-
-    def enable_arvar(self, **overrides) -> VARAccelScheduler:
-        r"""Accelerate every following call with ARVAR (ECCV 2026), in its published setting for this model.
-
-        Branch halving at the second-to-last scale (only the conditional CFG rows run); attention-retrospect pruning at
-        the last scale: every layer computes the 25 % of tokens that received the most self-attention three scales
-        earlier and overwrites an upsampled copy of its output from two scales earlier. Needs CFG (a guidance scale
-        != 1) while branch halving is on. See [`ARVARScheduler`] for the settings.
-
-        Args:
-            **overrides (`Any`): settings of [`ARVARScheduler`] replacing the preset's (e.g. ``prune_ratios=(0.5,)``,
-                ``branch_halving_scales=()``); an unknown name raises a ``ValueError``.
-
-        Returns:
-            [`ARVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> pipe.enable_arvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        from ..schedulers.scheduling_arvar import ARVARScheduler
-
-        return self._enable_preset(ARVARScheduler, overrides)
 
     def _enable_preset(self, scheduler_cls, overrides) -> VARAccelScheduler:
         scheduler = scheduler_cls.from_preset(self.model_family, **overrides)
         self.enable_acceleration(scheduler)
         return scheduler
+
+
+def _method_summary(scheduler_class: type) -> str:
+    """The first paragraph of the scheduler class's docstring, on one line."""
+    doc = inspect.getdoc(scheduler_class) or scheduler_class.__name__
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def make_enable_shortcut(name: str, scheduler_class: Type[VARAccelScheduler]) -> Callable[..., VARAccelScheduler]:
+    """``enable_<name>(self, **overrides)``: attach the method's preset for the pipeline's family (with overrides)."""
+
+    def enable_method(self, **overrides: Any) -> VARAccelScheduler:
+        return self._enable_preset(scheduler_class, overrides)
+
+    cls_name = scheduler_class.__name__
+    enable_method.__name__ = f"enable_{name}"
+    enable_method.__qualname__ = f"VARAccelerationMixin.enable_{name}"
+    enable_method.__module__ = __name__
+    enable_method.__annotations__ = {"overrides": "Any", "return": "VARAccelScheduler"}
+    enable_method.__doc__ = f"""Accelerate every following call with {cls_name}, in its published setting for this model.
+
+        {_method_summary(scheduler_class)}
+
+        The same as ``enable_acceleration("{name}", **overrides)``; the preset is ``{cls_name}.from_preset(family)``
+        (see [`{cls_name}`] for the settings and the presets).
+
+        Args:
+            **overrides (`Any`): settings of [`{cls_name}`] replacing the preset's; an unknown name raises a
+                ``ValueError``.
+
+        Returns:
+            [`{cls_name}`]: the attached scheduler (``disable_acceleration()`` detaches it).
+
+        Examples:
+            ```py
+            >>> import torch
+            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+            >>> pipe = build_tiny_infinity_pipeline(seed=0)
+            >>> scheduler = pipe.enable_{name}()
+            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
+            >>> pipe.disable_acceleration()
+            ```
+        """
+    enable_method.registered_method = name
+    return enable_method
+
+
+def _follow_registry(name: str, scheduler_class: Optional[type]) -> None:
+    """Keep ``VARAccelerationMixin.enable_<name>`` in step with the registry of methods."""
+    attribute = f"enable_{name}"
+    if scheduler_class is None:
+        if getattr(VARAccelerationMixin.__dict__.get(attribute), "registered_method", None) == name:
+            delattr(VARAccelerationMixin, attribute)
+        return
+    existing = VARAccelerationMixin.__dict__.get(attribute)
+    if existing is not None and getattr(existing, "registered_method", None) != name:
+        raise ValueError(f"method name {name!r} would replace the pipeline method {attribute}(); choose another name")
+    setattr(VARAccelerationMixin, attribute, make_enable_shortcut(name, scheduler_class))
+
+
+add_registry_listener(_follow_registry)
+

@@ -1,9 +1,10 @@
-"""Acceleration schedulers: the base protocol, the identity scheduler, composition and the methods."""
+"""Acceleration schedulers: the base protocol, the identity scheduler, composition, the methods and their registry."""
 
-from .scheduling_arvar import ARVARScheduler
-from .scheduling_depthvar import DepthVARScheduler
-from .scheduling_fastvar import FastVARScheduler
-from .scheduling_lazyvar import LazyVARScheduler
+# the import order is the registry's order of the methods (the order of every list of methods)
+from .scheduling_fastvar import FastVARScheduler  # isort: skip
+from .scheduling_lazyvar import LazyVARScheduler  # isort: skip
+from .scheduling_depthvar import DepthVARScheduler  # isort: skip
+from .scheduling_arvar import ARVARScheduler  # isort: skip
 from .scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 
 __all__ = ["ARVARScheduler", "ComposedScheduler", "DepthVARScheduler", "FastVARScheduler", "IdentityScheduler", "LazyVARScheduler", "ScalePlan", "VARAccelScheduler"]

@@ -34,14 +34,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ..families import MODEL_FAMILIES
+
 #: The folder of the packaged preset files (``<model>/<method>/acceleration_config.json``).
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 #: The file name of a scheduler configuration (``VARAccelScheduler.config_name``).
 PRESET_CONFIG_NAME = "acceleration_config.json"
 
-#: Per model family, the model whose presets ``Scheduler.from_preset(family)`` and ``pipe.enable_<method>()`` use.
-FAMILY_PRESET_MODELS: Dict[str, str] = {"infinity": "infinity-2b", "hart": "hart-0.7b"}
+class _FamilyPresetModels(Mapping):
+    """``{model_family: preset model}``, read live from the registry of model families
+    (:data:`diffusers_var_accel.families.MODEL_FAMILIES`)."""
+
+    def __getitem__(self, family: str) -> str:
+        return MODEL_FAMILIES[family].preset_model
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(MODEL_FAMILIES))
+
+    def __len__(self) -> int:
+        return len(MODEL_FAMILIES)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+#: Per model family, the model whose presets ``Scheduler.from_preset(family)`` and ``pipe.enable_<method>()`` use
+#: (``{"infinity": "infinity-2b", "hart": "hart-0.7b"}``): each registered family's ``preset_model``.
+FAMILY_PRESET_MODELS: Mapping = _FamilyPresetModels()
 
 
 def close_names(name: str, candidates: Sequence[str]) -> str:

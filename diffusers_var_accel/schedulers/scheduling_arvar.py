@@ -105,7 +105,7 @@ class ARVARScales:
 # ---------------------------------------------------------------------------------------------------------------------
 # scheduler
 # ---------------------------------------------------------------------------------------------------------------------
-class ARVARScheduler(VARAccelScheduler):
+class ARVARScheduler(VARAccelScheduler, method="arvar"):
     r"""ARVAR (ECCV 2026): branch halving at late scales, attention-retrospect pruning with structural reconstruction.
 
     Scale indices may be negative (``-1`` is the last scale), so one setting fits every aspect ratio and pixel budget.

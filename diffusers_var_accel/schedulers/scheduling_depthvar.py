@@ -128,7 +128,7 @@ class DepthVARCallState:
     plans: Dict[int, ScaleDepth] = field(default_factory=dict)
 
 
-class DepthVARScheduler(VARAccelScheduler):
+class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
     r"""DepthVAR (CVPR 2026 Findings): dynamic per-token depth on the late scales, proxies for skipped layers.
 
     Late scales give each token a depth score ``S`` from the previous scale's per-position change (Eqs. 1-2), run it

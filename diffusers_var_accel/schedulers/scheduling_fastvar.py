@@ -99,7 +99,7 @@ class FastVARScales:
 # ---------------------------------------------------------------------------------------------------------------------
 # scheduler
 # ---------------------------------------------------------------------------------------------------------------------
-class FastVARScheduler(VARAccelScheduler):
+class FastVARScheduler(VARAccelScheduler, method="fastvar"):
     r"""FastVAR (arXiv:2503.23367): prune late scales by PTS, restore the rest by CTR, optionally skip the last scales.
 
     Scale indices may be negative (``-1`` is the last scale of the schedule), so one setting fits every aspect ratio

@@ -154,7 +154,7 @@ class LazyVARCallState:
     kept: Dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-class LazyVARScheduler(VARAccelScheduler):
+class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
     r"""LazyVAR: prune the last scales by their update index and decode them in one parallel group.
 
     Scales before the group run in full; the group's scales run in one pass (or, without parallel decoding, one after

@@ -29,13 +29,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ..families import MODEL_FAMILIES  # noqa: F401  (re-exported: the registry of model families)
 from ..next_scale.plan import ATTENTION_MAP_KINDS, PassRoutes, ScalePlan, resolve_scale_index, validate_plans  # noqa: F401
+from .registry import BASELINE, COMPOSE_SEPARATOR, METHODS, get_method, method_names, register_method
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..next_scale.state import NextScaleState
-
-#: Model families the library knows; a scheduler's ``model_family`` must be one of them (or ``None`` = any).
-MODEL_FAMILIES = ("infinity", "hart")
 
 _SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
 
@@ -65,9 +64,13 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     #: Per model family, the constructor arguments of the method's published setting.
     presets: Dict[str, Dict[str, Any]] = {}
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, method: Optional[str] = None, **kwargs):
+        """Record the class by name (configurations name it) and, with ``method="name"`` on the class line, register
+        it as an acceleration method (:mod:`.registry`): ``class LazyVARScheduler(VARAccelScheduler, method="lazyvar")``."""
         super().__init_subclass__(**kwargs)
         _SCHEDULER_CLASSES[cls.__name__] = cls
+        if method is not None:
+            register_method(method, cls)
 
     # -- identity of the configuration -------------------------------------------------------------------------------
     @property
@@ -85,7 +88,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     @staticmethod
     def _check_family_name(model_family: Optional[str]) -> None:
         if model_family is not None and model_family not in MODEL_FAMILIES:
-            raise ValueError(f"model_family must be one of {list(MODEL_FAMILIES)} or None, got {model_family!r}")
+            raise ValueError(f"model_family must be one of {sorted(MODEL_FAMILIES)} or None, got {model_family!r}")
 
     # -- construction -------------------------------------------------------------------------------------------------
     @classmethod
@@ -406,7 +409,9 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
     """A scheduler from a short spec, for command lines and benchmarks.
 
     * ``"baseline"`` / ``"none"`` / ``None``: no acceleration (``None``);
-    * ``"<method>"`` (``fastvar``, ``lazyvar``, ...): the method's preset for ``model_family``;
+    * ``"<method>"`` (a name of :func:`~.registry.method_names`: ``fastvar``, ``lazyvar``, ...): the method's preset
+      for ``model_family``;
+    * ``"<method>+<method>"`` (``lazyvar+arvar``): a :class:`ComposedScheduler` of the presets (no overrides);
     * ``"<model>/<method>"`` (``infinity-2b/lazyvar``, ``hart-0.7b/fastvar``): that packaged preset (it must be for
       ``model_family``);
     * either with ``":key=value,key=value"``: the preset with overrides (values parsed as JSON, e.g.
@@ -417,19 +422,26 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
 
     from .presets import available_presets, is_preset_name
 
-    if spec is None or spec.lower() in ("baseline", "none"):
+    if spec is None or spec.lower() in (BASELINE, "none"):
         return None
     if os.path.isdir(spec) or spec.endswith(".json"):
         path = (os.path.dirname(spec) or ".") if spec.endswith(".json") else spec
         return VARAccelScheduler.from_pretrained(path)
     name, _, overrides_text = spec.partition(":")
-    by_method = {cls.__name__.lower()[: -len("scheduler")]: cls for cls in _SCHEDULER_CLASSES.values() if cls.presets}
+    if "/" not in name and COMPOSE_SEPARATOR in name:
+        if overrides_text:
+            raise ValueError(f"{spec!r}: a composition ({name!r}) takes no ':key=value' overrides (they would be "
+                             "ambiguous between its members); save the composed scheduler's configuration and pass its "
+                             "folder, or use pipe.enable_acceleration(name, <method>={...})")
+        return build_acceleration(name.lower(), model_family)
+    by_method = {method: METHODS[method] for method in method_names()}
     if "/" in name:
         if not is_preset_name(name):
             raise ValueError(f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
                              "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))")
     elif name.lower() not in by_method:
-        raise ValueError(f"unknown acceleration {name!r}; known: {sorted(by_method) + ['baseline']}, a preset name "
+        raise ValueError(f"unknown acceleration {name!r}; known: {list(by_method) + [BASELINE]}, methods joined with "
+                         f"{COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name "
                          f"({', '.join(available_presets())}) or a config folder/JSON file")
     overrides = {}
     for item in _split_top_level(overrides_text):
@@ -447,6 +459,41 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
                              f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}")
         return scheduler
     return by_method[name.lower()].from_preset(model_family, **overrides)
+
+
+def build_acceleration(name: str, model_family: str, **overrides: Any) -> VARAccelScheduler:
+    """The scheduler a method name stands for: ``"lazyvar"`` (its preset for ``model_family``) or ``"lazyvar+arvar"``
+    (a :class:`ComposedScheduler` of the members' presets, in that order).
+
+    Args:
+        name (`str`): a registered method name, or several joined with ``"+"``.
+        model_family (`str`): the family whose presets are used.
+        **overrides (`Any`): for one method, its settings replacing the preset's (``keep_ratios=(...)``). For a
+            composition, one keyword per member holding that member's settings (``lazyvar={"keep_ratios": (...)}``):
+            a plain setting would be ambiguous between the members, so it is refused.
+
+    Raises:
+        ValueError: an unknown method name (the message lists the registered ones), a method named twice, a
+            composition override that names no member or is not a dict, or an unknown setting.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}")
+    names = name.split(COMPOSE_SEPARATOR)
+    if len(names) == 1:
+        return get_method(name).from_preset(model_family, **overrides)
+    classes = [get_method(n) for n in names]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{name!r} names {repeated} more than once; a composition holds each method once")
+    for key, value in overrides.items():
+        if key not in names:
+            raise ValueError(f"{name!r} is a composition: its overrides are per member, as <method>={{setting: value}} "
+                             f"(e.g. {names[0]}={{...}}); {key!r} names none of its members {names}")
+        if not isinstance(value, dict):
+            raise ValueError(f"the overrides of member {key!r} of {name!r} must be a dict of its settings, got "
+                             f"{type(value).__name__}")
+    members = [cls.from_preset(model_family, **overrides.get(n, {})) for n, cls in zip(names, classes)]
+    return ComposedScheduler(members, model_family=model_family)
 
 
 def _preset_family(name: str) -> Optional[str]:

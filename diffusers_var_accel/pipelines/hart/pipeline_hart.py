@@ -456,7 +456,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             use_system_prompt (`bool`, *optional*, defaults to `True`): prepend the official instruction to prompts.
             teacher_tokens (`List[torch.Tensor]`, *optional*): token ids (B, L) used instead of sampling at the first
                 `len(teacher_tokens)` scales.
-            acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
+            acceleration (`VARAccelScheduler` or `str`, *optional*): accelerate this call only (overrides the attached
+                one); a method name or names joined with ``"+"`` as in ``enable_acceleration``.
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (f_hat).
             return_dict (`bool`, *optional*, defaults to `True`): return an `ImagePipelineOutput` or a tuple.
             callback_on_step_end (`Callable`, *optional*): called after each scale as

@@ -417,7 +417,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             teacher_tokens (`List[torch.Tensor]`, *optional*): bits (B, 1, h, w, d) used instead of sampling at the
                 first `len(teacher_tokens)` scales (teacher forcing, as the official `gt_leak`). On the
                 spatial-patchify path either layout: the VAE's (B, 1, 2h, 2w, d) or the tokens' (B, h*w, 4d).
-            acceleration (`VARAccelScheduler`, *optional*): accelerate this call only (overrides the attached one).
+            acceleration (`VARAccelScheduler` or `str`, *optional*): accelerate this call only (overrides the attached
+                one); a method name or names joined with ``"+"`` as in ``enable_acceleration``.
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (the
                 summed codes, (B, d, H, W) on the VAE latent grid: twice the last token map per side on the
                 spatial-patchify path).
