@@ -63,6 +63,14 @@ def apply_rope_half(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.T
     return x_RHLc * rope_cos_sin[0] + rotate_half(x_RHLc) * rope_cos_sin[1]
 
 
+def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor):
+    """q, k, v as ``(R, H, L, c)`` from one fused projection with q and v biases and no k bias (both families)."""
+    R, L, C = hidden_states_RLC.shape
+    bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+    qkv = F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+    return qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+
+
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
     """Softmax attention that also returns the probabilities ``(R, H, L, S)`` (only for scales that read them)."""
     scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2)) * scale
@@ -164,10 +172,7 @@ class VARAttnProcessor:
     # -- self-attention -------------------------------------------------------------------------------------------
     def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
         """q, k, v as ``(R, H, L, c)`` with cosine normalisation, per-head scale and RoPE applied."""
-        R, L, C = hidden_states_RLC.shape
-        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
-        qkv = F.linear(hidden_states_RLC, attn.mat_qkv.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight)
         scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
         q = F.normalize(q, dim=-1, eps=1e-12).mul(scale_mul)
         k = F.normalize(k, dim=-1, eps=1e-12)
@@ -231,10 +236,7 @@ class HARTAttnProcessor(VARAttnProcessor):
     """
 
     def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
-        R, L, C = hidden_states_RLC.shape
-        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
-        qkv = F.linear(hidden_states_RLC, attn.qkv_proj.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight)
         if attn.attn_l2_norm:
             scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
             q = F.normalize(q, dim=-1).mul(scale_mul)
