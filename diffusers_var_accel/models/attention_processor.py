@@ -29,18 +29,14 @@ from ..next_scale.context import VARForwardContext, block_causal_mask
 
 #: Backends that take a boolean ``attn_mask`` as a kernel input. Every other backend either refuses a mask (flash-attn,
 #: sage, cuDNN) or turns it into a dense score modification (flex), so grouped passes go to them one scale at a time.
-BACKENDS_TAKING_BOOL_MASK = frozenset(
-    AttentionBackendName(name)
-    for name in ("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers")
-    if name in AttentionBackendName._value2member_map_
-)
+BACKENDS_TAKING_BOOL_MASK = frozenset(("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers"))
 
 
-def resolve_backend(explicit) -> AttentionBackendName:
-    """The backend ``dispatch_attention_fn`` will run: the one set on the processor, else the registry's active one."""
-    if explicit is not None:
-        return AttentionBackendName(explicit)
-    return AttentionBackendName(_AttentionBackendRegistry.get_active_backend()[0])
+def resolve_backend(explicit: Union[str, AttentionBackendName, None]) -> str:
+    """The name of the backend ``dispatch_attention_fn`` will run: the one set on the processor, else the registry's
+    active one (names are compared as strings: no enum construction, which TorchDynamo may not trace)."""
+    backend = explicit if explicit is not None else _AttentionBackendRegistry._active_backend
+    return getattr(backend, "value", backend)
 
 
 def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
