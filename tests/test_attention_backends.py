@@ -159,3 +159,13 @@ def test_block_causal_calls_equal_the_masked_attention(scale_ids):
         processor.slice_size = slice_size
         out = processor._attend_block_causal(q, k, v, cache, scale_ids, 0.3, None)
         torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-5)
+
+
+def test_flex_runs_a_grouped_pass_as_per_scale_calls(hart, dispatch_calls):
+    """flex takes no boolean mask efficiently, so the grouped pass reaches it as mask-free calls (HART: no text mask)."""
+    default = _image(hart, _lazyvar(hart))
+    dispatch_calls.clear()
+    with attention_backend("flex"):
+        flex = _image(hart, _lazyvar(hart))
+    assert dispatch_calls and not any(has_mask for _, has_mask in dispatch_calls)
+    torch.testing.assert_close(flex, default, atol=1e-4, rtol=1e-4)
