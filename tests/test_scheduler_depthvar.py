@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import register_to_config
 
-from diffusers_var_accel import DepthVARScheduler, ScalePlan, run_next_scale_loop, schedule_for_size, supported_sizes
+from diffusers_var_accel import DepthVARScheduler, ScalePlan, run_next_scale_loop, schedule_for_size
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, LazyVARScheduler, VARAccelScheduler
@@ -31,10 +31,6 @@ DEPTH = 8
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)
 S = len(SCHEDULE)
 DYNAMIC = (5, 6)
-
-
-def size_of(template, budget):
-    return next(hw for hw, tb in supported_sizes().items() if tb == (template, budget))
 
 
 def gen(seed):
@@ -259,51 +255,6 @@ def test_rotation_in_the_loop_rotates_the_second_dynamic_scale(pipe):
     assert not torch.equal(rotated_plans[6].depth, plain_plans[6].depth)
 
 
-def test_batch_of_two_with_a_generator_per_image_equals_single_runs(pipe):
-    scheduler, prompts, seeds = DepthVARScheduler(reference_scale=-3), ["a red fox in the snow", "two cats"], [11, 22]
-    batch = latents(pipe, prompt=prompts, generator=[gen(s) for s in seeds], acceleration=scheduler)
-    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        assert torch.equal(batch[i], latents(pipe, prompt=prompt, generator=[gen(seed)], acceleration=scheduler)[0]), prompt
-
-
-@pytest.mark.parametrize("size, reference", [(size_of(0.75, "0.25M"), 9), (size_of(0.5, "0.06M"), -3),
-                                             (size_of(2.5, "0.06M"), -2), (size_of(1.333, "0.06M"), -4)])
-def test_any_aspect_ratio(pipe, size, reference):
-    scheduler = DepthVARScheduler.from_preset("infinity", reference_scale=reference)
-    out = latents(pipe, size, scheduler)
-    assert out.shape[-2:] == (size[0] // 16, size[1] // 16) and torch.isfinite(out).all()
-    assert not torch.equal(out, latents(pipe, size))
-
-
-def test_enable_then_disable_is_bit_identical_to_never_enabling(pipe):
-    never = latents(pipe)
-    try:
-        preset = pipe.enable_depthvar()
-        assert pipe.acceleration is preset and preset.to_dict() == DepthVARScheduler.from_preset("infinity").to_dict()
-        assert pipe.enable_depthvar(reference_scale=7).config.reference_scale == 7  # the paper's R = 7 point
-        with pytest.raises(ValueError, match="no setting"):
-            pipe.enable_depthvar(R=7)
-        scheduler = pipe.enable_depthvar(reference_scale=-3)  # 256x256 has 7 scales: R = 5
-        assert pipe.acceleration is scheduler
-        accelerated = latents(pipe)
-        assert torch.equal(latents(pipe), accelerated)  # per-call state: a second call is the same
-    finally:
-        pipe.disable_acceleration()
-    assert not torch.equal(accelerated, never)
-    assert torch.equal(latents(pipe), never)
-
-
-def test_no_tensor_is_left_on_the_scheduler_or_the_modules(pipe):
-    scheduler = DepthVARScheduler(reference_scale=-3)
-    first, second = run_loop(pipe, scheduler), run_loop(pipe, scheduler)
-    assert torch.equal(first.f_hat, second.f_hat)
-    assert not any(isinstance(v, torch.Tensor) for v in vars(scheduler).values())
-    for module in pipe.transformer.modules():
-        for name, value in vars(module).items():
-            if name not in ("_parameters", "_buffers", "_modules"):
-                assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name}"
-
-
 class _HalveLastScale(VARAccelScheduler):
     @register_to_config
     def __init__(self, model_family=None):
@@ -365,26 +316,6 @@ def test_presets():
     hart = DepthVARScheduler.from_preset("hart")
     hart_schedule = [(1, s, s) for s in (1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64)]
     assert hart.model_family == "hart" and min(hart.budgets(hart_schedule)) == 10
-
-
-@pytest.mark.parametrize(
-    "settings, message",
-    [
-        (dict(reference_scale=0), "reference_scale"),
-        (dict(reference_scale=2.5), "reference_scale"),
-        (dict(start_scale="late"), "start_scale"),
-        (dict(rotation_step=1.0), "rotation_step"),
-        (dict(rotation_step=-0.1), "rotation_step"),
-        (dict(min_depth=-1), "min_depth"),
-        (dict(min_depth=1.5), "min_depth"),
-        (dict(cyclic_layer_offsets="yes"), "cyclic_layer_offsets"),
-        (dict(code_blending=1), "code_blending"),
-        (dict(model_family="dalle"), "model_family"),
-    ],
-)
-def test_invalid_settings_raise(settings, message):
-    with pytest.raises(ValueError, match=message):
-        DepthVARScheduler(**settings)
 
 
 @pytest.mark.parametrize(

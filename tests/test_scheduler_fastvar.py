@@ -22,7 +22,6 @@ from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, p
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 PROMPT = "a red fox in the snow"
-PROMPTS = ["a red fox in the snow", "two cats"]
 DEPTH = 6  # the Infinity preset prunes layers 3..27: layers 3, 4, 5 of this model
 
 
@@ -197,13 +196,6 @@ def test_preset_fits_every_aspect_ratio_and_pixel_budget(pipe, size):
     assert seen == [(si, si in scales.skipped) for si in range(n)]
 
 
-def test_batch_with_one_generator_per_image_equals_single_runs(pipe):
-    scheduler = FastVARScheduler.from_preset("infinity")
-    batch = run(pipe, WIDE, scheduler, prompt=PROMPTS, generator=[gen(11), gen(22)])
-    for i, (prompt, seed) in enumerate(zip(PROMPTS, (11, 22))):
-        assert torch.equal(batch[i], run(pipe, WIDE, scheduler, prompt=prompt, generator=[gen(seed)])[0]), prompt
-
-
 def test_skip_only_and_prune_only_variants(pipe):
     baseline = run(pipe, SQUARE)
     skip_only = FastVARScheduler(prune_scales=(), prune_ratios=())
@@ -214,43 +206,6 @@ def test_skip_only_and_prune_only_variants(pipe):
     prune_only = FastVARScheduler.from_preset("infinity", skip_last_scales=False)
     assert not any(p.skip for p in prune_only.plan_scales(schedule))
     assert not torch.equal(run(pipe, SQUARE, prune_only), baseline)
-
-
-def test_enable_then_disable_is_bit_identical_to_never_enabling(pipe):
-    never = run(pipe, SQUARE)
-    scheduler = pipe.enable_fastvar()
-    try:
-        assert isinstance(scheduler, FastVARScheduler) and pipe.acceleration is scheduler
-        assert scheduler.to_dict() == FastVARScheduler.from_preset("infinity").to_dict()
-        accelerated = run(pipe, SQUARE)
-        assert not torch.equal(accelerated, never)
-        assert torch.equal(run(pipe, SQUARE), accelerated)  # the cache is per call: a second call is the same
-    finally:
-        pipe.disable_acceleration()
-    assert torch.equal(run(pipe, SQUARE), never)
-    assert pipe.enable_fastvar(skip_last_scales=False).config.skip_last_scales is False
-    pipe.disable_acceleration()
-
-
-def test_hart_preset_on_the_infinity_pipeline_raises(pipe):
-    hart = FastVARScheduler.from_preset("hart")
-    with pytest.raises(ValueError, match="hart"):
-        pipe.enable_acceleration(hart)
-    with pytest.raises(ValueError, match="hart"):
-        run(pipe, SQUARE, hart)
-    assert getattr(pipe, "acceleration", None) is None
-
-
-def test_no_tensor_left_on_the_scheduler_or_the_modules(pipe):
-    scheduler = FastVARScheduler.from_preset("infinity")
-    run(pipe, SQUARE, scheduler)
-    for name, value in vars(scheduler).items():
-        assert not isinstance(value, torch.Tensor), name
-    assert all(not isinstance(v, torch.Tensor) for v in dict(scheduler.config).values())
-    for module in pipe.transformer.modules():
-        for name, value in vars(module).items():
-            if name not in ("_parameters", "_buffers", "_modules"):
-                assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -284,20 +239,13 @@ def test_json_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(prune_ratios=(0.4, 1.5)), r"\[0, 1\]"),
-        (dict(prune_ratios=(-0.1, 0.5)), r"\[0, 1\]"),
         (dict(prune_ratios=(0.4,)), "one ratio per pruned scale"),
         (dict(cache_scale=-3), "before every pruned scale"),
         (dict(prune_scales=(9, 10), cache_scale=10), "before every pruned scale"),
-        (dict(pruned_layers=(5, 3)), "layer range"),
         (dict(pruned_layers=(-1, 3)), "layer range"),
         (dict(pruned_layers=(1, 2, 3)), "layer range"),
         (dict(skipped_scales=(-3, -1)), "both pruned and skipped"),
         (dict(prune_scales=(-4, -4)), "twice"),
-        (dict(prune_scales=(-4, 2.5)), "integer"),
-        (dict(cache_scale=1.0), "integer"),
-        (dict(skip_last_scales="yes"), "bool"),
-        (dict(model_family="var"), "model_family"),
     ],
 )
 def test_invalid_settings_raise(settings, message):

@@ -2,8 +2,15 @@
 
 ``VARAttnProcessor`` is the dense reference path of Infinity's attention (cosine self-attention with 2D RoPE and the
 per-call KV cache; plain cross-attention to the text). It computes on whatever tokens it is given, so sparse methods
-reuse it on gathered tokens; the kernel comes from ``diffusers``' ``dispatch_attention_fn`` (SDPA by default,
-flash-attn when installed, on CUDA, in half precision and without a mask), unless a backend was set explicitly.
+reuse it on gathered tokens. Every attention call goes through ``diffusers``' ``dispatch_attention_fn``: the kernel is
+the backend set on the model (``transformer.set_attention_backend("flash")``), else the registry's active backend
+(``with attention_backend("_native_math"): ...``, or the ``DIFFUSERS_ATTN_BACKEND`` variable; PyTorch SDPA,
+``"native"``, by default).
+
+A grouped pass (several scales in one forward) is block-causal: the queries of scale ``j`` see the cached keys and the
+keys of scales ``<= j``. Backends that take a boolean mask (the SDPA family, xformers) get that mask; the others
+(flash-attn, sage, flex, cuDNN ...) get one mask-free call per scale instead, whose keys are a prefix of the pass
+(``grouped_attention`` chooses; the two agree within float rounding, see ``tests/test_attention_backends.py``).
 
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """
@@ -11,26 +18,25 @@ Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c
 from __future__ import annotations
 
 import copy
-import importlib.util
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
-from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 
 from ..next_scale.context import VARForwardContext, block_causal_mask
 
-_FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
+#: Backends that take a boolean ``attn_mask`` as a kernel input. Every other backend either refuses a mask (flash-attn,
+#: sage, cuDNN) or turns it into a dense score modification (flex), so grouped passes go to them one scale at a time.
+BACKENDS_TAKING_BOOL_MASK = frozenset(("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers"))
 
 
-def _pick_backend(explicit, query: torch.Tensor, has_mask: bool):
-    """The explicitly set backend, else flash-attn where it can run, else PyTorch SDPA ("native")."""
-    if explicit is not None:
-        return explicit
-    if _FLASH_ATTN_INSTALLED and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and not has_mask:
-        return "flash"
-    return "native"
+def resolve_backend(explicit: Union[str, AttentionBackendName, None]) -> str:
+    """The name of the backend ``dispatch_attention_fn`` will run: the one set on the processor, else the registry's
+    active one (names are compared as strings: no enum construction, which TorchDynamo may not trace)."""
+    backend = explicit if explicit is not None else _AttentionBackendRegistry._active_backend
+    return getattr(backend, "value", backend)
 
 
 def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
@@ -53,6 +59,14 @@ def apply_rope_half(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.T
     return x_RHLc * rope_cos_sin[0] + rotate_half(x_RHLc) * rope_cos_sin[1]
 
 
+def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor):
+    """q, k, v as ``(R, H, L, c)`` from one fused projection with q and v biases and no k bias (both families)."""
+    R, L, C = hidden_states_RLC.shape
+    bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+    qkv = F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+    return qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+
+
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
     """Softmax attention that also returns the probabilities ``(R, H, L, S)`` (only for scales that read them)."""
     scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2)) * scale
@@ -70,10 +84,56 @@ class VARAttnProcessor:
     Cross-attention: plain scaled attention of the image tokens to the projected text tokens of their own sample.
     """
 
+    #: Set by ``ModelMixin.set_attention_backend``; ``None`` passes ``backend=None`` so the registry's active backend
+    #: (``attention_backend(...)`` context, ``DIFFUSERS_ATTN_BACKEND``) decides.
     _attention_backend = None
     _parallel_config = None
     #: Heads per attention call (``enable_attention_slicing``); ``None`` attends with every head at once.
     slice_size: Optional[int] = None
+    #: How a grouped pass keeps its block-causal structure: ``"mask"`` (one call with a boolean mask), ``"per_scale"``
+    #: (one mask-free call per scale) or ``"auto"`` (the mask where the backend takes one, else per scale).
+    grouped_attention: Literal["auto", "mask", "per_scale"] = "auto"
+
+    def uses_per_scale_calls(self) -> bool:
+        """Whether a grouped pass runs one mask-free call per scale with the backend that is active now."""
+        if self.grouped_attention not in ("auto", "mask", "per_scale"):
+            raise ValueError(
+                f"grouped_attention must be 'auto', 'mask' or 'per_scale', got {self.grouped_attention!r}"
+            )
+        if self.grouped_attention != "auto":
+            return self.grouped_attention == "per_scale"
+        return resolve_backend(self._attention_backend) not in BACKENDS_TAKING_BOOL_MASK
+
+    def _attend_block_causal(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale,
+                             backend) -> torch.Tensor:
+        """Block-causal attention of a grouped pass without a mask: the queries of scale ``j`` attend to the cache and
+        the pass's keys of scales ``<= j``, one call per scale, outputs put back at their positions.
+
+        ``scale_ids`` is ``(L,)`` (every row holds the same tokens) or ``(R, L)`` (routed tokens, rows computed one at a
+        time). Where the ids do not decrease along the pass (the loop's order) the keys of a call are a prefix of the
+        keys, so nothing is gathered.
+        """
+        if scale_ids.dim() == 2:
+            rows = [self._attend_block_causal(q_RLHc[r:r + 1], k_RSHc[r:r + 1], v_RSHc[r:r + 1], cache_length,
+                                              scale_ids[r], scale, backend) for r in range(q_RLHc.shape[0])]
+            return torch.cat(rows, dim=0)
+        if bool((scale_ids[1:] >= scale_ids[:-1]).all()):
+            _, counts = torch.unique_consecutive(scale_ids, return_counts=True)
+            parts, start = [], 0
+            for count in counts.tolist():
+                end = start + count
+                keys = slice(0, cache_length + end)
+                parts.append(self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend))
+                start = end
+            return torch.cat(parts, dim=1)
+        out = torch.empty_like(q_RLHc)
+        cache_index = torch.arange(cache_length, device=scale_ids.device)
+        for scale_id in torch.unique(scale_ids).tolist():
+            query_index = (scale_ids == scale_id).nonzero().squeeze(1)
+            key_index = torch.cat((cache_index, cache_length + (scale_ids <= scale_id).nonzero().squeeze(1)))
+            out[:, query_index] = self._attend(q_RLHc[:, query_index], k_RSHc[:, key_index], v_RSHc[:, key_index],
+                                               None, scale, backend)
+        return out
 
     def _attend(self, q_RLHc, k_RSHc, v_RSHc, mask, scale, backend) -> torch.Tensor:
         """``dispatch_attention_fn`` on (R, L, H, c) tensors, ``slice_size`` heads at a time when slicing is on
@@ -108,10 +168,7 @@ class VARAttnProcessor:
     # -- self-attention -------------------------------------------------------------------------------------------
     def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
         """q, k, v as ``(R, H, L, c)`` with cosine normalisation, per-head scale and RoPE applied."""
-        R, L, C = hidden_states_RLC.shape
-        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
-        qkv = F.linear(hidden_states_RLC, attn.mat_qkv.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight)
         scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
         q = F.normalize(q, dim=-1, eps=1e-12).mul(scale_mul)
         k = F.normalize(k, dim=-1, eps=1e-12)
@@ -127,8 +184,11 @@ class VARAttnProcessor:
         q, k, v = self.project_qkv(attn, hidden_states_RLC, rope)
         k_all, v_all = k, v
         mask = None
-        if scale_ids is not None:  # several scales in one pass: block-causal over this layer's cache + the pass
-            mask = block_causal_mask(context.kv_cache.get_seq_length(attn.layer_idx) if context.kv_cache else 0, scale_ids)
+        cache_length = context.kv_cache.get_seq_length(attn.layer_idx) if context.kv_cache else 0
+        record = attn.layer_idx in context.record_attention_layers
+        per_scale = scale_ids is not None and not record and self.uses_per_scale_calls()
+        if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
+            mask = block_causal_mask(cache_length, scale_ids)
         if context.kv_cache is not None:
             if context.cache_rows is not None and context.cache_rows != R:
                 # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
@@ -137,16 +197,19 @@ class VARAttnProcessor:
                 k_all, v_all = k_all[:R], v_all[:R]
             else:
                 k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
-        if attn.layer_idx in context.record_attention_layers:
+        if record:
             out, probs = _explicit_attention(q, k_all, v_all, attn.softmax_scale, mask)
             # reduce at once unless the full map is asked for: 32 layers of full maps at 1M pixels take gigabytes
             context.attention_maps[attn.layer_idx] = (
                 probs if context.attention_map == "full" else probs.float().mean(dim=(1, 2))
             )
             out = out.transpose(1, 2)
+        elif per_scale:
+            out = self._attend_block_causal(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                            cache_length, scale_ids, attn.softmax_scale, self._attention_backend)
         else:
-            backend = _pick_backend(self._attention_backend, q, mask is not None)
-            out = self._attend(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), mask, attn.softmax_scale, backend)
+            out = self._attend(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), mask, attn.softmax_scale,
+                               self._attention_backend)
         return attn.proj(out.reshape(R, L, C))
 
     # -- cross-attention ------------------------------------------------------------------------------------------
@@ -156,8 +219,7 @@ class VARAttnProcessor:
         kv = F.linear(text_RTC, attn.mat_kv.weight, torch.cat((attn.zero_k_bias, attn.v_bias)))
         k, v = kv.view(R, T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
         q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
-        backend = _pick_backend(self._attention_backend, q, text_mask_R11T is not None)
-        out = self._attend(q, k, v, text_mask_R11T, attn.scale, backend)
+        out = self._attend(q, k, v, text_mask_R11T, attn.scale, self._attention_backend)
         return attn.proj(out.reshape(R, L, C))
 
 
@@ -170,10 +232,7 @@ class HARTAttnProcessor(VARAttnProcessor):
     """
 
     def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
-        R, L, C = hidden_states_RLC.shape
-        bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
-        qkv = F.linear(hidden_states_RLC, attn.qkv_proj.weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight)
         if attn.attn_l2_norm:
             scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
             q = F.normalize(q, dim=-1).mul(scale_mul)

@@ -125,6 +125,7 @@ class HARTAttnBlock(nn.Module):
         return x_BChw + self.proj_out(out_BCl.reshape(B, C, h, w))
 
 
+# Copied from diffusers_var_accel.models.autoencoder_bsq.BSQDownsample with BSQ->HART
 class HARTDownsample(nn.Module):
     """Halves h and w: zero-pad one row at the bottom and one column at the right, then a 3x3 stride-2 conv."""
 
@@ -136,6 +137,7 @@ class HARTDownsample(nn.Module):
         return self.conv(F.pad(x_BChw, (0, 1, 0, 1), mode="constant", value=0.0))
 
 
+# Copied from diffusers_var_accel.models.autoencoder_bsq.BSQUpsample with BSQ->HART
 class HARTUpsample(nn.Module):
     """Doubles h and w: nearest-neighbour x2, then a 3x3 conv."""
 

@@ -122,10 +122,12 @@ class HARTAttention(nn.Module, VARAttentionModuleMixin):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_processor(HARTAttnProcessor())
 
+    # Copied from diffusers_var_accel.models.transformer_infinity.InfinitySelfAttention.forward
     def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None,
                 scale_ids: Optional[torch.Tensor] = None):
         return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin, scale_ids=scale_ids)
 
+    # Copied from diffusers_var_accel.models.transformer_infinity.InfinitySelfAttention.extra_repr
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, head_dim={self.head_dim}, layer_idx={self.layer_idx}"
 

@@ -197,10 +197,9 @@ class InfinityTextPool(nn.Module):
         kv = F.linear(text_RTD, ca.mat_kv.weight, torch.cat((ca.zero_k_bias, ca.v_bias)))
         k, v = kv.view(R, T, 2, ca.num_heads, ca.head_dim).unbind(dim=2)
         q = ca.mat_q.to(kv.dtype).unsqueeze(0).expand(R, 1, ca.num_heads, ca.head_dim)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=text_mask_R11T, scale=ca.scale
-        )
-        return ca.proj(out.transpose(1, 2).reshape(R, -1))
+        # the kernel is chosen as for every other attention (set_attention_backend / attention_backend context)
+        out = ca.processor._attend(q, k, v, text_mask_R11T, ca.scale, ca.processor._attention_backend)
+        return ca.proj(out.reshape(R, -1))
 
 
 class InfinityFeedForward(nn.Module):
