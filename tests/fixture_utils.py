@@ -74,6 +74,28 @@ class RecordingFastVAR:
         return scheduler
 
 
+def assert_official_uint8(ours_uint8_bgr: torch.Tensor, reference: torch.Tensor) -> None:
+    """Our image as the official uint8 BGR image (truncated, channels flipped) equals the reference up to rounding:
+    no value off by more than 1, under 1 % of the values off at all (FIXTURE.md)."""
+    diff = (ours_uint8_bgr.int() - reference.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+
+
+def check_pipeline_uint8_image(pipe, manifest, inputs, ref, run: str = "greedy_cfg") -> bool:
+    """The user-facing image (``output_type="np"``) of a run's exact call against the official uint8 image of sample 0.
+
+    Returns False when the fixture stores no uint8 image for ``run``."""
+    if f"{run}.img_uint8_bgr_s0" not in ref:
+        return False
+    embeds, mask = padded_text(inputs)
+    # the run's exact call (its lists may be longer than the schedule: official_call_kwargs takes one per scale)
+    images = pipe(**official_call_kwargs(manifest, manifest["runs"][run]["call"], embeds, mask), output_type="np").images
+    assert images.shape[1:3] == tuple(manifest["image_hw"])
+    ours = torch.from_numpy(images[:1] * 255).to(torch.uint8).flip(dims=(3,))  # truncation + BGR, as the official
+    assert_official_uint8(ours, ref[f"{run}.img_uint8_bgr_s0"])
+    return True
+
+
 def replay_hart_run(pipe, inputs, meta, greedy=None, **extra):
     """One official HART ``autoregressive_infer_cfg`` call of a fixture manifest through ``HARTPipeline``.
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 from diffusers_var_accel.models.transformer_infinity import latent_bits_to_tokens, tokens_to_latent_bits
 
-from fixture_utils import official_call_kwargs, padded_text
+from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY8B_FIXTURE", Path(__file__).parent / "fixtures" / "infinity8b"))
 
@@ -179,8 +179,7 @@ def _check_run(pipe, run, latents, recorded, embed_inputs):
             assert err <= 1e-4 * summary["decoded_abs_sum_per_sample"][b], (run, b, err)
     if f"{run}.img_uint8_bgr_s0" in REF:
         img = ((decoded[:1] + 1) / 2).permute(0, 2, 3, 1).mul(255).to(torch.uint8).flip(dims=(3,))
-        diff = (img.int() - REF[f"{run}.img_uint8_bgr_s0"].int()).abs()
-        assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+        assert_official_uint8(img, REF[f"{run}.img_uint8_bgr_s0"])
     assert checked > 0
 
 
@@ -203,16 +202,8 @@ def test_teacher_bits_in_token_layout(pipe):
 def test_pipeline_image_output_matches_official_uint8(pipe):
     """The user-facing image (output_type='np') is the official image up to rounding (official: truncation, BGR)."""
     _fixture()
-    run = "greedy_cfg"
-    if f"{run}.img_uint8_bgr_s0" not in REF:
+    if not check_pipeline_uint8_image(pipe, MANIFEST, INPUTS, REF):
         pytest.skip("fixture stores no uint8 image")
-    call = MANIFEST["runs"][run]["call"]
-    embeds, mask = padded_text(INPUTS)
-    images = pipe(**official_call_kwargs(MANIFEST, call, embeds, mask), output_type="np").images
-    assert images.shape[1:3] == tuple(MANIFEST["image_hw"])
-    ours = torch.from_numpy(images[:1] * 255).to(torch.uint8).flip(dims=(3,))  # truncation + BGR, as the official
-    diff = (ours.int() - REF[f"{run}.img_uint8_bgr_s0"].int()).abs()
-    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
 
 
 def test_bfloat16_teacher_forced_logits_close(pipe):
