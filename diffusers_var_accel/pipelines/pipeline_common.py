@@ -24,31 +24,67 @@ def mask_top_k_top_p(logits_BNV: torch.Tensor, top_k: Optional[int], top_p: Opti
     top-p nucleus (the low-probability tail whose mass is <= 1 - top_p) set to -inf. 0 / None disable either."""
     logits = logits_BNV.float().clone()
     V = logits.shape[-1]
-    if top_k and top_k > 0:
-        kth = logits.topk(min(int(top_k), V), dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
+    k = min(int(top_k), V) if top_k and top_k > 0 else V
+    if k < V:  # k = V keeps every logit (the k-th largest is the smallest): nothing to mask
+        kth = logits.topk(k, dim=-1, largest=True, sorted=False)[0].amin(dim=-1, keepdim=True)
         logits.masked_fill_(logits < kth, float("-inf"))
     if top_p is not None and top_p > 0:
-        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
-        remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
-        remove_sorted[..., -1:] = False
-        logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
+        if V == 2 and top_p > 0.5:
+            # Two classes (Infinity's bits): the nucleus drops the smaller one when its probability is <= 1 - top_p.
+            # With 1 - top_p < 1/2 only the strictly smaller class can qualify, and its cumulative mass in ascending
+            # order is its own probability (a softmax over two values does not depend on their order), so the
+            # sort / cumsum / scatter of the general case gives exactly this mask.
+            logits.masked_fill_(logits.softmax(dim=-1) <= (1 - top_p), float("-inf"))
+        else:
+            sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+            remove_sorted = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
+            remove_sorted[..., -1:] = False
+            logits.masked_fill_(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
     return logits
 
 
-def sample_categorical(masked_logits_BNV: torch.Tensor, generator: GeneratorArg) -> torch.Tensor:
-    """One ``torch.multinomial`` over all ``B * N`` distributions (the official draws), or one per image when a list
-    of generators is given (an image then does not depend on its batch). Runs on the generator's device: (B, N)."""
+#: The sampling modes of the pipelines (``pipe.set_sampling``).
+SAMPLING_MODES = ("device", "official")
+
+
+def check_sampling_mode(mode: Any) -> str:
+    """``mode`` must be one of :data:`SAMPLING_MODES`."""
+    if not isinstance(mode, str) or mode not in SAMPLING_MODES:
+        raise ValueError(f"sampling must be one of {list(SAMPLING_MODES)}, got {mode!r}")
+    return mode
+
+
+def sample_categorical(masked_logits_BNV: torch.Tensor, generator: GeneratorArg, mode: str = "device") -> torch.Tensor:
+    """One draw from each of the ``B * N`` distributions of the (masked) logits: ``(B, N)`` int64.
+
+    One generator draws all of the batch at once (the official draws), a list of generators one image each (an image
+    then does not depend on its batch). Draws run on the generator's device.
+
+    ``mode="official"`` calls ``torch.multinomial(probs, 1)``; ``mode="device"`` draws the same exponential race
+    ``argmax(probs / Exp(1))`` that ``multinomial`` computes for one sample, without its host-side checks of the
+    probabilities (a device-to-host sync per call on CUDA). Both consume the generator identically and give the same
+    tokens on the CPU (``tests/test_sampling.py``).
+    """
     B, N, V = masked_logits_BNV.shape
     probs = masked_logits_BNV.softmax(dim=-1)
+    draw = _multinomial if check_sampling_mode(mode) == "official" else _exponential_race
     if isinstance(generator, (list, tuple)):
-        return torch.stack([_multinomial(probs[b].view(-1, V), generator[b]).view(N) for b in range(B)])
-    return _multinomial(probs.view(-1, V), generator).view(B, N)
+        return torch.stack([draw(probs[b].view(-1, V), generator[b]).view(N) for b in range(B)])
+    return draw(probs.view(-1, V), generator).view(B, N)
 
 
 def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
     device = generator.device if generator is not None else probs_NV.device
     out = torch.multinomial(probs_NV.to(device), num_samples=1, replacement=True, generator=generator)
     return out.to(probs_NV.device)
+
+
+def _exponential_race(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    # the one-sample branch of torch.multinomial: q ~ Exp(1) of the probabilities' shape, argmax(p / q)
+    device = generator.device if generator is not None else probs_NV.device
+    probs = probs_NV.to(device)
+    race = probs.div(torch.empty_like(probs).exponential_(generator=generator))
+    return race.argmax(dim=-1, keepdim=True).to(probs_NV.device)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -367,6 +403,27 @@ class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 
     _interrupt = False
+    _sampling = "device"
+
+    @property
+    def sampling(self) -> str:
+        """How tokens are drawn: ``"device"`` (the default; an exponential race with no host sync) or
+        ``"official"`` (``torch.multinomial``, as the official code). See :meth:`set_sampling`."""
+        return self._sampling
+
+    def set_sampling(self, mode: str) -> None:
+        """Choose how every following call draws its tokens.
+
+        Args:
+            mode (`str`): ``"device"`` draws ``argmax(probs / Exp(1))`` on the generator's device, with no host check
+                (``torch.multinomial`` reads its probabilities back on CUDA, a sync per draw); ``"official"`` calls
+                ``torch.multinomial(probs, 1)`` as the official code does. Both consume the generators in the same way
+                and, on the CPU, give the same tokens bit for bit (``multinomial`` runs the same race for one sample).
+
+        Raises:
+            ValueError: ``mode`` is not one of ``"device"``, ``"official"``.
+        """
+        self._sampling = check_sampling_mode(mode)
 
     @property
     def guidance_scale(self):

@@ -98,8 +98,9 @@ class HARTScaleFamily(ScaleModelFamily):
     family = "hart"
 
     def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, top_k: Optional[int], top_p: Optional[float],
-                 more_smooth: bool, diffusion_generator=None, use_diffusion_head: bool = True):
+                 more_smooth: bool, diffusion_generator=None, use_diffusion_head: bool = True, sampling: str = "device"):
         self.transformer, self.vae = transformer, vae
+        self.sampling = sampling
         self.patch_nums = tuple(transformer.config.patch_nums)
         self.num_scales = len(self.patch_nums)
         self.scale_schedule = [(1, pn, pn) for pn in self.patch_nums]
@@ -165,7 +166,7 @@ class HARTScaleFamily(ScaleModelFamily):
         return (guided if temperature == 1 else guided / temperature), raw
 
     def sample(self, logits_BLV, scale_index, generator):
-        return sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator)
+        return sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator, self.sampling)
 
     def tokens_to_codes(self, tokens, scale_index, outputs: Optional[ScaleOutputs] = None):
         side = self.patch_nums[scale_index]
@@ -516,7 +517,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         # 2. The next-scale loop
         if diffusion_generator is None and generator is not None:
             diffusion_generator = ([_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator))
-        family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head)
+        family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head,
+                                 self.sampling)
         if teacher_tokens is not None:
             vocab = int(self.vae.quantize.embedding.weight.shape[0])
             check_teacher_tokens(teacher_tokens, [(batch_size, pn * pn) for pn in patch_nums],

@@ -61,18 +61,20 @@ EXAMPLE_DOC_STRING = """
 
 
 def sample_bits(
-    logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float], generator: Union[None, torch.Generator, List[torch.Generator]]
+    logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float], generator: Union[None, torch.Generator, List[torch.Generator]],
+    sampling: str = "device",
 ) -> torch.Tensor:
     """Sample every bit independently from its two logits (official ``sample_with_top_k_top_p``).
 
     ``logits_BLV`` is (B, L, 2d); per token the 2d outputs are d pairs (logit of 0, logit of 1). Top-k over the two
     classes (k=1 is greedy), then top-p (the minority bit is dropped when its probability is <= 1 - top_p), then one
-    ``torch.multinomial`` over all bits of the batch, or one per image when a list of generators is given. Sampling
-    runs on the generator's device. Returns (B, L, d) int64 bits.
+    ``torch.multinomial`` over all bits of the batch, or one per image when a list of generators is given (or the
+    same draws without host checks, ``sampling="device"``: see :func:`sample_categorical`). Sampling runs on the
+    generator's device. Returns (B, L, d) int64 bits.
     """
     B, L, V = logits_BLV.shape
     masked = mask_top_k_top_p(logits_BLV.reshape(B, -1, 2), top_k, top_p)
-    return sample_categorical(masked, generator).view(B, L, V // 2)
+    return sample_categorical(masked, generator, sampling).view(B, L, V // 2)
 
 
 class InfinityScaleFamily(ScaleModelFamily):
@@ -80,8 +82,10 @@ class InfinityScaleFamily(ScaleModelFamily):
 
     family = "infinity"
 
-    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, scale_schedule, grid_hw, top_k: int, top_p: Optional[float]):
+    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, scale_schedule, grid_hw, top_k: int, top_p: Optional[float],
+                 sampling: str = "device"):
         self.transformer, self.vae = transformer, vae
+        self.sampling = sampling
         self.scale_schedule = [tuple(s) for s in scale_schedule]
         self.num_layers = len(transformer.blocks)
         self.top_k, self.top_p = top_k, top_p
@@ -119,7 +123,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return raw.mul(1 / temperature), raw
 
     def sample(self, logits_BLV, scale_index, generator):
-        return sample_bits(logits_BLV, self.top_k, self.top_p, generator)
+        return sample_bits(logits_BLV, self.top_k, self.top_p, generator, self.sampling)
 
     def tokens_to_codes(self, tokens, scale_index, outputs=None):
         """Codes on the token grid, ``(B, p*p*d, h, w)``: with patchify the VAE's codes of the un-patchified bits,
@@ -484,7 +488,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             condition = self.transformer.encode_condition(text, mask)
 
         # 3. The next-scale loop
-        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p)
+        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p, self.sampling)
         if teacher_tokens is not None:
             bits = int(self.transformer.config.codebook_dim)  # per token: p*p*d with spatial patchify
             check_teacher_tokens(teacher_tokens, [(batch_size, 1, h, w, bits) for _, h, w in scale_schedule],
