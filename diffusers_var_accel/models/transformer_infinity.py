@@ -414,19 +414,20 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
     def rope_cos_sin(self, positions_L2: torch.Tensor) -> torch.Tensor:
         """cos/sin ``(2, 1, 1, L, c/2)`` for tokens at (row, col) on the RoPE grid: rows use the first c/4 pairs."""
         # inverse frequencies in fp32, c/4 values shared by rows and columns (official rope2d, base 10000)
+        # built on the model's device: no host data is uploaded (positions from rope_positions(..., device=))
         half = (self.config.embed_dim // self.config.num_heads) // 2
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, half, 2, dtype=torch.int64).float() / half))
-        inv_freq = inv_freq.to(self.pos_start.device)
-        pos = positions_L2.to(inv_freq.device, torch.float32)
+        device = self.pos_start.device
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, half, 2, dtype=torch.int64, device=device).float() / half))
+        pos = positions_L2.to(device, torch.float32)
         angles = torch.cat((pos[:, :1] * inv_freq, pos[:, 1:] * inv_freq), dim=-1)
         return torch.stack((angles.cos(), angles.sin()), dim=0)[:, None, None]
 
     @staticmethod
-    def rope_positions(height: int, width: int, grid_hw: Tuple[int, int]) -> torch.Tensor:
+    def rope_positions(height: int, width: int, grid_hw: Tuple[int, int], device=None) -> torch.Tensor:
         """(row, col) of each token of an ``height x width`` map on the 1M grid: ``round(i * Hf / h)``, half to even."""
         Hf, Wf = grid_hw
-        rows = (torch.arange(height) * (Hf / height)).round().int()
-        cols = (torch.arange(width) * (Wf / width)).round().int()
+        rows = (torch.arange(height, device=device) * (Hf / height)).round().int()
+        cols = (torch.arange(width, device=device) * (Wf / width)).round().int()
         return torch.stack((rows[:, None].expand(height, width), cols[None, :].expand(height, width)), dim=-1).reshape(-1, 2)
 
     # -- trunk and head ----------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class VARForwardContext:
         positions (`torch.Tensor`, *optional*): ``(R, K)`` positions, among the pass's tokens, of the tokens this
             context describes; ``None`` = all of them, in order.
         records (`PassRecords`): what the executor kept for later scales (filled during the pass).
+        call_cache (`dict`): per-call constants shared by every pass of the call, keyed by ``(name, layer_idx)``.
     """
 
     kv_cache: Optional[ScaleKVCache]
@@ -56,6 +57,7 @@ class VARForwardContext:
     scale_hws: Tuple[Tuple[int, int], ...] = ()
     positions: Optional[torch.Tensor] = None
     records: "PassRecords" = field(default_factory=lambda: PassRecords())
+    call_cache: Dict = field(default_factory=dict)
 
     def for_tokens(self, index_RK: torch.Tensor) -> "VARForwardContext":
         """The context of the tokens ``index`` selects among this context's tokens: their RoPE table, scale ids and

@@ -16,6 +16,8 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,7 +27,7 @@ from .context import PassRecords, VARForwardContext
 from .executor import keep_residual, weight_codes
 from .plan import ModelInfo, PassRoutes, ScalePlan, validate_plans
 from .rows import RowLayout
-from .state import NextScaleState, ScaleModelFamily, ScaleOutputs
+from .state import NextScaleState, ScaleModelFamily, ScaleOutputs, schedule_slice
 
 
 def identity_plans(scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
@@ -71,7 +73,8 @@ def run_next_scale_loop(
     if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
         raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
     layout = RowLayout(batch_size, guided=any(g != 1 for g in guidance_scales))
-    state = NextScaleState(tuple(tuple(s) for s in scale_schedule), batch_size, layout.cache_rows, ScaleKVCache(family.num_layers))
+    state = NextScaleState(tuple(tuple(s) for s in scale_schedule), batch_size, layout.cache_rows,
+                           _schedule_kv_cache(family, scale_schedule))
     state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
     plans = scheduler.plan_scales(state.scale_schedule) if scheduler is not None else identity_plans(state.scale_schedule)
     validate_plans(plans, num_scales)
@@ -136,24 +139,22 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
         input_lengths[0] = start_RLC.shape[1]  # the start tokens need not be one per output token (HART's context)
         parts.append(start_RLC)
     later = [si for si in plan.scale_indices if si != 0]
+    level_L = None
     if later:
         inputs_BLd = torch.cat([family.next_inputs(state.f_hat, si) for si in later], dim=1)
-        later_lengths = input_lengths[len(plan.scale_indices) - len(later):]
-        level_L = torch.repeat_interleave(
-            torch.tensor(later, device=inputs_BLd.device), torch.tensor(later_lengths, device=inputs_BLd.device),
-            output_size=sum(later_lengths),
-        )
+        level_L = _schedule_scale_ids(state, inputs_BLd.device, later)
         x_later = family.embed_inputs(inputs_BLd, level_L)
         parts.append(x_later.repeat(layout.run_rows // state.batch_size, 1, 1))
     x_RLC = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     scale_ids = None
     if len(plan.scale_indices) > 1:
-        scale_ids = torch.repeat_interleave(
-            torch.tensor(plan.scale_indices, device=x_RLC.device), torch.tensor(input_lengths, device=x_RLC.device),
-            output_size=sum(input_lengths),
-        )
+        scale_ids = level_L
+        if plan.scale_indices[0] == 0:  # the start tokens (one or several) belong to scale 0
+            start_ids = torch.zeros(input_lengths[0], dtype=torch.long, device=x_RLC.device)
+            scale_ids = start_ids if level_L is None else torch.cat((start_ids, level_L.to(x_RLC.device)))
     records = PassRecords()
     context = VARForwardContext(
+        **_call_cache_argument(state),
         kv_cache=state.kv_cache,
         rope_cos_sin=family.rope_cos_sin(plan.scale_indices, cond_rows),
         token_scale_ids=scale_ids,
@@ -171,3 +172,31 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
     records.attention = context.attention_maps
     state.records = records
     return hidden_RLC, lengths, cond_rows
+
+
+def _schedule_kv_cache(family, scale_schedule) -> ScaleKVCache:
+    """The call's KV cache, preallocated for every input token of the schedule when the cache supports it."""
+    max_length = family.num_start_tokens(scale_schedule) + sum(int(s[-2]) * int(s[-1]) for s in scale_schedule[1:])
+    if "max_length" in inspect.signature(ScaleKVCache).parameters:
+        return ScaleKVCache(family.num_layers, max_length=max_length)
+    return ScaleKVCache(family.num_layers)
+
+
+def _call_cache_argument(state: NextScaleState) -> dict:
+    """``call_cache=state.call_cache`` for a context that has the field."""
+    return {"call_cache": state.call_cache} if "call_cache" in _CONTEXT_FIELDS else {}
+
+
+_CONTEXT_FIELDS = {f.name for f in dataclasses.fields(VARForwardContext)}
+
+
+def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indices: Sequence[int]) -> torch.Tensor:
+    """``(L,)`` the scale index of every (non-start) token of ``scale_indices``, sliced from one per-call table over
+    the tokens of the whole schedule, filled on the device (no host data is uploaded)."""
+    key = ("loop.scale_ids", str(device))
+    if key not in state.call_cache:
+        lengths = [int(s[-2]) * int(s[-1]) for s in state.scale_schedule]
+        table = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(lengths)])
+        state.call_cache[key] = (table, [sum(lengths[:i]) for i in range(len(lengths) + 1)])
+    table, offsets = state.call_cache[key]
+    return schedule_slice(table, offsets, scale_indices, dim=0)

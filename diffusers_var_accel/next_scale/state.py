@@ -30,6 +30,11 @@ class ScaleModelFamily:
         """Embedded tokens of scale 0, (R, L0, C)."""
         raise NotImplementedError
 
+    def num_start_tokens(self, scale_schedule: Sequence[Tuple[int, ...]]) -> int:
+        """How many tokens :meth:`start_tokens` gives per row (the KV cache is sized from it): by default one per
+        token of scale 0."""
+        return int(scale_schedule[0][-2]) * int(scale_schedule[0][-1])
+
     def embed_inputs(self, inputs_RLd: torch.Tensor, scale_index_L: torch.Tensor) -> torch.Tensor:
         """Embedded tokens of later scales from their interpolated latent inputs."""
         raise NotImplementedError
@@ -71,6 +76,16 @@ class ScaleModelFamily:
     def next_inputs(self, f_hat: torch.Tensor, scale_index: int) -> torch.Tensor:
         """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
         raise NotImplementedError
+
+
+def schedule_slice(table: torch.Tensor, offsets: Sequence[int], scale_indices: Sequence[int], dim: int) -> torch.Tensor:
+    """The entries of ``scale_indices`` in a per-call table over every token of the schedule (scale ``k`` holds
+    positions ``offsets[k]:offsets[k + 1]`` along ``dim``): a view for consecutive scales, a concatenation otherwise."""
+    scale_indices = list(scale_indices)
+    index = [slice(None)] * dim
+    if scale_indices == list(range(scale_indices[0], scale_indices[-1] + 1)):
+        return table[(*index, slice(offsets[scale_indices[0]], offsets[scale_indices[-1] + 1]))]
+    return torch.cat([table[(*index, slice(offsets[k], offsets[k + 1]))] for k in scale_indices], dim=dim)
 
 
 @dataclass
@@ -117,6 +132,9 @@ class NextScaleState:
     pass_index: int = 0
     pass_routes: Optional[PassRoutes] = None
     method_states: Dict[int, Any] = field(default_factory=dict)
+    #: per-call constants shared by every pass (``VARForwardContext.call_cache``): models and the loop fill it lazily,
+    #: keyed by ``(name, layer_idx)``; gone when the call returns
+    call_cache: Dict[Any, Any] = field(default_factory=dict)
 
     @property
     def num_scales(self) -> int:

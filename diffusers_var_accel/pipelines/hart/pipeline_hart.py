@@ -38,6 +38,7 @@ from ..pipeline_common import (
     warn_unused_negative,
 )
 from ...next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
+from ...next_scale.state import schedule_slice
 
 logger = logging.get_logger(__name__)
 
@@ -111,6 +112,11 @@ class HARTScaleFamily(ScaleModelFamily):
         T = transformer.config.context_tokens
         self._level_offsets = [0] + [T + sum(pn * pn for pn in self.patch_nums[1:k]) for k in range(1, self.num_scales)]
         self._level_embeddings: Optional[torch.Tensor] = None
+        self._level_offsets_S: Optional[torch.Tensor] = None
+        # RoPE tables of every token of the schedule, per condition rows (built once per call, sliced per pass)
+        self._rope_tables: Dict[Tuple, torch.Tensor] = {}
+        lengths = [T] + [pn * pn for pn in self.patch_nums[1:]]
+        self._rope_offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
 
     def _top_k(self, scale_index: int) -> int:
         return hart_default_top_k(scale_index) if self.top_k is None else self.top_k
@@ -131,21 +137,33 @@ class HARTScaleFamily(ScaleModelFamily):
     def start_outputs(self, hidden_RL0C: torch.Tensor) -> torch.Tensor:
         return hidden_RL0C[:, -1:]
 
+    def num_start_tokens(self, scale_schedule) -> int:
+        return self.transformer.config.context_tokens
+
     def embed_inputs(self, inputs_BLd, scale_index_L):
         # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2. Tensor ops only
         # (no host sync): a token's rank within its scale is its index minus that of its scale's first token.
         table = self._levels()
         scale_index_L = scale_index_L.to(table.device)
-        offsets = torch.tensor(self._level_offsets, device=table.device)
+        if self._level_offsets_S is None:  # once per call, filled on the device (no upload of host data)
+            self._level_offsets_S = torch.cat([torch.full((1,), v, dtype=torch.long, device=table.device) for v in self._level_offsets])
+        offsets = self._level_offsets_S
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
         return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
-        tables = [self.transformer.context_rope(condition.position_ids_RT) if si == 0
-                  else self.transformer.image_rope(self.patch_nums[si], condition.rope_offset_R) for si in scale_indices]
-        return tables[0] if len(tables) == 1 else torch.cat(tables, dim=3)
+        # The rows of a condition are fixed for the call (all rows, or the conditional half under CFG halving): the
+        # table of every scale is built once per row set and each pass takes its slice (tables are element-wise).
+        positions, offsets = condition.position_ids_RT, condition.rope_offset_R
+        key = (positions.data_ptr(), tuple(positions.shape), positions.stride(), offsets.data_ptr(), tuple(offsets.shape),
+               offsets.stride())
+        if key not in self._rope_tables:
+            tables = [self.transformer.context_rope(positions)]
+            tables += [self.transformer.image_rope(pn, offsets) for pn in self.patch_nums[1:]]
+            self._rope_tables[key] = torch.cat(tables, dim=3)
+        return schedule_slice(self._rope_tables[key], self._rope_offsets, scale_indices, dim=3)
 
     def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
         return self.transformer(hidden_RLC, condition, context)

@@ -45,6 +45,7 @@ from ..pipeline_common import (
     warn_unused_negative,
 )
 from ...next_scale import ScaleModelFamily, run_next_scale_loop
+from ...next_scale.state import schedule_slice
 
 logger = logging.get_logger(__name__)
 
@@ -93,8 +94,13 @@ class InfinityScaleFamily(ScaleModelFamily):
         # schedule are on the token grid, the summed codes f_hat on the VAE latent grid (patch times larger).
         self.patch = check_token_layout(transformer, vae)
         self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
-        positions = [transformer.rope_positions(s[-2], s[-1], grid_hw) for s in self.scale_schedule]
-        self._rope = [transformer.rope_cos_sin(p) for p in positions]
+        # One RoPE table for every token of the schedule, built once per call on the model's device; a pass takes
+        # the slice of its scales (the table is element-wise in the positions, so slices equal per-scale tables).
+        device = transformer.pos_start.device
+        positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in self.scale_schedule]
+        self._rope = transformer.rope_cos_sin(torch.cat(positions))
+        lengths = [int(s[-2]) * int(s[-1]) for s in self.scale_schedule]
+        self._rope_offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
 
     def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition)
@@ -104,8 +110,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
 
     def rope_cos_sin(self, scale_indices, condition=None):
-        tables = [self._rope[si] for si in scale_indices]
-        return tables[0] if len(tables) == 1 else torch.cat(tables, dim=3)
+        return schedule_slice(self._rope, self._rope_offsets, scale_indices, dim=3)
 
     def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
         return self.transformer(hidden_RLC, condition, context)
