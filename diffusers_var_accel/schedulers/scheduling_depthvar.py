@@ -30,6 +30,8 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG), ``N`` tokens of a sca
 
 from __future__ import annotations
 
+import collections
+import functools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -91,22 +93,63 @@ class ScaleDepth:
     layer_index: Dict[int, torch.Tensor]
 
 
-def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, budget: float, phase: float,
-               min_depth: int, cyclic_layer_offsets: bool) -> ScaleDepth:
-    """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space."""
-    B, N = ranking_BN.shape
+@dataclass(frozen=True)
+class RankDepthPlan:
+    """The data-independent part of Eqs. (2)-(3) for ``N`` ranks, on one device: the score and depth of every rank
+    ``(N,)`` and, per layer, the ranks that run it ``{l: (K_l,)}`` in increasing order."""
+
+    scores: torch.Tensor
+    depth: torch.Tensor
+    ranks: Dict[int, torch.Tensor]
+
+
+@functools.lru_cache(maxsize=256)
+def _rank_depth_plan_host(N: int, num_layers: int, budget: float, phase: float, min_depth: int,
+                          cyclic_layer_offsets: bool) -> RankDepthPlan:
     rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
     scores = scheduling_function(rho, budget, phase, min(1.0, min_depth / num_layers))  # layer_masks checks min_depth
     offsets = torch.arange(N) % num_layers if cyclic_layer_offsets else None
     mask = layer_masks(scores, num_layers, offsets, min_depth)  # (N, L), by rank
+    return RankDepthPlan(scores.float(), mask.sum(-1), {l: mask[:, l].nonzero()[:, 0] for l in range(num_layers)})
+
+
+_DEVICE_PLANS: "collections.OrderedDict[tuple, RankDepthPlan]" = collections.OrderedDict()
+
+
+def rank_depth_plan(N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool,
+                    device=None) -> RankDepthPlan:
+    """The rank-space depth plan (it depends on the setting and the token count only, never on the data), computed
+    once on the host per setting and kept on ``device``: a generation that meets a setting again reads nothing back
+    from the device (no ``nonzero`` per layer) and uploads nothing (the copies are cached too)."""
+    key = (N, num_layers, float(budget), float(phase), min_depth, bool(cyclic_layer_offsets))
+    host = _rank_depth_plan_host(*key)
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cpu":
+        return host
+    dkey = key + (str(device),)
+    if dkey not in _DEVICE_PLANS:
+        def move(t):  # pinned host memory: the copy is queued without waiting for the device
+            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+        _DEVICE_PLANS[dkey] = RankDepthPlan(move(host.scores), move(host.depth), {l: move(r) for l, r in host.ranks.items()})
+        while len(_DEVICE_PLANS) > 256:
+            _DEVICE_PLANS.popitem(last=False)
+    _DEVICE_PLANS.move_to_end(dkey)
+    return _DEVICE_PLANS[dkey]
+
+
+def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, budget: float, phase: float,
+               min_depth: int, cyclic_layer_offsets: bool) -> ScaleDepth:
+    """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space."""
+    B, N = ranking_BN.shape
     order_BN = ranking_BN.argsort(dim=1, stable=True)  # rank -> token
     device = order_BN.device
+    ranks = rank_depth_plan(N, num_layers, budget, phase, min_depth, cyclic_layer_offsets, device)
 
     def by_token(values_N):  # a value per rank -> a (B, h, w) map
-        return unpermute(values_N.to(device).expand(B, N), order_BN).view(B, *hw)
+        return unpermute(values_N.expand(B, N), order_BN).view(B, *hw)
 
-    layer_index = {l: order_BN[:, mask[:, l].nonzero()[:, 0].to(device)].sort(dim=1).values for l in range(num_layers)}
-    return ScaleDepth(by_token(scores.float()), by_token(mask.sum(-1)), layer_index)
+    layer_index = {l: order_BN[:, ranks.ranks[l]].sort(dim=1).values for l in range(num_layers)}
+    return ScaleDepth(by_token(ranks.scores), by_token(ranks.depth), layer_index)
 
 
 @dataclass
@@ -224,6 +267,10 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         """The depth plan of every dynamic scale of the call of ``state`` (per call: it lives in the loop's state)."""
         return self.call_state(state).plans
 
+    def _phase(self, scale_index: int, budgets: Dict[int, float]) -> float:
+        """The percentile rotation of a dynamic scale."""
+        return (self.config.rotation_step * (scale_index - min(budgets))) % 1.0
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         budgets = self.budgets(scale_schedule)
@@ -237,6 +284,13 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         """Eqs. (1)-(3) for the dynamic scales of the pass, ranked by the last scale before it (in a grouped pass every
         scale is ranked by the scale before the group, as the group's inputs all come from it)."""
         budgets, call = self.budgets(state.scale_schedule), self.call_state(state)
+        if state.pass_index == 0:
+            # the rank-space plans of every dynamic scale (host work, cached per setting) before the first pass, so
+            # that none is computed between passes
+            for k in budgets:
+                hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
+                rank_depth_plan(hw[0] * hw[1], state.model.num_layers, budgets[k], self._phase(k, budgets),
+                                self.config.min_depth, self.config.cyclic_layer_offsets)
         dynamic = [k for k in plan.scale_indices if k in budgets]
         if not dynamic or plan.skip:
             return
@@ -250,7 +304,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         ranking_BHW = source.change.view(-1, B, *source.hw).mean(0)  # Eq. (1), mean over an image's CFG rows
         for k in dynamic:
             hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
-            phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
+            phase = self._phase(k, budgets)
             call.plans[k] = plan_depth(resize_map(ranking_BHW, hw, "bilinear"), hw, state.model.num_layers, budgets[k], phase,
                                        self.config.min_depth, self.config.cyclic_layer_offsets)
 
@@ -282,7 +336,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
             count = kept[k].shape[1] if outer is not None else hw[0] * hw[1]
             if depth is not None and outer is not None:  # rank the kept tokens only (sizes stay configured)
                 ranking = values_at(resize_map(call.source.change.view(-1, state.batch_size, *source.hw).mean(0), hw, "bilinear"), kept[k])
-                phase = (self.config.rotation_step * (k - min(budgets))) % 1.0
+                phase = self._phase(k, budgets)
                 depth = plan_depth(ranking, (count,), num_layers, budgets[k], phase, self.config.min_depth,
                                    self.config.cyclic_layer_offsets)
                 full = torch.ones(state.batch_size, hw[0] * hw[1], device=depth.scores.device)
