@@ -47,6 +47,7 @@ def run_next_scale_loop(
     teacher_tokens: Optional[Sequence[torch.Tensor]] = None,
     on_scale_end: Optional[Callable[[int, NextScaleState], None]] = None,
     should_stop: Optional[Callable[[], bool]] = None,
+    pass_runner: Optional[Callable] = None,
 ) -> NextScaleState:
     """Generate the summed latent of ``batch_size`` images, scale by scale.
 
@@ -63,6 +64,8 @@ def run_next_scale_loop(
         teacher_tokens: tokens to use instead of sampling at the first ``len(teacher_tokens)`` scales.
         on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).
         should_stop: polled between passes; when it returns True the loop ends early (interrupt).
+        pass_runner: runs the blocks of one pass, ``pass_runner(family, hidden_RLC, condition, context)``, instead of
+            ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`).
 
     Returns:
         The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
@@ -93,7 +96,7 @@ def run_next_scale_loop(
             continue
         routes = scheduler.route_pass(state, plan) if scheduler is not None else None
         pass_layout = layout.for_pass(plan.cfg_halve)
-        hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, routes, pass_layout)
+        hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, routes, pass_layout, pass_runner)
         offset = 0
         for si, length in zip(plan.scale_indices, lengths):
             h_scale = hidden_RLC[:, offset:offset + length]
@@ -123,7 +126,13 @@ def run_next_scale_loop(
     return state
 
 
-def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes: Optional[PassRoutes], layout: RowLayout):
+def run_family_blocks(family: ScaleModelFamily, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+    """The transformer blocks of one pass (what a compiled pass runs: ``torch.compile(run_family_blocks)``)."""
+    return family.run_blocks(hidden_RLC, condition, context)
+
+
+def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes: Optional[PassRoutes], layout: RowLayout,
+              pass_runner: Optional[Callable] = None):
     """Embed the inputs of the plan's scales and run the blocks once.
 
     Returns the hidden states, the token count of each scale and the condition rows the pass ran on.
@@ -165,7 +174,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
         scale_hws=scale_hws,
         records=records,
     )
-    hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)
+    hidden_RLC = (pass_runner or run_family_blocks)(family, x_RLC, cond_rows, context)
     if plan.scale_indices[0] == 0 and input_lengths[0] != lengths[0]:
         start = family.start_outputs(hidden_RLC[:, :input_lengths[0]])
         hidden_RLC = torch.cat((start, hidden_RLC[:, input_lengths[0]:]), dim=1)

@@ -43,6 +43,9 @@ def mask_top_k_top_p(logits_BNV: torch.Tensor, top_k: Optional[int], top_p: Opti
     return logits
 
 
+#: The dynamo cache size limit ``compile_passes`` sets at least (each pass of each plan is one cached graph).
+PASS_GRAPH_CACHE_LIMIT = 256
+
 #: The sampling modes of the pipelines (``pipe.set_sampling``).
 SAMPLING_MODES = ("device", "official")
 
@@ -404,6 +407,69 @@ class NextScalePipelineMixin:
 
     _interrupt = False
     _sampling = "device"
+    _pass_runner: Optional[Callable] = None
+
+    # -- compiled passes and CUDA graphs ------------------------------------------------------------------------------
+    def compile_passes(self, backend: Union[str, Callable] = "inductor", fullgraph: bool = True, mode: Optional[str] = None,
+                       **options: Any) -> None:
+        """Run the transformer blocks of every pass through ``torch.compile`` from the next call on.
+
+        Each pass (the blocks over its scales' tokens, with its acceleration routes) becomes one graph, compiled on
+        its first run with static shapes; a later call with the same size, batch and acceleration plan replays the
+        graphs without recompiling. The head, guidance, sampling and the tokenizer steps between passes stay eager.
+
+        Args:
+            backend (`str` or callable, defaults to `"inductor"`): the ``torch.compile`` backend (``"eager"`` and
+                ``"aot_eager"`` check the capture on a CPU without generating code).
+            fullgraph (`bool`, defaults to `True`): a graph break inside a pass is an error instead of a split graph.
+            mode (`str`, *optional*): the ``torch.compile`` mode (``"reduce-overhead"``: CUDA graphs).
+            **options: passed on to ``torch.compile``.
+
+        The dynamo cache size limit is raised above the number of passes of a few plans (each pass is its own graph).
+        ``disable_cuda_graphs()`` goes back to eager passes.
+        """
+        import torch._dynamo
+
+        from ..next_scale.loop import run_family_blocks
+
+        config = torch._dynamo.config
+        config.cache_size_limit = max(config.cache_size_limit, PASS_GRAPH_CACHE_LIMIT)
+        if hasattr(config, "accumulated_cache_size_limit"):
+            config.accumulated_cache_size_limit = max(config.accumulated_cache_size_limit, 4 * PASS_GRAPH_CACHE_LIMIT)
+        options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
+        self._pass_runner = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
+
+    def enable_cuda_graphs(self) -> bool:
+        """Capture every transformer pass as a CUDA graph and replay it from then on (``torch.compile`` with
+        ``mode="reduce-overhead"``, ``fullgraph=True``: one graph per size, batch, acceleration plan and pass, captured
+        on its first run). Call it after moving the pipeline to the GPU.
+
+        Returns:
+            `bool`: whether graphs are on. On a device other than CUDA nothing changes: a warning says so and the
+            passes stay eager (``compile_passes`` compiles them without graphs on any device).
+        """
+        device = self._pass_device()
+        if device.type != "cuda":
+            warnings.warn(f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
+                          "on a CUDA GPU (move the pipeline with .to('cuda') first); passes stay eager", UserWarning,
+                          stacklevel=2)
+            return False
+        self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
+        return True
+
+    def disable_cuda_graphs(self) -> None:
+        """Run every pass eagerly again (undoes ``enable_cuda_graphs`` and ``compile_passes``)."""
+        self._pass_runner = None
+
+    @property
+    def passes_compiled(self) -> bool:
+        """Whether the transformer passes run compiled (``compile_passes`` / ``enable_cuda_graphs``)."""
+        return self._pass_runner is not None
+
+    def _pass_device(self) -> torch.device:
+        transformer = getattr(self, "transformer", None)
+        parameter = next(transformer.parameters(), None) if transformer is not None else None
+        return parameter.device if parameter is not None else torch.device("cpu")
 
     @property
     def sampling(self) -> str:

@@ -553,7 +553,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                          lambda t: 1.0 + t)
             state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
                                         [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
-                                        should_stop=lambda: self._interrupt)
+                                        should_stop=lambda: self._interrupt, pass_runner=self._pass_runner)
         latents = state.f_hat
 
         # 3. Decode

@@ -506,7 +506,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
 
         with progress, autocast:
             state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, scheduler,
-                                        teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt)
+                                        teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt,
+                                        pass_runner=self._pass_runner)
         latents = state.f_hat
 
         # 4. Decode
