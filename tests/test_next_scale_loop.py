@@ -260,3 +260,26 @@ def test_no_tensor_state_survives_a_call(models):
             if name in ("_parameters", "_buffers", "_modules"):
                 continue
             assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} holds a tensor"
+
+
+def test_kv_cache_is_sized_for_every_input_token_and_passes_share_one_call_cache(models):
+    """The cache's ``max_length`` (when the cache takes one) is exactly what a generation appends: the start token
+    and every token of the later scales; every pass sees the same per-call ``call_cache`` dict."""
+    from diffusers_var_accel.next_scale import loop as loop_module
+
+    seen = []
+
+    class _Recording(IdentityScheduler):
+        def route_pass(self, state, plan):
+            seen.append(state.call_cache)
+            return super().route_pass(state, plan)
+
+    state = _run(models, _Recording())
+    appended = state.kv_cache.get_seq_length(0)
+    assert appended == 1 + sum(h * w for _, h, w in SCHEDULE[1:])
+    family = InfinityScaleFamily(*models, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=1, top_p=None)
+    fresh = loop_module._schedule_kv_cache(family, SCHEDULE)
+    if hasattr(fresh, "max_length"):
+        assert fresh.max_length == appended
+    assert len(seen) == S and all(d is seen[0] for d in seen) and seen[0] is state.call_cache
+    assert ("loop.scale_ids", "cpu") in state.call_cache  # the loop's own per-call table lives there too
