@@ -200,3 +200,12 @@ def test_the_benchmarks_script_re_exports_the_counter():
     from benchmarks import launches
 
     assert launches.LaunchCounter is LaunchCounter and callable(launches.main)
+
+
+@pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])
+def test_no_cfg_runs_fewer_ops_than_cfg(model):
+    config = LaunchConfig(depth=1, size=256, hart_scales=4)
+    with_cfg, without = (count_launches([model], ["baseline"], config=LaunchConfig(**{**config.__dict__, "cfg": cfg}))[0]
+                         for cfg in (True, False))
+    assert with_cfg["cfg"] and not without["cfg"]
+    assert without["ops"] < with_cfg["ops"] and without["num_scales"] == with_cfg["num_scales"]

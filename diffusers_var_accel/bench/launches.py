@@ -328,6 +328,9 @@ def count_generation(pipe, acceleration=None, **call_kwargs) -> Dict[str, Any]:
             counter.set_phase(None)
     finally:
         del transformer.encode_condition
+    if "condition" not in counter.phases:
+        raise RuntimeError(f"{type(pipe).__name__} did not call transformer.encode_condition: the counting window "
+                           "(which starts when it returns) never opened")
     if not num_scales:
         raise RuntimeError("the pipeline never called callback_on_step_end: no scale was counted")
     n = max(num_scales) + 1
@@ -382,7 +385,7 @@ class LaunchConfig:
     text_tokens: int = 32
     vae_channels: int = 32
     batch_size: int = 1
-    guidance_scale: Optional[float] = None  # None: the pipeline's default (CFG on)
+    cfg: bool = True  # False: guidance off (Infinity guidance_scale 1, HART guidance weight 0)
 
     def __post_init__(self):
         for name in ("width", "heads", "text_channels", "text_tokens", "batch_size"):
@@ -463,8 +466,8 @@ def _call_kwargs(pipe, config: LaunchConfig) -> Dict[str, Any]:
     else:
         embeds = torch.randn(config.batch_size, config.text_tokens, tconf.text_channels, generator=g)
         kwargs = {"prompt_embeds": embeds, "height": config.size, "width": config.size}
-    if config.guidance_scale is not None:
-        kwargs["guidance_scale"] = config.guidance_scale
+    if not config.cfg:  # the pipelines' own "no guidance" values; CFG on keeps each pipeline's default scale
+        kwargs["guidance_scale"] = 0.0 if pipe.model_family == "hart" else 1.0
     kwargs["generator"] = torch.Generator().manual_seed(0)
     return kwargs
 
@@ -492,7 +495,7 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
                 scales = len(result["per_scale"])
                 record = {"model": model, "family": family, "method": method, "dtype": str(dtype).replace("torch.", ""),
                           "depth": len(pipe.transformer.blocks), "num_scales": scales, "batch_size": config.batch_size,
-                          "cfg": True if config.guidance_scale is None else config.guidance_scale != (0 if family == "hart" else 1),
+                          "cfg": config.cfg,
                           "width": config.width, **result}
                 records.append(record)
                 if progress is not None:
@@ -598,16 +601,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         methods = split_acceleration_specs(args.methods) if args.methods else list(default_method_specs())
         if not methods:
             raise ValueError(f"--methods {args.methods!r} names no method")
-        if args.no_cfg:
-            guidance = 1.0 if all(m.startswith("infinity") for m in models) else None
-            if any(m.startswith("hart") for m in models):
-                if any(m.startswith("infinity") for m in models):
-                    raise ValueError("--no-cfg: run Infinity and HART apart (their 'no guidance' values differ: 1 and 0)")
-                guidance = 0.0
-        else:
-            guidance = None
         config = LaunchConfig(depth=args.depth, size=args.size, hart_scales=args.hart_scales, batch_size=args.batch_size,
-                              guidance_scale=guidance)
+                              cfg=not args.no_cfg)
         records = count_launches(models, methods, dtypes, config,
                                  progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)))
     except ValueError as err:
