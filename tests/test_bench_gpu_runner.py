@@ -34,6 +34,8 @@ def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys)
                 assert r["median_s"] > 0 and r["repeats"] == 1
             if r["median_s"] is None:  # graphs unavailable: n/a, with the reason
                 assert block["mode"] == "graphs" and "enable_cuda_graphs" in r["skipped"]
+            else:
+                assert r["median_s"] > 0 and r["speedup_vs_eager"] > 0
         eager_base = block["records"][0]
         if block["mode"] == "eager":
             assert eager_base["speedup_vs_eager"] == 1.0
@@ -43,8 +45,17 @@ def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys)
     assert "vs eager" in table and "vs graphs" in table and "peak GiB" in table and OFFICIAL_ROW in table
     rows = [line for line in table.splitlines() if line.startswith(("tiny ", "tiny-hart "))]
     assert len(rows) == sum(len(b["records"]) for b in report["blocks"])
-    graph_rows = [line for line in rows if " graphs " in line]
-    assert graph_rows and all(("n/a" in line) or ("x" in line) for line in graph_rows)
+    from diffusers_var_accel import HARTPipeline, InfinityPipeline
+
+    graph_rows = {model: [line for line in rows if line.startswith(model + " ") and " graphs " in line]
+                  for model in ("tiny", "tiny-hart")}
+    for model, cls in (("tiny", InfinityPipeline), ("tiny-hart", HARTPipeline)):
+        assert len(graph_rows[model]) == 2 * 2  # two methods, two batch sizes
+        for line in graph_rows[model]:
+            if hasattr(cls, "enable_cuda_graphs"):  # a no-op on the CPU: timed as eager
+                assert "n/a: the pipeline has no enable_cuda_graphs()" not in line
+            else:
+                assert line.endswith("n/a: the pipeline has no enable_cuda_graphs()")
     assert "total" in printed
 
 

@@ -117,6 +117,7 @@ def test_per_scale_counts_sum_to_the_total_and_the_window_excludes_the_condition
     assert 0 < result["kernels_per_dense_block"] < result["per_scale"][-1]["kernels"]
     assert len(result["block_kernels_last_call"]) == len(pipe.transformer.blocks)
     assert result["kernels_per_dense_block"] in result["block_kernels_last_call"]
+    assert sum(result["dense_block_kernel_ops"].values()) == result["kernels_per_dense_block"]
     # the counter leaves the pipeline as it was
     assert "encode_condition" not in vars(pipe.transformer)
     assert not pipe.transformer.blocks[0]._forward_hooks and not pipe.transformer.blocks[0]._forward_pre_hooks
@@ -171,8 +172,9 @@ def test_count_launches_records_and_table(small_infinity):
 def test_cli_prints_the_table_and_the_json(capsys):
     argv = ["launches", "--models", "infinity-2b", "--methods", "baseline,fastvar:pruned_layers=null", "--depth", "2",
             "--size", "256"]
-    assert cli_main(argv + ["--syncs", "--per-scale"]) == 0
+    assert cli_main(argv + ["--syncs", "--per-scale", "--block-ops"]) == 0
     out = capsys.readouterr().out
+    assert "kernels per block): " in out
     assert "| infinity-2b (2 blocks, 7 scales) | bfloat16 | baseline |" in out
     assert "fastvar:pruned_layers=null" in out and "per scale" in out and "diffusers_var_accel/" in out
     assert cli_main(argv + ["--json"]) == 0

@@ -74,6 +74,7 @@ __all__ = [
     "build_launch_pipeline",
     "count_generation",
     "count_launches",
+    "format_block_ops",
     "format_per_scale",
     "format_syncs",
     "format_table",
@@ -207,6 +208,7 @@ class LaunchCounter:
         self.sync_sources: Counter = Counter()  # (phase, kind, where) -> syncs
         self.kernel_names: Counter = Counter()
         self.block_kernels: Dict[str, List[int]] = {}
+        self.block_kernel_ops: Dict[str, Dict[str, int]] = {}
         self._modes: Tuple[Any, ...] = ()
         self._hooks: List[Any] = []
 
@@ -245,18 +247,20 @@ class LaunchCounter:
 
     # -- module hooks ------------------------------------------------------------------------------------------------
     def mark_block(self, module: torch.nn.Module, name: str) -> None:
-        """Record the kernels of every call of ``module`` in ``block_kernels[name]`` (hooks removed on exit)."""
-        starts: List[int] = []
+        """Record the kernels of every call of ``module`` in ``block_kernels[name]``, and the kernel ops (ATen name ->
+        count) of its last call in ``block_kernel_ops[name]`` (hooks removed on exit)."""
+        starts: List[Tuple[int, Counter]] = []
         calls = self.block_kernels.setdefault(name, [])
 
         def before(mod, args):
-            starts.append(sum(c.kernels for c in self.phases.values()))
+            starts.append((sum(c.kernels for c in self.phases.values()), Counter(self.kernel_names)))
 
         def after(mod, args, output):
             if starts:
-                begin = starts.pop()
+                begin, names = starts.pop()
                 if self.phase is not None:
                     calls.append(sum(c.kernels for c in self.phases.values()) - begin)
+                    self.block_kernel_ops[name] = dict((self.kernel_names - names).most_common())
 
         self._hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
@@ -292,7 +296,8 @@ def count_generation(pipe, acceleration=None, **call_kwargs) -> Dict[str, Any]:
 
     Returns:
         ``{"ops", "kernels", "syncs", "kernels_per_dense_block", "block_kernels_last_call" (per block),
-        "per_scale": [{"scale", "ops", "kernels", "syncs"}], "decode": {...}, "condition": {...},
+        "dense_block_kernel_ops" (ATen name -> count, in that median block), "per_scale": [{"scale", "ops",
+        "kernels", "syncs"}], "decode": {...}, "condition": {...},
         "sync_sources": [{"kind", "where", "count"}], "condition_sync_sources": [...] (``encode_condition``'s,
         outside the window), "kernel_ops": {aten name: count}}``.
     """
@@ -344,10 +349,13 @@ def count_generation(pipe, acceleration=None, **call_kwargs) -> Dict[str, Any]:
     window = list(range(n)) + ["decode"]
     total = counter.total(window)
     last_calls = [calls[-1] for name, calls in counter.block_kernels.items() if calls]
+    dense = statistics.median_low(last_calls) if last_calls else None
+    dense_block = next((name for name, calls in counter.block_kernels.items() if calls and calls[-1] == dense), None)
     return {
         **total.as_dict(),
-        "kernels_per_dense_block": statistics.median_low(last_calls) if last_calls else None,
+        "kernels_per_dense_block": dense,
         "block_kernels_last_call": last_calls,
+        "dense_block_kernel_ops": counter.block_kernel_ops.get(dense_block, {}),
         "per_scale": [{"scale": i, **counter.phases.get(i, PhaseCounts()).as_dict()} for i in range(n)],
         "decode": decode.as_dict(),
         "condition": counter.phases.get("condition", PhaseCounts()).as_dict(),
@@ -536,6 +544,15 @@ def format_syncs(records: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def format_block_ops(records: Sequence[Dict[str, Any]]) -> str:
+    """The kernel ops of every record's dense block (the median block's last call), most frequent first."""
+    out = []
+    for r in records:
+        ops = ", ".join(f"{name} {n}" for name, n in r["dense_block_kernel_ops"].items())
+        out.append(f"{r['model']} {r['dtype']} {r['method']} ({r['kernels_per_dense_block']} kernels per block): {ops}")
+    return "\n".join(out)
+
+
 def format_per_scale(records: Sequence[Dict[str, Any]]) -> str:
     """Kernels / syncs per scale of every record."""
     out = []
@@ -576,6 +593,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_positive, default=1, help="images per call (default 1)")
     parser.add_argument("--no-cfg", action="store_true", help="no guidance (default: CFG on)")
     parser.add_argument("--per-scale", action="store_true", help="also print kernels/syncs per scale")
+    parser.add_argument("--block-ops", action="store_true", help="also list the kernel ops of one dense block")
     parser.add_argument("--syncs", action="store_true", help="also list every sync with its source line and count")
     parser.add_argument("--json", action="store_true", help="print one JSON object (every record) instead of the table")
     return parser
@@ -618,6 +636,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     print(format_table(records))
     if args.per_scale:
         print(format_per_scale(records))
+    if args.block_ops:
+        print(format_block_ops(records))
     if args.syncs:
         print(format_syncs(records))
     return 0
