@@ -123,3 +123,28 @@ def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, mo
     assert eager["records"][1]["sampled_with"] == "official"
     assert graphs["records"][0]["median_s"] > 0 and graphs["records"][0]["speedup_vs_graphs"] == 1.0
     assert graphs["records"][0]["speedup_vs_eager"] > 0
+
+
+def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, capsys):
+    """gpu.sh's timeout sends SIGINT: the runner stops, prints the one table of the blocks done and lists the rest."""
+    import benchmarks.gpu as gpu
+
+    measure, calls = gpu.measure_rows, []
+
+    def interrupted_second_block(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(gpu, "measure_rows", interrupted_second_block)
+    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable: None)  # graph blocks "available" (CPU no-op)
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
+                 "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(b["batch_size"], b["mode"]) for b in report["blocks"]] == [(1, "eager")]
+    assert report["skipped"] == ["tiny batch 1 graphs: interrupted", "tiny batch 2 eager: interrupted",
+                                 "tiny batch 2 graphs: interrupted"]
+    printed = capsys.readouterr().out
+    assert "tiny             1 eager   baseline" in printed and "skipped tiny batch 2 graphs: interrupted" in printed
