@@ -25,6 +25,10 @@ Counting convention:
   Each sync is recorded with its source line: the innermost frame inside ``diffusers_var_accel`` (else the innermost
   frame outside torch and this module).
 
+**Limits.** Everything runs on the CPU, so a copy the code writes as ``.to(device)`` (a tensor built on the host, then
+moved; or ``.to("cpu")`` written with a device variable) is not an op there and is not seen; nor are the kernels a
+CUDA backend adds or fuses (cuDNN / cuBLAS may launch more than one kernel for an op, SDPA picks another kernel).
+
 **Window.** Only the generation proper is counted: from the moment ``transformer.encode_condition`` returns (the
 text projection is done; the text encoder runs before it) until the pipeline returns the decoded image
 (``output_type="pt"``, so the image stays on the device). The counter wraps ``encode_condition`` on the transformer
