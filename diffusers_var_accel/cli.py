@@ -629,6 +629,12 @@ def _cmd_flops(argv: List[str]) -> int:
         sys.argv[0] = program
 
 
+def _cmd_launches(argv: List[str]) -> int:
+    from .bench import launches
+
+    return launches.main(argv, prog="var-accel launches")
+
+
 _BENCH_DESCRIPTION = """\
 Generate every (prompt, seed) with the baseline and every acceleration method, and measure per method:
 latency per image (warm-up excluded, methods interleaved, min / median / max) and the speed-up over the baseline;
@@ -666,6 +672,7 @@ examples:
   var-accel generate "two red circles" --accel lazyvar -o out_lazyvar
   var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
   var-accel flops --model infinity-2b --accel fastvar lazyvar
+  var-accel launches --models infinity-2b --methods baseline,lazyvar --syncs
 
 Run var-accel COMMAND --help for a command's options. Docs: docs/cli.md.
 """
@@ -772,7 +779,7 @@ def _sampling_default(family_defaults: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops,launches}",
                                 parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
                          epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -885,6 +892,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("flops", add_help=False,
                    help="counted FLOPs table per model and method: --model infinity-2b|infinity-8b|hart-0.7b|... "
                    "[--accel ...] (meta tensors: no weights needed)")
+    # parsed by diffusers_var_accel.bench.launches itself, like flops
+    sub.add_parser("launches", add_help=False,
+                   help="kernel launches and host-device syncs per generation, every method on the real Infinity-2B and "
+                   "HART-0.7B structures at a tiny width on the CPU [--models ...] [--methods ...] [--syncs] [--json]")
     return parser
 
 
@@ -893,6 +904,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if argv and argv[0] == "flops":
             return _cmd_flops(argv[1:])
+        if argv and argv[0] == "launches":
+            return _cmd_launches(argv[1:])
         args = build_parser().parse_args(argv)
         args.debug = getattr(args, "debug", False)
         return args.func(args)

@@ -9,21 +9,64 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu import count_tflops_per_image, main  # noqa: E402
+from benchmarks.gpu import OFFICIAL_ROW, block_order, count_tflops_per_image, main  # noqa: E402
 
 
-def test_cpu_smoke_run_writes_one_block_per_model_and_batch_size(tmp_path, capsys):
+def test_blocks_run_in_order_of_importance():
+    assert block_order(["infinity-2b", "hart-0.7b"], [1, 4], ["eager", "graphs"]) == [
+        ("infinity-2b", 1, "eager"), ("infinity-2b", 1, "graphs"), ("hart-0.7b", 1, "eager"), ("hart-0.7b", 1, "graphs"),
+        ("infinity-2b", 4, "eager"), ("infinity-2b", 4, "graphs"), ("hart-0.7b", 4, "eager"), ("hart-0.7b", 4, "graphs")]
+
+
+def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     assert main(["--models", "tiny,tiny-hart", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar",
-                 "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--json", str(out)]) == 0
+                 "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [(b["model"], b["batch_size"]) for b in report["blocks"]] == [("tiny", 1), ("tiny", 2), ("tiny-hart", 1), ("tiny-hart", 2)]
+    assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(["tiny", "tiny-hart"], [1, 2],
+                                                                                              ["eager", "graphs"])
     for block in report["blocks"]:
-        assert [r["method"] for r in block["records"]] == ["baseline", "lazyvar"]
-        assert block["records"][0]["speedup_vs_first"] == 1.0
+        labels = [r["label"] for r in block["records"]]
+        assert labels == (["baseline", "lazyvar", OFFICIAL_ROW] if block["mode"] == "eager" else ["baseline", "lazyvar"])
         assert block["tflops_per_image"] == {"baseline": None, "lazyvar": None}  # no counted config for tiny models
+        for r in block["records"]:
+            if block["mode"] == "eager":
+                assert r["median_s"] > 0 and r["repeats"] == 1
+            if r["median_s"] is None:  # graphs unavailable: n/a, with the reason
+                assert block["mode"] == "graphs" and "enable_cuda_graphs" in r["skipped"]
+            else:
+                assert r["median_s"] > 0 and r["speedup_vs_eager"] > 0
+        eager_base = block["records"][0]
+        if block["mode"] == "eager":
+            assert eager_base["speedup_vs_eager"] == 1.0
     printed = capsys.readouterr().out
-    assert "tiny 256x256 batch 2" in printed and "speed-up" in printed and "total" in printed
+    table = printed[printed.index("model "):]
+    assert table.count("median s") == 1  # one table, not one per block
+    assert "vs eager" in table and "vs graphs" in table and "peak GiB" in table and OFFICIAL_ROW in table
+    rows = [line for line in table.splitlines() if line.startswith(("tiny ", "tiny-hart "))]
+    assert len(rows) == sum(len(b["records"]) for b in report["blocks"])
+    from diffusers_var_accel import HARTPipeline, InfinityPipeline
+
+    graph_rows = {model: [line for line in rows if line.startswith(model + " ") and " graphs " in line]
+                  for model in ("tiny", "tiny-hart")}
+    for model, cls in (("tiny", InfinityPipeline), ("tiny-hart", HARTPipeline)):
+        assert len(graph_rows[model]) == 2 * 2  # two methods, two batch sizes
+        for line in graph_rows[model]:
+            if hasattr(cls, "enable_cuda_graphs"):  # a no-op on the CPU: timed as eager
+                assert "n/a: the pipeline has no enable_cuda_graphs()" not in line
+            else:
+                assert line.endswith("n/a: the pipeline has no enable_cuda_graphs()")
+    assert "total" in printed
+
+
+def test_time_budget_stops_new_blocks(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
+                 "--modes", "eager", "--repeats", "1", "--warmup", "0", "--max-seconds", "0", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["blocks"] == [] and report["skipped"] == ["tiny batch 1 eager: time budget spent",
+                                                            "tiny batch 2 eager: time budget spent"]
+    assert "skipped tiny batch 1 eager" in capsys.readouterr().out
 
 
 def test_bad_arguments(capsys):
@@ -31,9 +74,77 @@ def test_bad_arguments(capsys):
     assert "must start with baseline" in capsys.readouterr().err
     assert main(["--batch-sizes", "1,x"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err
+    assert main(["--modes", "eager,compiled"]) == 2
+    assert "--modes 'eager,compiled'" in capsys.readouterr().err
 
 
 def test_flop_counts_of_the_real_hart_config():
     tflops = count_tflops_per_image("hart-0.7b", "hart", ["baseline", "lazyvar"], 1024, 1024)
     assert tflops["baseline"] == pytest.approx(55.70, abs=0.01)  # the README's counted numbers
     assert tflops["lazyvar"] == pytest.approx(31.13, abs=0.01)
+
+
+def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, monkeypatch, capsys):
+    """With ``enable_cuda_graphs`` / ``set_sampling`` on the pipeline (a CPU no-op here) the graph rows are timed
+    between enable and disable, and the official-style row samples in "official" mode, restored afterwards."""
+    import warnings
+
+    from diffusers_var_accel import InfinityPipeline
+
+    events = []
+
+    def enable_cuda_graphs(self):
+        events.append("enable")
+        warnings.warn("CUDA graphs need a CUDA device: this does nothing on cpu")
+
+    def set_sampling(self, mode):
+        events.append(f"sampling={mode}")
+        self.__dict__["_test_sampling"] = mode
+
+    original_call = InfinityPipeline.__call__
+
+    def call(self, *args, **kwargs):
+        events.append(f"call:{self.__dict__.get('_test_sampling', 'device')}")
+        return original_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(InfinityPipeline, "enable_cuda_graphs", enable_cuda_graphs, raising=False)
+    monkeypatch.setattr(InfinityPipeline, "disable_cuda_graphs", lambda self: events.append("disable"), raising=False)
+    monkeypatch.setattr(InfinityPipeline, "set_sampling", set_sampling, raising=False)
+    monkeypatch.setattr(InfinityPipeline, "sampling", property(lambda self: self.__dict__.get("_test_sampling", "device")),
+                        raising=False)
+    monkeypatch.setattr(InfinityPipeline, "__call__", call)
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1",
+                 "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    # eager block: baseline (device sampling), official-style (official, then restored); graphs block: enable .. disable
+    assert events == ["call:device", "sampling=official", "call:official", "sampling=device",
+                      "enable", "call:device", "disable"]
+    eager, graphs = json.loads(out.read_text())["blocks"]
+    assert eager["records"][1]["sampled_with"] == "official"
+    assert graphs["records"][0]["median_s"] > 0 and graphs["records"][0]["speedup_vs_graphs"] == 1.0
+    assert graphs["records"][0]["speedup_vs_eager"] > 0
+
+
+def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, capsys):
+    """gpu.sh's timeout sends SIGINT: the runner stops, prints the one table of the blocks done and lists the rest."""
+    import benchmarks.gpu as gpu
+
+    measure, calls = gpu.measure_rows, []
+
+    def interrupted_second_block(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(gpu, "measure_rows", interrupted_second_block)
+    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable: None)  # graph blocks "available" (CPU no-op)
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
+                 "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(b["batch_size"], b["mode"]) for b in report["blocks"]] == [(1, "eager")]
+    assert report["skipped"] == ["tiny batch 1 graphs: interrupted", "tiny batch 2 eager: interrupted",
+                                 "tiny batch 2 graphs: interrupted"]
+    printed = capsys.readouterr().out
+    assert "tiny             1 eager   baseline" in printed and "skipped tiny batch 2 graphs: interrupted" in printed
