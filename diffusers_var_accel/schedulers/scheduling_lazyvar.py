@@ -298,7 +298,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         index_BK = torch.cat(parts, dim=1)
         if index_BK.shape[1] == offset:
             return None  # every token kept: the dense pass
-        route = TokenRoute(index=index_BK)
+        counts = tuple(int(kept[k].shape[1]) for k in plan.scale_indices) if len(plan.scale_indices) > 1 else None
+        route = TokenRoute(index=index_BK, scale_counts=counts)
         return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
                           residual_tokens={k: kept[k] for k in plan.scale_indices})
 
