@@ -225,8 +225,18 @@ class VARAttnProcessor:
         qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight, context)
         qk = _cosine_qk(attn, qkv[:, :, :2], context, eps=1e-12)
         tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
-        q, k = rotate_pairs(qk, tables, halves=False).unbind(2)
+        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=False)).unbind(2)
         return q, k, qkv[:, :, 2]
+
+    def _as_attention_dtype(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k in the dtype attention computes in: under autocast SDPA casts its inputs to the autocast dtype
+        (and the recorded-map path's matmuls do too), so casting once here, before the KV cache, gives the same
+        values with one cast of the new keys instead of one of q and one of the whole cache per pass."""
+        device_type = qk.device.type
+        if not torch.is_autocast_enabled(device_type) or resolve_backend(self._attention_backend) != "native":
+            return qk
+        dtype = torch.get_autocast_dtype(device_type)
+        return qk if qk.dtype == dtype else qk.to(dtype)
 
     def _rope_tables(self, rope_cos_sin: Optional[torch.Tensor], context: Optional[VARForwardContext], dtype):
         """The tables of :func:`rotate_pairs`, once per pass when they are the context's own."""
@@ -328,7 +338,7 @@ class HARTAttnProcessor(VARAttnProcessor):
         if attn.attn_l2_norm:
             qk = _cosine_qk(attn, qk, context, eps=None)
         tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
-        q, k = rotate_pairs(qk, tables, halves=True).unbind(2)
+        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=True)).unbind(2)
         return q, k, qkv[:, :, 2]
 
     @staticmethod
