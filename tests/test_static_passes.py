@@ -234,3 +234,43 @@ def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, met
     kinds = {key[0] for key in call_cache}
     assert "qkv_bias" in kinds  # the constants were taken from the call's cache
     assert ("cross_kv" in kinds and "ada" in kinds) if family == "infinity" else "rms_weight" in kinds
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# no host reads or uploads in the models' per-call steps
+# ---------------------------------------------------------------------------------------------------------------------
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_encode_condition_takes_the_padding_from_the_caller_without_a_host_read():
+    pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
+    g = torch.Generator().manual_seed(7)
+    text = torch.randn(2, 5, 32, generator=g)
+    full, padded = torch.ones(2, 5, dtype=torch.bool), torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    with torch.no_grad():
+        read = pipe.transformer.encode_condition(text, full)
+        with _Ops() as ops:
+            told = pipe.transformer.encode_condition(text, full, padded=False)
+        assert "_local_scalar_dense" not in ops.names
+        assert read.text_mask_R11T is None and told.text_mask_R11T is None and torch.equal(read.cond_RC, told.cond_RC)
+        masked = pipe.transformer.encode_condition(text, padded, padded=True)
+        assert torch.equal(masked.text_mask_R11T, pipe.transformer.encode_condition(text, padded).text_mask_R11T)
+
+
+def test_diffusion_head_uploads_its_constants_once():
+    from diffusers_var_accel.models.diffusion_head_hart import HARTDiffusionHead
+
+    head = HARTDiffusionHead(token_channels=4, condition_channels=8, width=16, depth=1)
+    cond = torch.randn(6, 8, generator=torch.Generator().manual_seed(8))
+    first = head.sample(cond, guidance=2.0, generator=torch.Generator().manual_seed(0))
+    with _Ops() as ops:
+        again = head.sample(cond, guidance=2.0, generator=torch.Generator().manual_seed(0))
+    assert "lift_fresh" not in ops.names and "_local_scalar_dense" not in ops.names
+    assert torch.equal(first, again)

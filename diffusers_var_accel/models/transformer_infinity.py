@@ -405,11 +405,19 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         return self.cfg_uncond[:T].unsqueeze(0).expand(B, T, -1)
 
     @apply_forward_hook
-    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor]) -> InfinityCondition:
-        """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call)."""
+    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor],
+                         padded: Optional[bool] = None) -> InfinityCondition:
+        """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call).
+
+        A mask without padding is dropped (unmasked attention kernels). ``padded`` says whether any row of the mask
+        is padded when the caller knows it on the host (from the tokenizer's lengths); ``None`` reads it from the
+        mask, one host read before the generation starts."""
         mask = None
-        if encoder_attention_mask_RT is not None and not bool(encoder_attention_mask_RT.bool().all()):
-            mask = encoder_attention_mask_RT.bool()[:, None, None, :]
+        if encoder_attention_mask_RT is not None:
+            if padded is None:
+                padded = not bool(encoder_attention_mask_RT.bool().all())
+            if padded:
+                mask = encoder_attention_mask_RT.bool()[:, None, None, :]
         text = self.text_norm(encoder_hidden_states_RTD.float())
         cond_RC = self.text_proj_for_sos(text, mask)
         text_RTC = self.text_proj_for_ca(text)
