@@ -233,7 +233,8 @@ class VARAttnProcessor:
         (and the recorded-map path's matmuls do too), so casting once here, before the KV cache, gives the same
         values with one cast of the new keys instead of one of q and one of the whole cache per pass."""
         device_type = qk.device.type
-        if not torch.is_autocast_enabled(device_type) or resolve_backend(self._attention_backend) != "native":
+        if (device_type == "meta" or not torch.is_autocast_enabled(device_type)
+                or resolve_backend(self._attention_backend) != "native"):
             return qk
         dtype = torch.get_autocast_dtype(device_type)
         return qk if qk.dtype == dtype else qk.to(dtype)
