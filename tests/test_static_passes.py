@@ -162,8 +162,31 @@ def test_scale_prefix_calls_equal_the_masked_attention_without_host_reads():
                                                attn_mask=block_causal_mask(cache, scale_ids), scale=0.3).transpose(1, 2)
     with _HostReads() as reads:
         out = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, lengths, 0.3, None)
+        with_empty = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, (1, 0, 4, 9), 0.3, None)
     assert reads.seen == []
     torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-5)
+    assert torch.equal(with_empty, out)
+
+
+def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypatch):
+    """CUDA's default (SDPA) attends grouped passes scale by scale; where the tokens per scale are not known
+    statically (a selection inside a grouped pass) it keeps the device-built mask instead of reading the ids."""
+    processor = VARAttnProcessor()
+    monkeypatch.setattr(processor, "uses_per_scale_calls", lambda device=None: True)
+    masks = []
+    monkeypatch.setattr(processor, "_attend", lambda q, k, v, mask, scale, backend: masks.append(mask) or q)
+    from diffusers_var_accel.models.transformer_infinity import InfinitySelfAttention
+
+    attn = InfinitySelfAttention(8, 2, 0)
+    L = 5
+    context = VARForwardContext(kv_cache=ScaleKVCache(1), rope_cos_sin=torch.zeros(2, 1, 1, L, 2),
+                                token_scale_ids=torch.tensor([0, 1, 1, 1, 1]), scale_hws=((1, 1), (2, 2)))
+    with torch.no_grad(), _HostReads() as reads:
+        processor._self_attention(attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
+        routed = context.for_tokens(torch.tensor([[0, 2, 3]]))  # counts unknown
+        processor._self_attention(attn, torch.randn(1, 3, 8), routed, None, None)
+    assert reads.seen == []
+    assert masks[:2] == [None, None] and masks[2] is not None and masks[2].shape == (1, 1, 3, 5 + 3)
 
 
 def test_context_knows_the_tokens_per_scale_from_shapes():

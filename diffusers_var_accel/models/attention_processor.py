@@ -182,6 +182,8 @@ class VARAttnProcessor:
         ``sum(lengths[:j+1])`` keys of the pass, one mask-free call per scale. Nothing is read from the device."""
         parts, start = [], 0
         for count in lengths:
+            if count == 0:  # a scale that keeps no token here
+                continue
             end = start + count
             keys = slice(0, cache_length + end)
             parts.append(self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend))
@@ -278,6 +280,9 @@ class VARAttnProcessor:
         lengths = context.token_scale_lengths(L) if scale_ids is not None else None
         per_scale = (scale_ids is not None and not record
                      and self.uses_per_scale_calls(hidden_states_RLC.device))
+        if per_scale and lengths is None and resolve_backend(self._attention_backend) in BACKENDS_TAKING_BOOL_MASK \
+                and self.grouped_attention == "auto":
+            per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
         mask = None
         if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
             mask = block_causal_mask(cache_length, scale_ids)

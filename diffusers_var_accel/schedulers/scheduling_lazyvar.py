@@ -310,7 +310,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         routes = PassRoutes()
         select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size, routes.residual_tokens,
                                     self.call_state(state).kept)
-        route = TokenRoute(selector=select)
+        route = TokenRoute(selector=select, scale_counts=tuple(counts) if len(counts) > 1 else None)
         routes.routes = {(layer, "block"): route for layer in range(state.model.num_layers)}
         return routes
 
