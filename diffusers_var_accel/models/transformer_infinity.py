@@ -281,7 +281,11 @@ class InfinityBlock(TokenRoutedBlock):
 
         def cross_attn(x_sub, ctx):
             x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
-            return self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T, ctx).float()
+            out = self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T, ctx)
+            # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record
+            # at this level; ``x + out`` promotes to the same values) or scattered (which casts), the cast would be
+            # one more kernel per block, so it is left to the addition.
+            return out if ctx.routes is None and x_sub.dtype == torch.float32 else out.float()
 
         def ffn(x_sub, ctx):
             return self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps)).mul(gamma2)
