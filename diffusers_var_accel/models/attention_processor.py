@@ -8,9 +8,15 @@ the backend set on the model (``transformer.set_attention_backend("flash")``), e
 ``"native"``, by default).
 
 A grouped pass (several scales in one forward) is block-causal: the queries of scale ``j`` see the cached keys and the
-keys of scales ``<= j``. Backends that take a boolean mask (the SDPA family, xformers) get that mask; the others
-(flash-attn, sage, flex, cuDNN ...) get one mask-free call per scale instead, whose keys are a prefix of the pass
-(``grouped_attention`` chooses; the two agree within float rounding, see ``tests/test_attention_backends.py``).
+keys of scales ``<= j``. Backends that refuse a mask (flash-attn, sage, flex, cuDNN ...), and SDPA on CUDA (where a
+mask keeps it off its flash kernel), get one mask-free call per scale, whose keys are a prefix of the pass; the tokens
+per scale come from shapes (``context.token_scale_lengths``), never from the device. Elsewhere (SDPA on the CPU, the
+tested reference; xformers) the boolean mask is used (``grouped_attention`` chooses; the two agree within float
+rounding, see ``tests/test_attention_backends.py``).
+
+Per-call constants (the concatenated q/zero-k/v bias, q's learned scale, the text's cross-attention keys/values) are
+taken from ``context.call_cache`` and the RoPE tables from ``context.pass_cache``; q and k are normalised and rotated
+as one stacked ``(R, L, 2, H, c)`` tensor. Every rewrite keeps the values bit for bit (see :func:`rotate_pairs`).
 
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """

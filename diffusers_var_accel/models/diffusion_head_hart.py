@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 import numpy as np
 import torch
@@ -150,10 +150,10 @@ class HARTTimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(frequency_channels, width), nn.SiLU(), nn.Linear(width, width))
 
     @staticmethod
-    def frequencies(channels: int, max_period: float = 10000.0) -> torch.Tensor:
-        """``f_i = exp(-ln(max_period) i / half)`` in float32, computed on the CPU (as the official code)."""
+    def frequencies(channels: int, max_period: float = 10000.0, device=None) -> torch.Tensor:
+        """``f_i = exp(-ln(max_period) i / half)`` in float32, computed on the CPU by default (as the official code)."""
         half = channels // 2
-        return torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
+        return torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=device) / half)
 
     @staticmethod
     def sinusoid(t_N: torch.Tensor, channels: int, max_period: float = 10000.0,
@@ -278,22 +278,30 @@ class HARTDiffusionHead(nn.Module):
         self.latent_scale = float(latent_scale)
         self.net = HARTDiffusionMLP(self.token_channels, self.condition_channels, int(width), int(depth))
         self.schedule = _RespacedSchedule(num_sampling_steps, int(num_train_timesteps))
-        # Plain attributes, not buffers: they stay float32 under module.to(dtype) and out of the state dict.
+        # Plain attributes, not buffers: they stay float32 under module.to(dtype) and out of the state dict. With them,
+        # the timestep map and the timestep embedder's frequencies: every constant of the sampler, moved with the
+        # module (``_apply``), so a generation uploads nothing.
         self._tables = self.schedule.float32_tables()
-        # The same constants moved to a device once (the sampler's tables, the timestep map, the embedder's
-        # frequencies): no host-to-device upload in a generation after the first.
-        self._device_constants: Dict[torch.device, Tuple[Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]] = {}
+        # on the CPU explicitly: a model built on the meta device (then loaded) still holds their values
+        self._tables["timestep_map"] = torch.tensor(self.schedule.timestep_map, dtype=torch.long, device="cpu")
+        self._tables["time_frequencies"] = HARTTimestepEmbedder.frequencies(self.net.time_embed.frequency_channels,
+                                                                            device="cpu")
+
+    def _apply(self, fn, *args, **kwargs):
+        """``module.to(device)`` also moves the constant tables (their dtypes stay: float32 and long)."""
+        module = super()._apply(fn, *args, **kwargs)
+        device = self.net.input_proj.weight.device
+        if device.type != "meta":
+            self._tables = {name: table.to(device) for name, table in self._tables.items()}
+        return module
 
     def _constants_on(self, device: torch.device):
-        """``(tables, timestep_map, time_frequencies)`` on ``device``, uploaded at the first use there."""
-        device = torch.device(device)
-        constants = self._device_constants.get(device)
-        if constants is None:
-            tables = {name: table.to(device) for name, table in self._tables.items()}
-            timestep_map = torch.tensor(self.schedule.timestep_map, dtype=torch.long).to(device)
-            freqs = HARTTimestepEmbedder.frequencies(self.net.time_embed.frequency_channels).to(device)
-            constants = self._device_constants[device] = (tables, timestep_map, freqs)
-        return constants
+        """``(tables, timestep_map, time_frequencies)`` on ``device`` (moved here only when the module's weights
+        were placed elsewhere by hooks, e.g. CPU offload)."""
+        tables = self._tables
+        if tables["timestep_map"].device != torch.device(device):
+            tables = {name: table.to(device) for name, table in tables.items()}
+        return tables, tables["timestep_map"], tables["time_frequencies"]
 
     @property
     def timestep_map(self) -> List[int]:
