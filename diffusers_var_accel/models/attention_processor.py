@@ -8,9 +8,15 @@ the backend set on the model (``transformer.set_attention_backend("flash")``), e
 ``"native"``, by default).
 
 A grouped pass (several scales in one forward) is block-causal: the queries of scale ``j`` see the cached keys and the
-keys of scales ``<= j``. Backends that take a boolean mask (the SDPA family, xformers) get that mask; the others
-(flash-attn, sage, flex, cuDNN ...) get one mask-free call per scale instead, whose keys are a prefix of the pass
-(``grouped_attention`` chooses; the two agree within float rounding, see ``tests/test_attention_backends.py``).
+keys of scales ``<= j``. Backends that refuse a mask (flash-attn, sage, flex, cuDNN ...), and SDPA on CUDA (where a
+mask keeps it off its flash kernel), get one mask-free call per scale, whose keys are a prefix of the pass; the tokens
+per scale come from shapes (``context.token_scale_lengths``), never from the device. Elsewhere (SDPA on the CPU, the
+tested reference; xformers) the boolean mask is used (``grouped_attention`` chooses; the two agree within float
+rounding, see ``tests/test_attention_backends.py``).
+
+Per-call constants (the concatenated q/zero-k/v bias, q's learned scale, the text's cross-attention keys/values) are
+taken from ``context.call_cache`` and the RoPE tables from ``context.pass_cache``; q and k are normalised and rotated
+as one stacked ``(R, L, 2, H, c)`` tensor. Every rewrite keeps the values bit for bit (see :func:`rotate_pairs`).
 
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """
@@ -40,7 +46,9 @@ def resolve_backend(explicit: Union[str, AttentionBackendName, None]) -> str:
 
 
 def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent channel pairs ``(2m, 2m+1)`` by the angles whose cos/sin are ``rope_cos_sin[0]`` / ``[1]``."""
+    """Rotate adjacent channel pairs ``(2m, 2m+1)`` by the angles whose cos/sin are ``rope_cos_sin[0]`` / ``[1]``.
+
+    The reference form of :func:`rotate_pairs` (which the processor uses; the two agree bit for bit)."""
     cos, sin = rope_cos_sin[0], rope_cos_sin[1]
     pairs = x_RHLc.reshape(*x_RHLc.shape[:-1], -1, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
@@ -55,16 +63,65 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope_half(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
-    """Llama-style RoPE with full-width cos/sin tables ``(2, R, 1, L, c)``: ``x * cos + rotate_half(x) * sin``."""
+    """Llama-style RoPE with full-width cos/sin tables ``(2, R, 1, L, c)``: ``x * cos + rotate_half(x) * sin``.
+
+    The reference form of :func:`rotate_pairs` with :func:`half_pairing_tables` (bit for bit the same)."""
     return x_RHLc * rope_cos_sin[0] + rotate_half(x_RHLc) * rope_cos_sin[1]
 
 
-def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor):
-    """q, k, v as ``(R, H, L, c)`` from one fused projection with q and v biases and no k bias (both families)."""
+def adjacent_pairing_tables(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+    """Infinity's ``(2, 1 or R, 1, L, c/2)`` table as ``(2, 1 or R, L, 1, 1, c)`` multipliers of :func:`rotate_pairs`
+    for tokens laid out ``(R, L, n, H, c)``: ``[cos, cos]`` and ``[-sin, sin]`` per channel pair.
+
+    ``x0 cos + x1 (-sin)`` is ``cos x0 - sin x1`` bit for bit (negation is exact, ``a + (-b)`` is ``a - b``) and
+    ``x1 cos + x0 sin`` is ``sin x0 + cos x1`` (addition commutes), so the rotation keeps its values exactly."""
+    cos, sin = rope_cos_sin[0, :, 0], rope_cos_sin[1, :, 0]  # (1 or R, L, c/2)
+    tables = torch.stack((torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1)))
+    return tables.flatten(-2)[:, :, :, None, None, :]
+
+
+def half_pairing_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """HART's ``(2, R, 1, L, c)`` table as ``(2, R, L, 1, 1, c)`` multipliers of :func:`rotate_pairs` (halves
+    swapped): ``cos`` and ``[-sin_1, sin_2]``, in ``dtype``. ``x2 (-sin)`` is ``(-x2) sin`` bit for bit."""
+    cos, sin = rope_cos_sin[0, :, 0], rope_cos_sin[1, :, 0]  # (R, L, c)
+    sin1, sin2 = sin.chunk(2, dim=-1)
+    tables = torch.stack((cos, torch.cat((-sin1, sin2), dim=-1))).to(dtype)
+    return tables[:, :, :, None, None, :]
+
+
+def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool) -> torch.Tensor:
+    """RoPE on tokens laid out ``(R, L, n, H, c)`` (q and k stacked on ``n``): ``x * cos + swap(x) * sin'``, where
+    ``swap`` exchanges the channels of each pair (adjacent channels, or the two halves when ``halves``) and the
+    tables come from :func:`adjacent_pairing_tables` / :func:`half_pairing_tables`. Four kernels for q and k."""
+    c = x_RLnHc.shape[-1]
+    pairs = x_RLnHc.unflatten(-1, (2, c // 2) if halves else (c // 2, 2))
+    swapped = pairs.flip(-2 if halves else -1).flatten(-2)
+    return x_RLnHc * tables[0] + swapped * tables[1]
+
+
+def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor, context: Optional[VARForwardContext] = None):
+    """q, k, v as ``(R, L, H, c)`` views of one fused projection with q and v biases and no k bias (both families),
+    laid out ``(R, L, 3, H, c)``; the concatenated bias is a per-call constant."""
     R, L, C = hidden_states_RLC.shape
-    bias = torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
-    qkv = F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
-    return qkv.permute(2, 0, 3, 1, 4).unbind(dim=0)
+    bias = _call_cached(context, ("qkv_bias", attn.layer_idx),
+                        lambda: torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias)))
+    return F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+
+
+def _call_cached(context: Optional[VARForwardContext], key, compute):
+    return compute() if context is None else context.cached(key, compute)
+
+
+def _qk_multipliers(attn) -> torch.Tensor:
+    """``(1, 1, 2, H, 1)``: q's learned scale ``exp(min(scale_mul, max))``, and 1 for k (``k * 1`` is exact)."""
+    scale_mul_H = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp().view(-1)
+    return torch.stack((scale_mul_H, torch.ones_like(scale_mul_H))).view(1, 1, 2, -1, 1)
+
+
+def _cosine_qk(attn, qk_RL2Hc: torch.Tensor, context: Optional[VARForwardContext], eps: Optional[float]) -> torch.Tensor:
+    """q and k L2-normalised together, q times its learned per-head scale."""
+    normed = F.normalize(qk_RL2Hc, dim=-1) if eps is None else F.normalize(qk_RL2Hc, dim=-1, eps=eps)
+    return normed.mul(_call_cached(context, ("qk_multipliers", attn.layer_idx), lambda: _qk_multipliers(attn)))
 
 
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
@@ -93,16 +150,6 @@ class VARAttnProcessor:
     #: How a grouped pass keeps its block-causal structure: ``"mask"`` (one call with a boolean mask), ``"per_scale"``
     #: (one mask-free call per scale) or ``"auto"`` (the mask where the backend takes one, else per scale).
     grouped_attention: Literal["auto", "mask", "per_scale"] = "auto"
-
-    def uses_per_scale_calls(self) -> bool:
-        """Whether a grouped pass runs one mask-free call per scale with the backend that is active now."""
-        if self.grouped_attention not in ("auto", "mask", "per_scale"):
-            raise ValueError(
-                f"grouped_attention must be 'auto', 'mask' or 'per_scale', got {self.grouped_attention!r}"
-            )
-        if self.grouped_attention != "auto":
-            return self.grouped_attention == "per_scale"
-        return resolve_backend(self._attention_backend) not in BACKENDS_TAKING_BOOL_MASK
 
     def _attend_block_causal(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale,
                              backend) -> torch.Tensor:
@@ -135,6 +182,20 @@ class VARAttnProcessor:
                                                None, scale, backend)
         return out
 
+    def _attend_scale_prefixes(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale, backend) -> torch.Tensor:
+        """Block-causal attention of a grouped pass whose tokens are in scale order with ``lengths[j]`` tokens of
+        scale ``j`` (known from shapes): the queries of scale ``j`` attend to the cache and the first
+        ``sum(lengths[:j+1])`` keys of the pass, one mask-free call per scale. Nothing is read from the device."""
+        parts, start = [], 0
+        for count in lengths:
+            if count == 0:  # a scale that keeps no token here
+                continue
+            end = start + count
+            keys = slice(0, cache_length + end)
+            parts.append(self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend))
+            start = end
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
     def _attend(self, q_RLHc, k_RSHc, v_RSHc, mask, scale, backend) -> torch.Tensor:
         """``dispatch_attention_fn`` on (R, L, H, c) tensors, ``slice_size`` heads at a time when slicing is on
         (heads are independent, so slicing only bounds the size of the score tensor of one call)."""
@@ -163,61 +224,112 @@ class VARAttnProcessor:
     ) -> torch.Tensor:
         if encoder_hidden_states is None:
             return self._self_attention(attn, hidden_states, context, rope_cos_sin, scale_ids)
-        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask)
+        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context)
 
     # -- self-attention -------------------------------------------------------------------------------------------
-    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
-        """q, k, v as ``(R, H, L, c)`` with cosine normalisation, per-head scale and RoPE applied."""
-        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight)
-        scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
-        q = F.normalize(q, dim=-1, eps=1e-12).mul(scale_mul)
-        k = F.normalize(k, dim=-1, eps=1e-12)
-        q = apply_rope_2d(q, rope_cos_sin)
-        k = apply_rope_2d(k, rope_cos_sin)
-        return q, k, v.contiguous()
+    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor,
+                    context: Optional[VARForwardContext] = None):
+        """q, k, v as ``(R, L, H, c)`` with cosine normalisation, per-head scale and RoPE applied (q and k together)."""
+        qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight, context)
+        qk = _cosine_qk(attn, qkv[:, :, :2], context, eps=1e-12)
+        tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
+        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=False)).unbind(2)
+        return q, k, qkv[:, :, 2]
+
+    def _as_attention_dtype(self, qk: torch.Tensor) -> torch.Tensor:
+        """q and k in the dtype attention computes in: under autocast SDPA casts its inputs to the autocast dtype
+        (and the recorded-map path's matmuls do too), so casting once here, before the KV cache, gives the same
+        values with one cast of the new keys instead of one of q and one of the whole cache per pass."""
+        device_type = qk.device.type
+        if (device_type == "meta" or not torch.is_autocast_enabled(device_type)
+                or resolve_backend(self._attention_backend) != "native"):
+            return qk
+        dtype = torch.get_autocast_dtype(device_type)
+        return qk if qk.dtype == dtype else qk.to(dtype)
+
+    def _rope_tables(self, rope_cos_sin: Optional[torch.Tensor], context: Optional[VARForwardContext], dtype):
+        """The tables of :func:`rotate_pairs`, once per pass when they are the context's own."""
+        if rope_cos_sin is None:
+            return context.pass_cached(("rope_tables", type(self).__name__, dtype),
+                                       lambda: self.rope_tables(context.rope_cos_sin, dtype))
+        return self.rope_tables(rope_cos_sin, dtype)
+
+    @staticmethod
+    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return adjacent_pairing_tables(rope_cos_sin)
+
+    def uses_per_scale_calls(self, device: Optional[torch.device] = None) -> bool:
+        """Whether a grouped pass runs one mask-free call per scale with the backend that is active now.
+
+        ``"auto"``: per scale where the backend takes no mask, and on CUDA also for the SDPA backends (a mask keeps
+        SDPA off its flash kernel); the masked call elsewhere (the CPU reference)."""
+        if self.grouped_attention not in ("auto", "mask", "per_scale"):
+            raise ValueError(
+                f"grouped_attention must be 'auto', 'mask' or 'per_scale', got {self.grouped_attention!r}"
+            )
+        if self.grouped_attention != "auto":
+            return self.grouped_attention == "per_scale"
+        backend = resolve_backend(self._attention_backend)
+        if backend not in BACKENDS_TAKING_BOOL_MASK:
+            return True
+        return device is not None and device.type == "cuda" and backend == "native"
 
     def _self_attention(self, attn, hidden_states_RLC, context: VARForwardContext, rope_cos_sin, scale_ids):
         """``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a router selected them)."""
         R, L, C = hidden_states_RLC.shape
-        rope = context.rope_cos_sin if rope_cos_sin is None else rope_cos_sin
         scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
-        q, k, v = self.project_qkv(attn, hidden_states_RLC, rope)
+        q, k, v = self.project_qkv(attn, hidden_states_RLC, rope_cos_sin, context)  # (R, L, H, c)
         k_all, v_all = k, v
-        mask = None
-        cache_length = context.kv_cache.get_seq_length(attn.layer_idx) if context.kv_cache else 0
+        cache = context.kv_cache
+        cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
         record = attn.layer_idx in context.record_attention_layers
-        per_scale = scale_ids is not None and not record and self.uses_per_scale_calls()
+        lengths = context.token_scale_lengths(L) if scale_ids is not None else None
+        per_scale = (scale_ids is not None and not record
+                     and self.uses_per_scale_calls(hidden_states_RLC.device))
+        if per_scale and lengths is None and resolve_backend(self._attention_backend) in BACKENDS_TAKING_BOOL_MASK \
+                and self.grouped_attention == "auto":
+            per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
+        mask = None
         if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
             mask = block_causal_mask(cache_length, scale_ids)
-        if context.kv_cache is not None:
+        if cache is not None:
+            # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
             if context.cache_rows is not None and context.cache_rows != R:
                 # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
-                repeats = context.cache_rows // R
-                k_all, v_all = context.kv_cache.update(k.repeat(repeats, 1, 1, 1), v.repeat(repeats, 1, 1, 1), attn.layer_idx)
-                k_all, v_all = k_all[:R], v_all[:R]
+                k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx,
+                                            cache_rows=context.cache_rows)
             else:
-                k_all, v_all = context.kv_cache.update(k, v, attn.layer_idx)
+                k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
+            k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
         if record:
-            out, probs = _explicit_attention(q, k_all, v_all, attn.softmax_scale, mask)
+            out, probs = _explicit_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                             attn.softmax_scale, mask)
             # reduce at once unless the full map is asked for: 32 layers of full maps at 1M pixels take gigabytes
             context.attention_maps[attn.layer_idx] = (
                 probs if context.attention_map == "full" else probs.float().mean(dim=(1, 2))
             )
             out = out.transpose(1, 2)
+        elif per_scale and lengths is not None:
+            out = self._attend_scale_prefixes(q, k_all, v_all, cache_length, lengths, attn.softmax_scale,
+                                              self._attention_backend)
         elif per_scale:
-            out = self._attend_block_causal(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                            cache_length, scale_ids, attn.softmax_scale, self._attention_backend)
+            out = self._attend_block_causal(q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale,
+                                            self._attention_backend)
         else:
-            out = self._attend(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), mask, attn.softmax_scale,
-                               self._attention_backend)
+            out = self._attend(q, k_all, v_all, mask, attn.softmax_scale, self._attention_backend)
         return attn.proj(out.reshape(R, L, C))
 
     # -- cross-attention ------------------------------------------------------------------------------------------
-    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T):
+    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None):
         R, L, C = hidden_states_RLC.shape
         T = text_RTC.shape[1]
-        kv = F.linear(text_RTC, attn.mat_kv.weight, torch.cat((attn.zero_k_bias, attn.v_bias)))
-        k, v = kv.view(R, T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
+
+        def text_kv():  # a GEMM over the text per block: constant for the call
+            kv = F.linear(text_RTC, attn.mat_kv.weight, torch.cat((attn.zero_k_bias, attn.v_bias)))
+            return kv.view(text_RTC.shape[0], T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
+
+        layer = getattr(attn, "layer_idx", None)
+        k, v = text_kv() if layer is None else _call_cached(context, ("cross_kv", layer, text_RTC.shape[0]), text_kv)
         q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
         out = self._attend(q, k, v, text_mask_R11T, attn.scale, self._attention_backend)
         return attn.proj(out.reshape(R, L, C))
@@ -231,15 +343,19 @@ class HARTAttnProcessor(VARAttnProcessor):
     (``0.25 / sqrt(c)`` without cosine normalisation, as the official model). There is no cross-attention.
     """
 
-    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor):
-        q, k, v = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight)
+    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor,
+                    context: Optional[VARForwardContext] = None):
+        qkv = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight, context)
+        qk = qkv[:, :, :2]
         if attn.attn_l2_norm:
-            scale_mul = attn.scale_mul_1H11.clamp_max(attn.max_scale_mul).exp()
-            q = F.normalize(q, dim=-1).mul(scale_mul)
-            k = F.normalize(k, dim=-1)
-        rope = rope_cos_sin.to(q.dtype)
-        return apply_rope_half(q, rope), apply_rope_half(k, rope), v.contiguous()
+            qk = _cosine_qk(attn, qk, context, eps=None)
+        tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
+        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=True)).unbind(2)
+        return q, k, qkv[:, :, 2]
 
+    @staticmethod
+    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return half_pairing_tables(rope_cos_sin, dtype)
 
 
 class VARAttentionModuleMixin(AttentionModuleMixin):

@@ -150,18 +150,27 @@ class HARTTimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(frequency_channels, width), nn.SiLU(), nn.Linear(width, width))
 
     @staticmethod
-    def sinusoid(t_N: torch.Tensor, channels: int, max_period: float = 10000.0) -> torch.Tensor:
-        """``[cos(t f_i), sin(t f_i)]`` with ``f_i = exp(-ln(max_period) i / half)``, float32 (zero-padded if odd)."""
+    def frequencies(channels: int, max_period: float = 10000.0, device=None) -> torch.Tensor:
+        """``f_i = exp(-ln(max_period) i / half)`` in float32, computed on the CPU by default (as the official code)."""
         half = channels // 2
-        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half).to(t_N.device)
+        return torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=device) / half)
+
+    @staticmethod
+    def sinusoid(t_N: torch.Tensor, channels: int, max_period: float = 10000.0,
+                 freqs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[cos(t f_i), sin(t f_i)]`` with ``f_i = exp(-ln(max_period) i / half)``, float32 (zero-padded if odd).
+
+        ``freqs``: :meth:`frequencies` already on ``t``'s device (no upload per call), else computed here."""
+        if freqs is None:
+            freqs = HARTTimestepEmbedder.frequencies(channels, max_period).to(t_N.device)
         args = t_N[:, None].float() * freqs[None]
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
         if channels % 2:
             emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
         return emb
 
-    def forward(self, t_N: torch.Tensor) -> torch.Tensor:
-        emb = self.sinusoid(t_N, self.frequency_channels)
+    def forward(self, t_N: torch.Tensor, freqs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        emb = self.sinusoid(t_N, self.frequency_channels, freqs=freqs)
         return self.mlp(emb.to(compute_dtype(self.mlp[0])))
 
 
@@ -206,10 +215,12 @@ class HARTDiffusionMLP(nn.Module):
         self.res_blocks = nn.ModuleList([HARTAdaLNResBlock(width) for _ in range(depth)])
         self.final_layer = HARTFinalLayer(width, 2 * token_channels)
 
-    def forward(self, x_NCv: torch.Tensor, t_N: torch.Tensor, c_NC: torch.Tensor) -> torch.Tensor:
-        """Raw output (N, 2 * Cv) for tokens ``x``, original-process timesteps ``t`` (N,) and conditions ``c``."""
+    def forward(self, x_NCv: torch.Tensor, t_N: torch.Tensor, c_NC: torch.Tensor,
+                time_frequencies: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Raw output (N, 2 * Cv) for tokens ``x``, original-process timesteps ``t`` (N,) and conditions ``c``
+        (``time_frequencies``: the timestep embedder's frequencies on ``t``'s device, if the caller holds them)."""
         x_NW = self.input_proj(x_NCv)
-        y_NW = self.time_embed(t_N) + self.cond_embed(c_NC)
+        y_NW = self.time_embed(t_N, time_frequencies) + self.cond_embed(c_NC)
         for block in self.res_blocks:
             x_NW = block(x_NW, y_NW)
         return self.final_layer(x_NW, y_NW)
@@ -267,8 +278,30 @@ class HARTDiffusionHead(nn.Module):
         self.latent_scale = float(latent_scale)
         self.net = HARTDiffusionMLP(self.token_channels, self.condition_channels, int(width), int(depth))
         self.schedule = _RespacedSchedule(num_sampling_steps, int(num_train_timesteps))
-        # Plain attributes, not buffers: they stay float32 under module.to(dtype) and out of the state dict.
+        # Plain attributes, not buffers: they stay float32 under module.to(dtype) and out of the state dict. With them,
+        # the timestep map and the timestep embedder's frequencies: every constant of the sampler, moved with the
+        # module (``_apply``), so a generation uploads nothing.
         self._tables = self.schedule.float32_tables()
+        # on the CPU explicitly: a model built on the meta device (then loaded) still holds their values
+        self._tables["timestep_map"] = torch.tensor(self.schedule.timestep_map, dtype=torch.long, device="cpu")
+        self._tables["time_frequencies"] = HARTTimestepEmbedder.frequencies(self.net.time_embed.frequency_channels,
+                                                                            device="cpu")
+
+    def _apply(self, fn, *args, **kwargs):
+        """``module.to(device)`` also moves the constant tables (their dtypes stay: float32 and long)."""
+        module = super()._apply(fn, *args, **kwargs)
+        device = self.net.input_proj.weight.device
+        if device.type != "meta":
+            self._tables = {name: table.to(device) for name, table in self._tables.items()}
+        return module
+
+    def _constants_on(self, device: torch.device):
+        """``(tables, timestep_map, time_frequencies)`` on ``device`` (moved here only when the module's weights
+        were placed elsewhere by hooks, e.g. CPU offload)."""
+        tables = self._tables
+        if tables["timestep_map"].device != torch.device(device):
+            tables = {name: table.to(device) for name, table in tables.items()}
+        return tables, tables["timestep_map"], tables["time_frequencies"]
 
     @property
     def timestep_map(self) -> List[int]:
@@ -368,8 +401,7 @@ class HARTDiffusionHead(nn.Module):
                     raise ValueError(f"step_noises[{i}] must have shape ({two_n}, {Cv}) or ({n}, {Cv}), got {tuple(noise.shape)}")
         x_NCv = initial_noise[:n].to(device=device, dtype=torch.float32)
 
-        tables = {name: table.to(device) for name, table in self._tables.items()}
-        timestep_map = torch.tensor(self.schedule.timestep_map, dtype=torch.long, device=device)
+        tables, timestep_map, time_frequencies = self._constants_on(device)
         net_dtype = compute_dtype(self.net.input_proj)
         condition_2NC = condition_2NC.to(net_dtype)
 
@@ -377,11 +409,11 @@ class HARTDiffusionHead(nn.Module):
         for i in reversed(range(num_steps)):
             t_2N = timestep_map[i].expand(two_n)
             if cond_only:  # only the conditional branch: eps_cond is (1 + 0) eps_cond - 0 eps_uncond exactly
-                out_2N2Cv = self.net(x_NCv.to(net_dtype), t_2N[:n], condition_2NC).float()
+                out_2N2Cv = self.net(x_NCv.to(net_dtype), t_2N[:n], condition_2NC, time_frequencies).float()
                 eps_cond = eps_uncond = out_2N2Cv[:, :Cv]
             else:
                 x_in = torch.cat([x_NCv, x_NCv], dim=0).to(net_dtype)
-                out_2N2Cv = self.net(x_in, t_2N, condition_2NC).float()
+                out_2N2Cv = self.net(x_in, t_2N, condition_2NC, time_frequencies).float()
                 eps_cond, eps_uncond = out_2N2Cv[:n, :Cv], out_2N2Cv[n:, :Cv]
             if cond_only:
                 eps_NCv = eps_cond

@@ -77,10 +77,11 @@ class HARTRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``weight``: ``self.weight`` already in ``x``'s dtype (a per-call constant), or ``None`` to cast it here."""
         x32 = x.float()
         normed = (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
-        return normed * self.weight.to(x.dtype)
+        return normed * (self.weight.to(x.dtype) if weight is None else weight)
 
 
 class HARTLevelEmbedding(nn.Module):
@@ -177,11 +178,17 @@ class HARTBlock(TokenRoutedBlock):
         self.ffn = HARTFeedForward(embed_dim, mlp_hidden)
 
     def _sublayers(self, x, condition: HARTCondition, context: VARForwardContext):
+        norm = self.ln_wo_grad
+
+        def normed(x_sub):  # the norm's weight in the stream's dtype is a per-call constant
+            weight = context.cached(("rms_weight", self.layer_idx, x_sub.dtype), lambda: norm.weight.to(x_sub.dtype))
+            return norm(x_sub, weight)
+
         def self_attn(x_sub, ctx):
-            return self.attn(self.ln_wo_grad(x_sub), ctx)
+            return self.attn(normed(x_sub), ctx)
 
         def ffn(x_sub, ctx):
-            return self.ffn(self.ln_wo_grad(x_sub))
+            return self.ffn(normed(x_sub))
 
         x = self._routed("self_attn", x, self_attn, context)
         return self._routed("ffn", x, ffn, context)

@@ -102,8 +102,14 @@ def ffn_hidden_size(embed_dim: int, mlp_ratio: float) -> int:
 
 def ada_layer_norm(x_RLC: torch.Tensor, scale_R1C: torch.Tensor, shift_R1C: torch.Tensor, eps: float) -> torch.Tensor:
     """``LayerNorm(x) * (1 + scale) + shift`` in fp32, LayerNorm without affine parameters."""
+    return modulated_layer_norm(x_RLC, scale_R1C.add(1), shift_R1C, eps)
+
+
+def modulated_layer_norm(x_RLC: torch.Tensor, scale_plus_1_R1C: torch.Tensor, shift_R1C: torch.Tensor,
+                         eps: float) -> torch.Tensor:
+    """:func:`ada_layer_norm` with ``1 + scale`` given (a per-call constant of every block)."""
     x = F.layer_norm(x_RLC.float(), (x_RLC.shape[-1],), eps=eps)
-    return x.mul(scale_R1C.add(1)).add_(shift_R1C)
+    return x.mul(scale_plus_1_R1C).add_(shift_R1C)
 
 
 class InfinityRMSNorm(nn.Module):
@@ -160,11 +166,14 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
     _available_processors = [VARAttnProcessor]
     _supports_qkv_fusion = False
 
-    def __init__(self, embed_dim: int, kv_dim: int, num_heads: int, for_pooling: bool = False):
+    def __init__(self, embed_dim: int, kv_dim: int, num_heads: int, for_pooling: bool = False,
+                 layer_idx: Optional[int] = None):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        # the block's index: the text keys/values are a per-call constant stored under it (None: not stored)
+        self.layer_idx = layer_idx
         self.is_cross_attention = True
         self.scale = 1 / math.sqrt(self.head_dim)
         if for_pooling:
@@ -177,9 +186,11 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_processor(VARAttnProcessor())
 
-    def forward(self, hidden_states_RLC, encoder_hidden_states, encoder_attention_mask=None):
+    def forward(self, hidden_states_RLC, encoder_hidden_states, encoder_attention_mask=None,
+                context: Optional[VARForwardContext] = None):
         return self.processor(
-            self, hidden_states_RLC, encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask
+            self, hidden_states_RLC, context=context, encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
         )
 
 
@@ -251,30 +262,42 @@ class InfinityBlock(TokenRoutedBlock):
         super().__init__()
         self.layer_idx, self.norm_eps = layer_idx, norm_eps
         self.sa = InfinitySelfAttention(embed_dim, num_heads, layer_idx)
-        self.ca = InfinityCrossAttention(embed_dim, embed_dim, num_heads)
+        self.ca = InfinityCrossAttention(embed_dim, embed_dim, num_heads, layer_idx=layer_idx)
         self.ffn = InfinityFeedForward(embed_dim, mlp_hidden)
         self.ca_norm = nn.LayerNorm(embed_dim, eps=norm_eps, elementwise_affine=True)
         self.ada_gss = nn.Parameter(torch.zeros(1, 1, 6, embed_dim))
 
     def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext):
         """The three sublayers on the tokens ``x`` that ``context`` describes."""
-        gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + condition.ada_R16C).unbind(2)
+        rows = condition.ada_R16C.shape[0]
+        gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = context.cached(
+            ("ada", self.layer_idx, rows), lambda: self._modulation(condition))
+        norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
+        ca_weight, ca_bias = context.cached(("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float()))
         eps = self.norm_eps
 
         def self_attn(x_sub, ctx):
-            return self.sa(ada_layer_norm(x_sub, scale1, shift1, eps), ctx).mul_(gamma1)
+            return self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps), ctx).mul_(gamma1)
 
         def cross_attn(x_sub, ctx):
-            norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
-            x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
-            return self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T).float()
+            x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
+            out = self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T, ctx)
+            # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record
+            # at this level; ``x + out`` promotes to the same values) or scattered (which casts), the cast would be
+            # one more kernel per block, so it is left to the addition.
+            return out if ctx.routes is None and x_sub.dtype == torch.float32 else out.float()
 
         def ffn(x_sub, ctx):
-            return self.ffn(ada_layer_norm(x_sub, scale2, shift2, eps)).mul(gamma2)
+            return self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps)).mul(gamma2)
 
         x = self._routed("self_attn", x, self_attn, context)
         x = self._routed("cross_attn", x, cross_attn, context)
         return self._routed("ffn", x, ffn, context)
+
+    def _modulation(self, condition: InfinityCondition):
+        """``gamma1, gamma2, 1 + scale1, 1 + scale2, shift1, shift2`` of this block: constant for the call."""
+        gamma1, gamma2, scale1, scale2, shift1, shift2 = (self.ada_gss + condition.ada_R16C).unbind(2)
+        return gamma1, gamma2, scale1.add(1), scale2.add(1), shift1, shift2
 
 
 class InfinityHeadNorm(nn.Module):
@@ -386,11 +409,19 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         return self.cfg_uncond[:T].unsqueeze(0).expand(B, T, -1)
 
     @apply_forward_hook
-    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor]) -> InfinityCondition:
-        """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call)."""
+    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor],
+                         padded: Optional[bool] = None) -> InfinityCondition:
+        """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call).
+
+        A mask without padding is dropped (unmasked attention kernels). ``padded`` says whether any row of the mask
+        is padded when the caller knows it on the host (from the tokenizer's lengths); ``None`` reads it from the
+        mask, one host read before the generation starts."""
         mask = None
-        if encoder_attention_mask_RT is not None and not bool(encoder_attention_mask_RT.bool().all()):
-            mask = encoder_attention_mask_RT.bool()[:, None, None, :]
+        if encoder_attention_mask_RT is not None:
+            if padded is None:
+                padded = not bool(encoder_attention_mask_RT.bool().all())
+            if padded:
+                mask = encoder_attention_mask_RT.bool()[:, None, None, :]
         text = self.text_norm(encoder_hidden_states_RTD.float())
         cond_RC = self.text_proj_for_sos(text, mask)
         text_RTC = self.text_proj_for_ca(text)

@@ -16,48 +16,133 @@ class ScaleKVCache:
     The next-scale loop creates one per call and drops it on return; attention modules only call :meth:`update`
     with their ``layer_idx``. Keys are stored after normalisation and RoPE, exactly as attention consumes them.
 
+    With ``max_length`` (every input token of the schedule) each layer's keys and values are written into buffers
+    ``(R, H, max_length, c)`` allocated at the layer's first update, and :meth:`update` returns views of the filled
+    prefix: no copy of the earlier scales per pass, and the same addresses for the whole call (what a captured CUDA
+    graph needs). Without it the entries grow by concatenation (for direct model users who do not know the length).
+
     Args:
         num_layers (`int`): number of self-attention layers.
+        max_length (`int`, *optional*): the most positions a layer will hold; ``None`` grows without a bound.
     """
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, max_length: Optional[int] = None):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be a positive int (positions per layer) or None, got {max_length!r}")
         self.num_layers = num_layers
+        self.max_length = max_length
         self.key_cache: List[Optional[torch.Tensor]] = [None] * num_layers
         self.value_cache: List[Optional[torch.Tensor]] = [None] * num_layers
+        # preallocated mode: the buffers and how many positions of each are filled (host ints, known statically)
+        self._key_buffers: List[Optional[torch.Tensor]] = [None] * num_layers
+        self._value_buffers: List[Optional[torch.Tensor]] = [None] * num_layers
+        self._lengths: List[int] = [0] * num_layers
 
-    def update(self, key_RHLc: torch.Tensor, value_RHLc: torch.Tensor, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append this scale's keys/values of layer ``layer_idx`` and return everything cached for it."""
-        if self.key_cache[layer_idx] is None:
-            self.key_cache[layer_idx], self.value_cache[layer_idx] = key_RHLc, value_RHLc
-        else:
-            self.key_cache[layer_idx] = torch.cat((self.key_cache[layer_idx], key_RHLc), dim=2)
-            self.value_cache[layer_idx] = torch.cat((self.value_cache[layer_idx], value_RHLc), dim=2)
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+    @property
+    def preallocated(self) -> bool:
+        """Whether keys and values are written into fixed buffers (``max_length`` given)."""
+        return self.max_length is not None
+
+    def update(self, key_RHLc: torch.Tensor, value_RHLc: torch.Tensor, layer_idx: int,
+               cache_rows: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Append this scale's keys/values of layer ``layer_idx`` and return everything cached for its rows.
+
+        Args:
+            key_RHLc, value_RHLc: ``(R, H, L, c)`` keys and values of this pass (any strides).
+            layer_idx: the layer.
+            cache_rows: rows the cache holds when fewer run (CFG halving): the ``R`` given rows stand in for every
+                block of ``R`` cached rows; the first ``R`` rows are returned.
+        """
+        rows = key_RHLc.shape[0]
+        if cache_rows is not None and cache_rows != rows:
+            if cache_rows % rows:
+                raise ValueError(f"{rows} rows of keys cannot fill a cache of {cache_rows} rows (not a multiple)")
+        if not self.preallocated:
+            if cache_rows is not None and cache_rows != rows:
+                repeats = cache_rows // rows
+                key_RHLc, value_RHLc = key_RHLc.repeat(repeats, 1, 1, 1), value_RHLc.repeat(repeats, 1, 1, 1)
+            if self.key_cache[layer_idx] is None:
+                self.key_cache[layer_idx], self.value_cache[layer_idx] = key_RHLc, value_RHLc
+            else:
+                self.key_cache[layer_idx] = torch.cat((self.key_cache[layer_idx], key_RHLc), dim=2)
+                self.value_cache[layer_idx] = torch.cat((self.value_cache[layer_idx], value_RHLc), dim=2)
+            return self.key_cache[layer_idx][:rows], self.value_cache[layer_idx][:rows]
+        return self._write(key_RHLc, value_RHLc, layer_idx, cache_rows or rows)
+
+    def _write(self, key_RHLc, value_RHLc, layer_idx: int, cache_rows: int):
+        R, H, L, c = key_RHLc.shape
+        keys = self._key_buffers[layer_idx]
+        if keys is None:
+            shape = (cache_rows, H, self.max_length, c)
+            keys = key_RHLc.new_empty(shape)
+            self._key_buffers[layer_idx] = keys
+            self._value_buffers[layer_idx] = value_RHLc.new_empty(shape[:-1] + (value_RHLc.shape[-1],))
+        values = self._value_buffers[layer_idx]
+        if keys.shape[0] != cache_rows or keys.shape[1] != H or keys.shape[3] != c or keys.dtype != key_RHLc.dtype:
+            raise ValueError(
+                f"layer {layer_idx}: keys of {cache_rows} rows, {H} heads, dim {c}, {key_RHLc.dtype} do not fit the cache "
+                f"buffer of {keys.shape[0]} rows, {keys.shape[1]} heads, dim {keys.shape[3]}, {keys.dtype}"
+            )
+        start = self._lengths[layer_idx]
+        end = start + L
+        if end > self.max_length:
+            raise ValueError(
+                f"layer {layer_idx}: writing {L} positions after {start} cached ones needs {end}, more than the "
+                f"cache's max_length={self.max_length}"
+            )
+        if cache_rows == R:
+            keys[:, :, start:end].copy_(key_RHLc)
+            values[:, :, start:end].copy_(value_RHLc)
+        else:  # CFG halving: the given rows fill every block of R rows (one broadcast copy each)
+            repeats = cache_rows // R
+            keys.view(repeats, R, *keys.shape[1:])[:, :, :, start:end].copy_(key_RHLc)
+            values.view(repeats, R, *values.shape[1:])[:, :, :, start:end].copy_(value_RHLc)
+        self._lengths[layer_idx] = end
+        return keys[:R, :, :end], values[:R, :, :end]
 
     def get(self, layer_idx: int) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+        """Everything cached for layer ``layer_idx`` (views of the buffers when preallocated), or ``(None, None)``."""
+        if not self.preallocated:
+            return self.key_cache[layer_idx], self.value_cache[layer_idx]
+        if self._key_buffers[layer_idx] is None or self._lengths[layer_idx] == 0:
+            return None, None
+        end = self._lengths[layer_idx]
+        return self._key_buffers[layer_idx][:, :, :end], self._value_buffers[layer_idx][:, :, :end]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        if self.preallocated:
+            return self._lengths[layer_idx]
         k = self.key_cache[layer_idx]
         return 0 if k is None else k.shape[2]
 
     def crop(self, max_length: int) -> None:
         """Keep only the first ``max_length`` cached positions of every layer."""
         for i in range(self.num_layers):
-            if self.key_cache[i] is not None:
+            if self.preallocated:
+                self._lengths[i] = min(self._lengths[i], max(int(max_length), 0))
+            elif self.key_cache[i] is not None:
                 self.key_cache[i] = self.key_cache[i][:, :, :max_length]
                 self.value_cache[i] = self.value_cache[i][:, :, :max_length]
 
     def batch_select_indices(self, indices: Union[Sequence[int], torch.Tensor]) -> None:
-        """Keep only the rows ``indices`` (e.g. drop the unconditional CFG half)."""
+        """Keep only the rows ``indices`` (e.g. drop the unconditional CFG half). Preallocated buffers are replaced
+        by buffers of the kept rows (new addresses from then on)."""
         for i in range(self.num_layers):
-            if self.key_cache[i] is not None:
+            if self.preallocated:
+                if self._key_buffers[i] is not None:
+                    self._key_buffers[i] = self._key_buffers[i][indices].contiguous()
+                    self._value_buffers[i] = self._value_buffers[i][indices].contiguous()
+            elif self.key_cache[i] is not None:
                 self.key_cache[i] = self.key_cache[i][indices]
                 self.value_cache[i] = self.value_cache[i][indices]
 
     def reset(self) -> None:
+        """Forget every cached position (preallocated buffers are kept and rewritten from position 0)."""
         self.key_cache = [None] * self.num_layers
         self.value_cache = [None] * self.num_layers
+        self._lengths = [0] * self.num_layers
 
     def __len__(self) -> int:
         return self.num_layers

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from dataclasses import replace
-from typing import Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Hashable, Optional, Set, Tuple
 
 import torch
 
@@ -43,7 +43,16 @@ class VARForwardContext:
         positions (`torch.Tensor`, *optional*): ``(R, K)`` positions, among the pass's tokens, of the tokens this
             context describes; ``None`` = all of them, in order.
         records (`PassRecords`): what the executor kept for later scales (filled during the pass).
-        call_cache (`dict`): per-call constants shared by every pass of the call, keyed by ``(name, layer_idx)``.
+        scale_lengths (`tuple[int]`, *optional*): how many of the tokens this context describes belong to each scale
+            of the pass, in order (the tokens are in scale order). Known statically for the pass's own tokens (from
+            ``scale_hws``) and for routes that keep a fixed count per scale; ``None`` when not known, and then a
+            grouped pass keeps its block-causal structure with a mask built on the device.
+        call_cache (`dict`, *optional*): per-call constants, owned by the caller (one dict per generation, the same
+            for every pass): models store there, lazily, what depends only on the weights and the call's condition
+            (cross-attention text keys/values, AdaLN terms, concatenated biases ...), keyed by ``(name, layer, ...)``.
+            ``None`` computes them at every use (same values).
+        pass_cache (`dict`): constants of these tokens derived once per pass (RoPE tables in the layout the
+            processors use); a context for other tokens (:meth:`for_tokens`) starts an empty one.
     """
 
     kv_cache: Optional[ScaleKVCache]
@@ -57,14 +66,46 @@ class VARForwardContext:
     scale_hws: Tuple[Tuple[int, int], ...] = ()
     positions: Optional[torch.Tensor] = None
     records: "PassRecords" = field(default_factory=lambda: PassRecords())
-    call_cache: Dict = field(default_factory=dict)
+    scale_lengths: Optional[Tuple[int, ...]] = None
+    call_cache: Optional[Dict[Hashable, Any]] = None
+    pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def for_tokens(self, index_RK: torch.Tensor) -> "VARForwardContext":
+    def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None) -> "VARForwardContext":
         """The context of the tokens ``index`` selects among this context's tokens: their RoPE table, scale ids and
-        pass positions; the KV cache, recorded maps and records are shared."""
+        pass positions (and, when the caller knows them, ``scale_lengths``); the KV cache, recorded maps, records and
+        call cache are shared."""
         positions = index_RK if self.positions is None else torch.gather(self.positions, 1, index_RK)
         return replace(self, rope_cos_sin=gather_rope(self.rope_cos_sin, index_RK),
-                       token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions)
+                       token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions,
+                       scale_lengths=scale_lengths, pass_cache={})
+
+    def cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()``, stored under ``key`` in :attr:`call_cache` the first time (every time without one)."""
+        if self.call_cache is None:
+            return compute()
+        value = self.call_cache.get(key)
+        if value is None:
+            value = compute()
+            self.call_cache[key] = value
+        return value
+
+    def pass_cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()``, stored under ``key`` in :attr:`pass_cache` the first time."""
+        value = self.pass_cache.get(key)
+        if value is None:
+            value = compute()
+            self.pass_cache[key] = value
+        return value
+
+    def token_scale_lengths(self, num_tokens: int) -> Optional[Tuple[int, ...]]:
+        """Tokens per scale of this context's ``num_tokens`` tokens, read from shapes only (never from the
+        device): :attr:`scale_lengths`, else, for the pass's own tokens, the products of :attr:`scale_hws`."""
+        if self.scale_lengths is not None:
+            return self.scale_lengths if sum(self.scale_lengths) == num_tokens else None
+        if self.positions is not None or not self.scale_hws:
+            return None
+        lengths = tuple(int(h) * int(w) for h, w in self.scale_hws)
+        return lengths if sum(lengths) == num_tokens else None
 
 
 @dataclass

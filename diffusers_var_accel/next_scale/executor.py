@@ -100,9 +100,12 @@ def _select(route: TokenRoute, x_RLC: torch.Tensor) -> torch.Tensor:
     return route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
 
 
-def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor) -> VARForwardContext:
-    """The context of gathered tokens; their sublayers run dense (routes act at the level they were declared)."""
-    return replace(context.for_tokens(index_RK), routes=None)
+def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute) -> VARForwardContext:
+    """The context of gathered tokens; their sublayers run dense (routes act at the level they were declared).
+
+    A route that keeps a fixed number of tokens per scale (``route.scale_counts``) says so, and a grouped pass then
+    attends scale by scale without a mask and without reading the index."""
+    return replace(context.for_tokens(index_RK, route.scale_counts), routes=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -116,7 +119,7 @@ def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardCont
     if index_RK.shape[1] == 0:  # nothing computed: every position takes the fill
         return canvas
     x_RKC = gather_tokens(x_RLC, index_RK)
-    out_RKC = _routed_block(block, x_RKC, condition, _tokens_context(context, index_RK), route.inner)
+    out_RKC = _routed_block(block, x_RKC, condition, _tokens_context(context, index_RK, route), route.inner)
     return scatter_tokens(canvas, index_RK, out_RKC)
 
 
@@ -165,7 +168,7 @@ def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes
     if index_RK.shape[1] == 0:
         return x_RLC
     x_RKC = gather_tokens(x_RLC, index_RK)
-    tokens_context = _tokens_context(context, index_RK)
+    tokens_context = _tokens_context(context, index_RK, route)
     for block, inner in zip(blocks, inner_routes):
         x_RKC = _routed_block(block, x_RKC, condition, tokens_context, inner)
     canvas = x_RLC.to(torch.promote_types(x_RLC.dtype, x_RKC.dtype))
@@ -186,7 +189,7 @@ def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: Sublay
         index_RK = _select(route, x_RLC)
         update_RLC = _update_canvas(route.fill, x_RLC, context)
         if index_RK.shape[1]:
-            computed_RKC = compute(gather_tokens(x_RLC, index_RK), _tokens_context(context, index_RK))
+            computed_RKC = compute(gather_tokens(x_RLC, index_RK), _tokens_context(context, index_RK, route))
             update_RLC = scatter_tokens(update_RLC, index_RK, computed_RKC)
     if routes is not None and (layer_idx, kind) in routes.record.sublayer_updates:
         context.records.sublayer_updates[(layer_idx, kind)] = update_RLC

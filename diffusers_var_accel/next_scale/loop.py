@@ -16,8 +16,6 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -163,7 +161,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
             scale_ids = start_ids if level_L is None else torch.cat((start_ids, level_L.to(x_RLC.device)))
     records = PassRecords()
     context = VARForwardContext(
-        **_call_cache_argument(state),
+        call_cache=state.call_cache,
         kv_cache=state.kv_cache,
         rope_cos_sin=family.rope_cos_sin(plan.scale_indices, cond_rows),
         token_scale_ids=scale_ids,
@@ -184,19 +182,9 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
 
 
 def _schedule_kv_cache(family, scale_schedule) -> ScaleKVCache:
-    """The call's KV cache, preallocated for every input token of the schedule when the cache supports it."""
+    """The call's KV cache, preallocated for every input token of the schedule (fixed addresses, no ``cat``)."""
     max_length = family.num_start_tokens(scale_schedule) + sum(int(s[-2]) * int(s[-1]) for s in scale_schedule[1:])
-    if "max_length" in inspect.signature(ScaleKVCache).parameters:
-        return ScaleKVCache(family.num_layers, max_length=max_length)
-    return ScaleKVCache(family.num_layers)
-
-
-def _call_cache_argument(state: NextScaleState) -> dict:
-    """``call_cache=state.call_cache`` for a context that has the field."""
-    return {"call_cache": state.call_cache} if "call_cache" in _CONTEXT_FIELDS else {}
-
-
-_CONTEXT_FIELDS = {f.name for f in dataclasses.fields(VARForwardContext)}
+    return ScaleKVCache(family.num_layers, max_length=max_length)
 
 
 def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indices: Sequence[int]) -> torch.Tensor:

@@ -177,12 +177,16 @@ class TokenRoute:
             :class:`LayerProxy`).
         inner: a route applied within the kept tokens (nested selections: DepthVAR's depth within LazyVAR's kept
             tokens). Its ``index`` counts the outer route's kept tokens.
+        scale_counts: for a grouped pass, how many of the kept tokens belong to each of its scales (in order, the
+            index being ascending), when the route keeps a fixed number per scale: attention then runs scale by
+            scale without a mask and without reading the index on the host. ``None``: not known.
     """
 
     index: Optional[torch.Tensor] = None
     selector: Optional[TokenSelector] = None
     fill: Fill = PASS_THROUGH
     inner: Optional["TokenRoute"] = None
+    scale_counts: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         if (self.index is None) == (self.selector is None):
@@ -191,8 +195,8 @@ class TokenRoute:
     def within(self, outer: "TokenRoute") -> "TokenRoute":
         """This route nested inside ``outer`` (``outer``'s kept tokens, then this route's selection among them)."""
         if outer.inner is not None:
-            return TokenRoute(outer.index, outer.selector, outer.fill, self.within(outer.inner))
-        return TokenRoute(outer.index, outer.selector, outer.fill, self)
+            return TokenRoute(outer.index, outer.selector, outer.fill, self.within(outer.inner), outer.scale_counts)
+        return TokenRoute(outer.index, outer.selector, outer.fill, self, outer.scale_counts)
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         index_BK = torch.cat(parts, dim=1)
         if index_BK.shape[1] == offset:
             return None  # every token kept: the dense pass
-        route = TokenRoute(index=index_BK)
+        counts = tuple(int(kept[k].shape[1]) for k in plan.scale_indices) if len(plan.scale_indices) > 1 else None
+        route = TokenRoute(index=index_BK, scale_counts=counts)
         return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
                           residual_tokens={k: kept[k] for k in plan.scale_indices})
 
@@ -309,7 +310,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         routes = PassRoutes()
         select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size, routes.residual_tokens,
                                     self.call_state(state).kept)
-        route = TokenRoute(selector=select)
+        route = TokenRoute(selector=select, scale_counts=tuple(counts) if len(counts) > 1 else None)
         routes.routes = {(layer, "block"): route for layer in range(state.model.num_layers)}
         return routes
 

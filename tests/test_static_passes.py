@@ -1,0 +1,299 @@
+"""The model side of static passes: a preallocated KV cache, per-call constants, fused RoPE, grouped passes without
+host reads. Everything here must leave the numbers exactly as they were (bit for bit on the CPU in fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import diffusers_var_accel.next_scale.loop as loop_module
+from diffusers_var_accel import (
+    HART_CONFIGS,
+    ARVARScheduler,
+    DepthVARScheduler,
+    FastVARScheduler,
+    LazyVARScheduler,
+    ScaleKVCache,
+    schedule_for_size,
+    supported_sizes,
+)
+from diffusers_var_accel.models.attention_processor import (
+    VARAttnProcessor,
+    adjacent_pairing_tables,
+    apply_rope_2d,
+    apply_rope_half,
+    half_pairing_tables,
+    rotate_pairs,
+)
+from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
+from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+
+
+def _kv(rows, length, generator, heads=2, dim=4):
+    return (torch.randn(rows, heads, length, dim, generator=generator),
+            torch.randn(rows, heads, length, dim, generator=generator))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# preallocated KV cache
+# ---------------------------------------------------------------------------------------------------------------------
+def test_preallocated_cache_holds_what_the_growing_cache_holds_at_fixed_addresses():
+    g = torch.Generator().manual_seed(0)
+    grown, fixed = ScaleKVCache(2), ScaleKVCache(2, max_length=10)
+    addresses = None
+    for length in (1, 4, 5):
+        k, v = _kv(3, length, g)
+        for layer in range(2):
+            k_ref, v_ref = grown.update(k, v, layer)
+            k_all, v_all = fixed.update(k, v, layer)
+            assert torch.equal(k_all, k_ref) and torch.equal(v_all, v_ref)
+        seen = [(fixed.get(layer)[0].data_ptr(), fixed.get(layer)[1].data_ptr()) for layer in range(2)]
+        assert addresses is None or seen == addresses  # views of the same buffers, pass after pass
+        addresses = seen
+    assert fixed.get_seq_length(1) == grown.get_seq_length(1) == 10
+
+
+def test_preallocated_cache_takes_strided_keys():
+    g = torch.Generator().manual_seed(1)
+    k_RLHc, v_RLHc = torch.randn(2, 3, 2, 4, generator=g), torch.randn(2, 3, 2, 4, generator=g)
+    cache = ScaleKVCache(1, max_length=3)
+    k_all, v_all = cache.update(k_RLHc.transpose(1, 2), v_RLHc.transpose(1, 2), 0)
+    assert torch.equal(k_all, k_RLHc.transpose(1, 2)) and torch.equal(v_all, v_RLHc.transpose(1, 2))
+
+
+@pytest.mark.parametrize("max_length", [None, 8])
+def test_cfg_halving_writes_the_given_rows_into_every_half(max_length):
+    g = torch.Generator().manual_seed(2)
+    cache = ScaleKVCache(1, max_length=max_length)
+    k0, v0 = _kv(4, 2, g)
+    cache.update(k0, v0, 0)
+    k1, v1 = _kv(2, 3, g)
+    k_all, v_all = cache.update(k1, v1, 0, cache_rows=4)
+    assert k_all.shape == (2, 2, 5, 4)  # the rows that ran
+    assert torch.equal(k_all[:, :, 2:], k1) and torch.equal(v_all[:, :, :2], v0[:2])
+    keys, values = cache.get(0)
+    assert torch.equal(keys[2:, :, 2:], k1) and torch.equal(values[2:, :, 2:], v1)
+    assert torch.equal(keys[2:, :, :2], k0[2:])
+    with pytest.raises(ValueError, match="3 rows"):
+        cache.update(*_kv(3, 1, g), 0, cache_rows=4)
+
+
+def test_preallocated_cache_overflow_and_mismatch_are_clear_errors():
+    g = torch.Generator().manual_seed(3)
+    cache = ScaleKVCache(1, max_length=4)
+    cache.update(*_kv(2, 3, g), 0)
+    with pytest.raises(ValueError, match=r"after 3 cached ones needs 5.*max_length=4"):
+        cache.update(*_kv(2, 2, g), 0)
+    with pytest.raises(ValueError, match="heads"):
+        cache.update(*_kv(2, 1, g, heads=3), 0)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_length"):
+            ScaleKVCache(1, max_length=bad)
+
+
+@pytest.mark.parametrize("max_length", [None, 9])
+def test_crop_select_and_reset_keep_working(max_length):
+    g = torch.Generator().manual_seed(4)
+    cache = ScaleKVCache(2, max_length=max_length)
+    k, v = _kv(4, 5, g)
+    for layer in range(2):
+        cache.update(k, v, layer)
+    cache.crop(3)
+    assert cache.get_seq_length(0) == 3 and torch.equal(cache.get(1)[0], k[:, :, :3])
+    cache.batch_select_indices([0, 2])
+    assert torch.equal(cache.get(0)[1], v[[0, 2], :, :3])
+    k2, v2 = _kv(2, 2, g)
+    k_all, _ = cache.update(k2, v2, 0)
+    assert torch.equal(k_all, torch.cat((k[[0, 2], :, :3], k2), dim=2))
+    cache.reset()
+    assert cache.get_seq_length(0) == 0 and cache.get(0) == (None, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# RoPE of q and k together
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_pairs_is_the_reference_rope_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(5)
+    R, L, H, c = 3, 7, 2, 16
+    qk_RL2Hc = torch.randn(R, L, 2, H, c, generator=g).to(dtype)
+    angles = torch.randn(L, c // 2, generator=g) * 10
+    infinity_table = torch.stack((angles.cos(), angles.sin()))[:, None, None]  # (2, 1, 1, L, c/2)
+    out = rotate_pairs(qk_RL2Hc, adjacent_pairing_tables(infinity_table), halves=False)
+    for i in range(2):
+        reference = apply_rope_2d(qk_RL2Hc[:, :, i].transpose(1, 2), infinity_table).transpose(1, 2)
+        assert torch.equal(out[:, :, i], reference)
+    per_row = torch.randn(R, L, c // 2, generator=g) * 10
+    emb = torch.cat((per_row, per_row), dim=-1)
+    hart_table = torch.stack((emb.cos(), emb.sin())).unsqueeze(2)  # (2, R, 1, L, c)
+    out = rotate_pairs(qk_RL2Hc, half_pairing_tables(hart_table, dtype), halves=True)
+    for i in range(2):
+        reference = apply_rope_half(qk_RL2Hc[:, :, i].transpose(1, 2), hart_table.to(dtype)).transpose(1, 2)
+        assert torch.equal(out[:, :, i], reference)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# grouped passes without host reads
+# ---------------------------------------------------------------------------------------------------------------------
+HOST_READS = {"_local_scalar_dense", "nonzero", "unique_consecutive", "_unique2", "unique_dim", "masked_select"}
+
+
+class _HostReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in HOST_READS:
+            self.seen.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_scale_prefix_calls_equal_the_masked_attention_without_host_reads():
+    g = torch.Generator().manual_seed(6)
+    lengths, cache, R, H, c = (1, 4, 9), 5, 2, 3, 8
+    L = sum(lengths)
+    scale_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+    q = torch.randn(R, L, H, c, generator=g)
+    k, v = torch.randn(R, cache + L, H, c, generator=g), torch.randn(R, cache + L, H, c, generator=g)
+    reference = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=block_causal_mask(cache, scale_ids), scale=0.3).transpose(1, 2)
+    with _HostReads() as reads:
+        out = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, lengths, 0.3, None)
+        with_empty = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, (1, 0, 4, 9), 0.3, None)
+    assert reads.seen == []
+    torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-5)
+    assert torch.equal(with_empty, out)
+
+
+def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypatch):
+    """CUDA's default (SDPA) attends grouped passes scale by scale; where the tokens per scale are not known
+    statically (a selection inside a grouped pass) it keeps the device-built mask instead of reading the ids."""
+    processor = VARAttnProcessor()
+    monkeypatch.setattr(processor, "uses_per_scale_calls", lambda device=None: True)
+    masks = []
+    monkeypatch.setattr(processor, "_attend", lambda q, k, v, mask, scale, backend: masks.append(mask) or q)
+    from diffusers_var_accel.models.transformer_infinity import InfinitySelfAttention
+
+    attn = InfinitySelfAttention(8, 2, 0)
+    L = 5
+    context = VARForwardContext(kv_cache=ScaleKVCache(1), rope_cos_sin=torch.zeros(2, 1, 1, L, 2),
+                                token_scale_ids=torch.tensor([0, 1, 1, 1, 1]), scale_hws=((1, 1), (2, 2)))
+    with torch.no_grad(), _HostReads() as reads:
+        processor._self_attention(attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
+        routed = context.for_tokens(torch.tensor([[0, 2, 3]]))  # counts unknown
+        processor._self_attention(attn, torch.randn(1, 3, 8), routed, None, None)
+    assert reads.seen == []
+    assert masks[:2] == [None, None] and masks[2] is not None and masks[2].shape == (1, 1, 3, 5 + 3)
+
+
+def test_context_knows_the_tokens_per_scale_from_shapes():
+    context = VARForwardContext(kv_cache=None, rope_cos_sin=torch.zeros(2, 1, 1, 13, 2), scale_hws=((2, 2), (3, 3)))
+    assert context.token_scale_lengths(13) == (4, 9)
+    assert context.token_scale_lengths(12) is None
+    routed = context.for_tokens(torch.tensor([[0, 3, 5, 9]]), (2, 2))
+    assert routed.token_scale_lengths(4) == (2, 2) and routed.pass_cache == {}
+    assert context.for_tokens(torch.tensor([[0, 3]])).token_scale_lengths(2) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# whole generations: per-call constants and the preallocated cache change nothing
+# ---------------------------------------------------------------------------------------------------------------------
+HART_PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
+INFINITY_SIZE = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler,
+           "arvar": ARVARScheduler}
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    built = {}
+
+    def get(family):
+        if family not in built:
+            if family == "infinity":
+                pipe = build_tiny_infinity_pipeline(seed=0, depth=6)
+            else:
+                pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=HART_PATCH_NUMS,
+                                                tokenizer_ch_mult=(1,))
+            pipe.set_progress_bar_config(disable=True)
+            built[family] = pipe
+        return built[family]
+
+    return get
+
+
+def _max_length(pipe, family):
+    if family == "infinity":
+        return sum(h * w for _, h, w in schedule_for_size(*INFINITY_SIZE)[0])
+    return pipe.transformer.config.context_tokens + sum(pn * pn for pn in HART_PATCH_NUMS[1:])
+
+
+def _generate(pipe, family, acceleration, monkeypatch=None, call_cache=None):
+    if monkeypatch is not None:
+        length = _max_length(pipe, family)
+        monkeypatch.setattr(loop_module, "ScaleKVCache", lambda n: ScaleKVCache(n, max_length=length))
+        monkeypatch.setattr(loop_module, "VARForwardContext",
+                            lambda *a, **k: VARForwardContext(*a, call_cache=call_cache, **k))
+    kwargs = {"height": INFINITY_SIZE[0], "width": INFINITY_SIZE[1]} if family == "infinity" else {}
+    return pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0), acceleration=acceleration,
+                guidance_scale=3.0, output_type="pt", **kwargs).images
+
+
+@pytest.mark.parametrize("family", ["infinity", "hart"])
+@pytest.mark.parametrize("method", [None, "fastvar", "lazyvar", "depthvar", "arvar"])
+def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, method, monkeypatch):
+    pipe = pipes(family)
+    settings = {"reference_scale": -3} if method == "depthvar" else {}
+    make = (lambda: None) if method is None else (lambda: METHODS[method].from_preset(family, **settings))
+    if method is not None and family not in METHODS[method].presets:
+        pytest.skip(f"{method} has no {family} preset")
+    reference = _generate(pipe, family, make())
+    call_cache = {}
+    out = _generate(pipe, family, make(), monkeypatch, call_cache)
+    assert torch.equal(out, reference)
+    kinds = {key[0] for key in call_cache}
+    assert "qkv_bias" in kinds  # the constants were taken from the call's cache
+    assert ("cross_kv" in kinds and "ada" in kinds) if family == "infinity" else "rms_weight" in kinds
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# no host reads or uploads in the models' per-call steps
+# ---------------------------------------------------------------------------------------------------------------------
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_encode_condition_takes_the_padding_from_the_caller_without_a_host_read():
+    pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
+    g = torch.Generator().manual_seed(7)
+    text = torch.randn(2, 5, 32, generator=g)
+    full, padded = torch.ones(2, 5, dtype=torch.bool), torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    with torch.no_grad():
+        read = pipe.transformer.encode_condition(text, full)
+        with _Ops() as ops:
+            told = pipe.transformer.encode_condition(text, full, padded=False)
+        assert "_local_scalar_dense" not in ops.names
+        assert read.text_mask_R11T is None and told.text_mask_R11T is None and torch.equal(read.cond_RC, told.cond_RC)
+        masked = pipe.transformer.encode_condition(text, padded, padded=True)
+        assert torch.equal(masked.text_mask_R11T, pipe.transformer.encode_condition(text, padded).text_mask_R11T)
+
+
+def test_diffusion_head_uploads_its_constants_once():
+    from diffusers_var_accel.models.diffusion_head_hart import HARTDiffusionHead
+
+    head = HARTDiffusionHead(token_channels=4, condition_channels=8, width=16, depth=1)
+    cond = torch.randn(6, 8, generator=torch.Generator().manual_seed(8))
+    first = head.sample(cond, guidance=2.0, generator=torch.Generator().manual_seed(0))
+    with _Ops() as ops:
+        again = head.sample(cond, guidance=2.0, generator=torch.Generator().manual_seed(0))
+    assert "lift_fresh" not in ops.names and "_local_scalar_dense" not in ops.names
+    assert torch.equal(first, again)
