@@ -29,7 +29,9 @@ Counting convention:
 moved; or ``.to("cpu")`` written with a device variable) is not an op there and is not seen; nor are the kernels a
 CUDA backend adds or fuses (cuDNN / cuBLAS may launch more than one kernel for an op, SDPA picks another kernel).
 
-**Window.** Only the generation proper is counted: from the moment ``transformer.encode_condition`` returns (the
+**Window.** By default one warm-up call of the same size, batch and method runs first and the second call is
+counted (the steady state; the first call's syncs are reported too, as ``first_call_syncs``). Only the generation
+proper is counted: from the moment ``transformer.encode_condition`` returns (the
 text projection is done; the text encoder runs before it) until the pipeline returns the decoded image
 (``output_type="pt"``, so the image stays on the device). The counter wraps ``encode_condition`` on the transformer
 *instance* for the call (its own ops are reported apart as ``condition``), splits the window into scales with the
@@ -486,8 +488,12 @@ def _call_kwargs(pipe, config: LaunchConfig) -> Dict[str, Any]:
 
 def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Sequence[str]] = None,
                    dtypes: Sequence[torch.dtype] = (torch.bfloat16,), config: LaunchConfig = LaunchConfig(),
-                   progress: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
+                   progress: Optional[Callable[[str], None]] = None, warmup: bool = True) -> List[Dict[str, Any]]:
     """One record per (model, dtype, method): :func:`count_generation` plus what was counted.
+
+    ``warmup``: count the *second* call of the same size, batch and method (the steady state: what is cached per
+    (size, batch, method) — DepthVAR's rank-space depth plans, compiled graphs on a GPU — is built by the first call,
+    whose syncs are reported as ``first_call_syncs``); ``False`` counts a single, first call.
 
     ``methods``: ``baseline`` and the registry's methods by default (:func:`~..schedulers.registry.default_method_specs`),
     each spec loaded with :func:`~..schedulers.scheduling_var_base.load_acceleration` for the model's family (its preset).
@@ -503,12 +509,15 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
             family = pipe.model_family
             schedulers = {m: load_acceleration(m, family) for m in methods}  # bad specs fail before any count
             for method in methods:
+                first_call_syncs = None
+                if warmup:
+                    first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))["syncs"]
                 result = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))
                 scales = len(result["per_scale"])
                 record = {"model": model, "family": family, "method": method, "dtype": str(dtype).replace("torch.", ""),
                           "depth": len(pipe.transformer.blocks), "num_scales": scales, "batch_size": config.batch_size,
                           "cfg": config.cfg,
-                          "width": config.width, **result}
+                          "width": config.width, "first_call_syncs": first_call_syncs, **result}
                 records.append(record)
                 if progress is not None:
                     progress(f"{model} {record['dtype']} {method}: {result['kernels']} kernels, {result['syncs']} syncs")
@@ -520,8 +529,9 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
 # ---------------------------------------------------------------------------------------------------------------------
 def format_table(records: Sequence[Dict[str, Any]]) -> str:
     """A markdown table: one row per (model, dtype, method); ``x fewer`` is the baseline's kernels over the method's."""
-    lines = ["| model | dtype | method | kernels | x fewer | syncs | ATen ops | kernels / dense block | decode kernels |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| model | dtype | method | kernels | x fewer | syncs | syncs (first call) | ATen ops | kernels / dense block "
+             "| decode kernels |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     base: Dict[Tuple[str, str], int] = {}
     for r in records:
         if r["method"] == "baseline":
@@ -531,7 +541,8 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
         ratio = f"{ref / r['kernels']:.2f}x" if ref and r["kernels"] else "-"
         block = "-" if r["kernels_per_dense_block"] is None else str(r["kernels_per_dense_block"])
         label = f"{r['model']} ({r['depth']} blocks, {r['num_scales']} scales)"
-        lines.append(f"| {label} | {r['dtype']} | {r['method']} | {r['kernels']:,} | {ratio} | {r['syncs']:,} | {r['ops']:,} | "
+        first = "-" if r.get("first_call_syncs") is None else f"{r['first_call_syncs']:,}"
+        lines.append(f"| {label} | {r['dtype']} | {r['method']} | {r['kernels']:,} | {ratio} | {r['syncs']:,} | {first} | {r['ops']:,} | "
                      f"{block} | {r['decode']['kernels']:,} |")
     return "\n".join(lines)
 
@@ -600,6 +611,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--block-ops", action="store_true", help="also list the kernel ops of one dense block")
     parser.add_argument("--syncs", action="store_true", help="also list every sync with its source line and count")
     parser.add_argument("--json", action="store_true", help="print one JSON object (every record) instead of the table")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="count the first call (default: a warm-up call first, its syncs in 'syncs (first call)')")
     return parser
 
 
@@ -626,7 +639,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         config = LaunchConfig(depth=args.depth, size=args.size, hart_scales=args.hart_scales, batch_size=args.batch_size,
                               cfg=not args.no_cfg)
         records = count_launches(models, methods, dtypes, config,
-                                 progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)))
+                                 progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
+                                 warmup=not args.no_warmup)
     except ValueError as err:
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"error: {message}", file=sys.stderr)
