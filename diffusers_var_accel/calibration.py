@@ -108,11 +108,11 @@ def _depthvar_grid(num_layers: int) -> List[Dict[str, Any]]:
 
 
 def _arvar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """Branch halving at none / the last / the 2nd last / the last 2 / the last 3 scales, and attention retrospect
-    pruning of none / the last / the last 2 scales at 50 or 75 %."""
+    """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect pruning
+    of none / the last / the last 2 scales at 25, 50 or 75 %."""
     grid = []
-    for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1]):
-        for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.5, 0.75)]:
+    for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
+        for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
             if not halved and not pruned:
                 continue
             grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))

@@ -223,3 +223,27 @@ def test_every_candidate_of_the_grids_is_a_valid_setting(method):
             assert type(scheduler) is METHODS[method]
             for key, value in settings.items():
                 assert json.loads(json.dumps(scheduler.config[key])) == value
+
+
+def test_the_model_card_takes_calibrations(result, tmp_path):
+    """write_model_card copies each calibration's setting to <folder>/<method>/ and tables its numbers."""
+    import shutil
+
+    from diffusers_var_accel.embedded import embedded_model_path
+    from diffusers_var_accel.hub import read_calibration, write_model_card
+
+    calibrated = tmp_path / "calibrated"
+    write_calibration(result, calibrated)
+    folder = tmp_path / "pipeline"
+    shutil.copytree(embedded_model_path(), folder)
+    card = write_model_card(folder, calibrations=[calibrated], repo_id="me/shapes").read_text()
+    assert "## Calibrated settings" in card and 'LazyVARScheduler.from_pretrained("me/shapes", subfolder="lazyvar")' in card
+    assert f"{result['chosen']['flops_ratio']:.2f}×" in card and f"{result['chosen']['ssim_mean']:.3f}" in card
+    assert "acceleration_calibrations" in card
+    loaded = LazyVARScheduler.from_pretrained(folder, subfolder="lazyvar")
+    assert list(loaded.config.keep_ratios) == result["chosen"]["settings"]["keep_ratios"]
+    assert read_calibration(folder / "lazyvar")["flops_ratio"] == pytest.approx(result["chosen"]["flops_ratio"])
+    # a calibration without a chosen setting, or a missing file, is refused naming the file, before anything is written
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        write_model_card(folder, calibrations=[tmp_path / "empty"])
