@@ -124,14 +124,25 @@ CANDIDATE_GRIDS: Dict[str, Callable[[int], List[Dict[str, Any]]]] = {
     "lazyvar": _lazyvar_grid, "fastvar": _fastvar_grid, "depthvar": _depthvar_grid, "arvar": _arvar_grid,
 }
 
-#: Candidates per member of a composition (evenly spaced over the member's grid), so a pair stays near 36 candidates.
-COMPOSITION_MEMBER_CANDIDATES = 6
-
-
-def _thin(grid: List[Dict[str, Any]], n: int) -> List[Dict[str, Any]]:
-    if len(grid) <= n:
-        return grid
-    return [grid[round(i * (len(grid) - 1) / (n - 1))] for i in range(n)]
+def _composition_members(num_layers: int) -> Dict[str, List[Dict[str, Any]]]:
+    """Per method, the settings it takes as a member of a composition: few, and on scales or routes that the other
+    methods can share (ARVAR branch halving only: its attention-retrospect pruning routes the same blocks as the
+    others' token selections, which a composition refuses)."""
+    return {
+        "lazyvar": [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
+                    dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+                    dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)],
+        "fastvar": [dict(prune_scales=[-2, -1], prune_ratios=[r, r], pruned_layers=[1, num_layers], cache_scale=-3,
+                         skip_last_scales=False, skipped_scales=[]) for r in (0.25, 0.5, 0.75)]
+                   + [dict(prune_scales=[-3, -2], prune_ratios=[0.5, 0.5], pruned_layers=[1, num_layers], cache_scale=-4,
+                           skip_last_scales=True, skipped_scales=[-1])],
+        "depthvar": [dict(reference_scale=r, rotation_step=0.0, code_blending=True) for r in (-2, -3, -4)],
+        "arvar": [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
+                  for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])],
+    }
 
 
 def _members(method: str) -> List[str]:
@@ -154,14 +165,15 @@ def candidate_grid(method: str, num_layers: int) -> List[Dict[str, Any]]:
     """The candidates of ``method`` (a name or ``"a+b"``) for a model of ``num_layers`` blocks, in search order.
 
     A single method's candidate is its settings (``{"keep_ratios": [...], ...}``); a composition's is one settings dict
-    per member (``{"lazyvar": {...}, "arvar": {...}}``), the product of each member's grid thinned to
-    :data:`COMPOSITION_MEMBER_CANDIDATES` evenly spaced entries.
+    per member (``{"lazyvar": {...}, "arvar": {...}}``): the product of the members' composition settings (a few per
+    method, see ``_composition_members``). A combination the composition refuses (two members routing the same block
+    at the same scale) is recorded by :func:`calibrate` as not runnable.
     """
     names = _members(method)
     if len(names) == 1:
         return CANDIDATE_GRIDS[names[0]](num_layers)
-    grids = [_thin(CANDIDATE_GRIDS[n](num_layers), COMPOSITION_MEMBER_CANDIDATES) for n in names]
-    return [dict(zip(names, combo)) for combo in itertools.product(*grids)]
+    members = _composition_members(num_layers)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(members[n] for n in names))]
 
 
 def build_candidate(method: str, settings: Dict[str, Any], model_family: str) -> VARAccelScheduler:

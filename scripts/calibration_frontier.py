@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("calibrations", nargs="*", help="folders written by var-accel calibrate (calibration.json)")
     parser.add_argument("--budgets", default="1.5,2,3", help="counted-FLOPs ratios (default 1.5,2,3)")
+    parser.add_argument("--all", action="store_true", help="every setting tried in the calibrations, not only the chosen ones")
     parser.add_argument("--extra", nargs="*", default=[], help="more acceleration specs (preset names, folders)")
     parser.add_argument("--num-prompts", type=int, default=200, help="the first N held-out prompts (default all 200)")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -52,6 +53,16 @@ def main(argv=None) -> int:
     settings = {"baseline": dict(scheduler=None, source="baseline")}
     for folder in args.calibrations:
         record = json.loads((Path(folder) / "calibration.json").read_text())
+        if args.all:
+            for t in record["tried"]:
+                if "flops_ratio" in t:
+                    label = f"{record['method']} {json.dumps(t['settings'], separators=(',', ':'))}"
+                    settings[label] = dict(scheduler=build_candidate(record["method"], t["settings"], "infinity"),
+                                           method=record["method"], settings=t["settings"], budgets=[],
+                                           calibration=dict(flops_ratio=t["flops_ratio"], ssim=t["ssim_mean"],
+                                                            psnr=t["psnr_mean"], accuracy=t.get("accuracy")),
+                                           source=str(folder))
+            continue
         for budget in budgets:
             chosen = choose(record["tried"], budget, None, record.get("select", "ssim"))
             if chosen is None:
