@@ -247,3 +247,59 @@ def test_the_model_card_takes_calibrations(result, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty"):
         write_model_card(folder, calibrations=[tmp_path / "empty"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the embedded model's own presets (presets/embedded/<method>, made by var-accel calibrate)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
+    from diffusers_var_accel.schedulers.presets import PRESETS_DIR
+
+    folder = PRESETS_DIR / "embedded" / method
+    record = json.loads((folder / CALIBRATION_FILE).read_text())
+    assert record["method"] == method and record["model_family"] == "infinity"
+    chosen = record["chosen"]
+    assert chosen["flops_ratio"] >= record["budget"]["target_flops_ratio"]
+    again = choose(record["tried"], record["budget"]["target_flops_ratio"], record["budget"]["target_speedup"], record["select"])
+    assert chosen["settings"] == again["settings"] and chosen["ssim_mean"] == again["ssim_mean"]
+    # the calibration ran on prompts disjoint from the held-out set
+    from diffusers_var_accel.data.shapes import heldout_prompts
+
+    assert not set(record["prompts"]) & {e["prompt"] for e in heldout_prompts()}
+    scheduler = VARAccelScheduler.from_pretrained(f"embedded/{method}")
+    assert type(scheduler) is METHODS[method]
+    for key, value in chosen["settings"].items():
+        assert json.loads(json.dumps(scheduler.config[key])) == value
+    scheduler.save_pretrained(tmp_path)  # the file is what save_pretrained writes (complete and canonical)
+    written = json.loads((tmp_path / "acceleration_config.json").read_text())
+    stored = json.loads((folder / "acceleration_config.json").read_text())
+    assert {k: v for k, v in written.items() if k != "_diffusers_version"} == \
+        {k: v for k, v in stored.items() if k != "_diffusers_version"}
+
+
+def test_the_embedded_model_picks_its_own_presets(pipe):
+    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+    assert pipe.preset_model == "embedded"
+    for method, cls in METHODS.items():
+        own = cls.from_pretrained(f"embedded/{method}")
+        assert getattr(pipe, f"enable_{method}")().to_dict() == own.to_dict()
+        assert pipe.enable_acceleration(method).to_dict() == own.to_dict()
+        assert load_acceleration(method, "infinity", preset_model=pipe.preset_model).to_dict() == own.to_dict()
+        # the papers' presets are unchanged and stay the family's: another Infinity pipeline gets them
+        assert json.loads(json.dumps(cls.from_preset("infinity").to_dict())) == \
+            json.loads(json.dumps(cls.from_pretrained(f"infinity-2b/{method}").to_dict()))
+    pipe.disable_acceleration()
+    lazy = pipe.enable_lazyvar(keep_ratios=[0.3, 0.2])  # overrides apply to the own preset
+    assert list(lazy.config.keep_ratios) == [0.3, 0.2] and list(lazy.config.group_scales) == \
+        list(LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales)
+    pipe.disable_acceleration()
+    composed = pipe.enable_acceleration("lazyvar+arvar")
+    assert [m.to_dict() for m in composed.members] == [LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict(),
+                                                           ARVARScheduler.from_pretrained("embedded/arvar").to_dict()]
+    pipe.disable_acceleration()
+    tiny = build_tiny_infinity_pipeline(seed=0)
+    assert tiny.preset_model == "infinity-2b"
+    assert json.loads(json.dumps(tiny.enable_lazyvar().to_dict())) == \
+        json.loads(json.dumps(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()))
