@@ -26,7 +26,7 @@ against counted-FLOPs ratio of every setting tried).
 Examples:
     ```py
     >>> from diffusers_var_accel import InfinityPipeline
-    >>> from diffusers_var_accel.calibration import calibrate, write_calibration
+    >>> from diffusers_var_accel.calibration import calibrate, calibration_prompts, write_calibration
 
     >>> pipe = InfinityPipeline.from_pretrained("embedded")
     >>> result = calibrate(pipe, "lazyvar", target_flops_ratio=2.0, prompts=calibration_prompts(8), seeds=[0])
@@ -310,7 +310,8 @@ def calibrate(
     """Search ``method``'s settings for the one closest to the baseline under a budget.
 
     Args:
-        pipe: an Infinity or HART pipeline (the embedded model, a converted folder, a Hub pipeline).
+        pipe (`InfinityPipeline` or `HARTPipeline`): the pipeline to calibrate (the embedded model, a converted folder,
+            a Hub pipeline).
         method (`str`): a method name (``"lazyvar"``) or a composition (``"lazyvar+arvar"``).
         target_flops_ratio (`float`, *optional*): keep candidates whose counted FLOPs ratio (baseline / candidate, one
             real call at the pipeline's own size) is at least this.
