@@ -303,3 +303,19 @@ def test_the_embedded_model_picks_its_own_presets(pipe):
     assert tiny.preset_model == "infinity-2b"
     assert json.loads(json.dumps(tiny.enable_lazyvar().to_dict())) == \
         json.loads(json.dumps(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()))
+
+
+def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
+    from diffusers_var_accel.calibration import meets_budget
+
+    tried = [dict(settings={"a": 1}, flops_ratio=2.5, speedup=1.2, ssim_mean=0.7, psnr_mean=20.0),
+             dict(settings={"a": 2}, flops_ratio=1.6, speedup=1.5, ssim_mean=0.8, psnr_mean=22.0),
+             dict(settings={"a": 3}, flops_ratio=1.2, speedup=1.1, ssim_mean=0.95, psnr_mean=30.0),
+             dict(settings={"a": 4}, error="not runnable")]
+    assert choose(tried, target_speedup=1.4)["settings"] == {"a": 2}
+    assert choose(tried, target_flops_ratio=2.0)["settings"] == {"a": 1}
+    assert choose(tried, target_flops_ratio=2.0, target_speedup=1.4) is None
+    assert choose(tried, target_flops_ratio=1.0, select="psnr")["settings"] == {"a": 3}
+    assert not meets_budget(tried[3], 1.0)
+    with pytest.raises(ValueError, match="fid"):
+        choose(tried, 1.0, select="fid")
