@@ -205,7 +205,7 @@ def _example(hint: Any) -> Any:
 _load_pipeline = load_pipeline
 
 
-def _load_accel(spec: Optional[str], family: str):
+def _load_accel(spec: Optional[str], family: str, preset_model: Optional[str] = None):
     """``--accel``: anything ``load_acceleration`` takes, plus a JSON file of any name (not only
     ``acceleration_config.json``, which ``load_acceleration`` reads from the file's folder)."""
     from .schedulers.scheduling_var_base import VARAccelScheduler, load_acceleration
@@ -228,7 +228,7 @@ def _load_accel(spec: Optional[str], family: str):
     elif path.is_dir() and not (path / VARAccelScheduler.config_name).is_file():
         raise ValueError(f"the folder has no {VARAccelScheduler.config_name}; pass a scheduler folder "
                          "(scheduler.save_pretrained(folder)), a JSON file or a preset name")
-    return _checked_scheduler(load_acceleration(spec, family), path / VARAccelScheduler.config_name)
+    return _checked_scheduler(load_acceleration(spec, family, preset_model=preset_model), path / VARAccelScheduler.config_name)
 
 
 def _checked_scheduler(scheduler, config_file: Path):
@@ -375,7 +375,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if is_hart and args.tau is not None:
             raise CLIError("--tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)")
         with _user_errors(f"--accel {args.accel}: ", args.debug):
-            acceleration = _load_accel(args.accel, pipe.model_family)
+            acceleration = _load_accel(args.accel, pipe.model_family, getattr(pipe, "preset_model", None))
         if is_hart:
             height = args.height or pipe.default_size
         else:
@@ -532,6 +532,66 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibration import calibrate, calibration_prompts, write_calibration
+
+    if args.target_flops_ratio is None and args.target_speedup is None:
+        raise CLIError("give a budget: --target-flops-ratio (counted FLOPs, e.g. 2.0) and/or --target-speedup (measured latency)")
+    check_device(args.device)
+    out = check_output_folder(args.output)
+    with _user_errors("--method ", args.debug):
+        from .calibration import _members
+
+        _members(args.method)
+    with _user_errors("--seeds ", args.debug):
+        from .bench.runner import parse_seeds
+
+        seeds = parse_seeds(args.seeds)
+    if args.prompts == "shapes":
+        prompts = calibration_prompts(args.num_prompts)
+    else:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise CLIError(f"--prompts {args.prompts}: no such file; use 'shapes' (calibration shapes prompts, disjoint "
+                           "from the held-out set) or a text file with one prompt per line")
+        try:
+            prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as err:
+            raise CLIError(f"--prompts {args.prompts}: not UTF-8 text ({err.reason})") from None
+        if not prompts:
+            raise CLIError(f"--prompts {args.prompts}: the file holds no prompt")
+        prompts = prompts[: args.num_prompts]
+    grid = None
+    if args.grid is not None:
+        try:
+            grid = json.loads(Path(args.grid).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise CLIError(f"--grid {args.grid}: cannot read a JSON list of settings ({_one_line(err)})") from None
+        if not isinstance(grid, list) or not grid or not all(isinstance(c, dict) for c in grid):
+            raise CLIError(f"--grid {args.grid}: must hold a non-empty JSON list of settings objects, e.g. "
+                           '[{"group_scales": [-2, -1], "keep_ratios": [0.5, 0.25]}]')
+    with _user_errors("--model ", args.debug):
+        from .bench.runner import load_bench_pipeline
+
+        pipe, _ = load_bench_pipeline(args.model, args.device or "cpu", args.dtype)
+    _make_output_folder(out)
+    with _user_errors("", args.debug):
+        result = calibrate(pipe, args.method, target_flops_ratio=args.target_flops_ratio,
+                           target_speedup=args.target_speedup, prompts=prompts, seeds=seeds, grid=grid, select=args.select,
+                           timing_repeats=args.timing_repeats, progress=args.progress)
+        written = write_calibration(result, out)
+    if result["chosen"] is None:
+        best = max((r["flops_ratio"] for r in result["tried"] if "flops_ratio" in r), default=0.0)
+        raise CLIError(f"no setting of {args.method}'s grid meets the budget (highest counted FLOPs ratio {best:.2f}x); "
+                       f"every setting tried is in {written['calibration']}")
+    chosen = result["chosen"]
+    print(f"{args.method}: {json.dumps(chosen['settings'])}\n  counted FLOPs ratio {chosen['flops_ratio']:.2f}x, measured "
+          f"speed-up {chosen['speedup']:.2f}x, SSIM {chosen['ssim_mean']:.3f}, PSNR {chosen['psnr_mean']:.2f} dB"
+          + (f", scorer accuracy {chosen['accuracy']:.0%}" if "accuracy" in chosen else ""))
+    print(f"wrote {', '.join(str(p) for p in written.values())}")
+    return 0
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -672,6 +732,7 @@ examples:
   var-accel generate "two red circles" --accel lazyvar -o out_lazyvar
   var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
   var-accel flops --model infinity-2b --accel fastvar lazyvar
+  var-accel calibrate --method lazyvar --target-flops-ratio 2.0 --output calibrated/lazyvar
   var-accel launches --models infinity-2b --methods baseline,lazyvar --syncs
 
 Run var-accel COMMAND --help for a command's options. Docs: docs/cli.md.
@@ -702,6 +763,22 @@ a packaged preset (infinity-2b/lazyvar, hart-0.7b/fastvar, ...); either with :ke
 parsed as JSON and checked against the scheduler's setting types: keep_ratios=[0.4,0.2,0.1,0.05],
 skip_last_scales=false); a scheduler folder holding acceleration_config.json; or a JSON file of a scheduler config.
 --model takes a folder saved with the Hub shim (diffusers_var_accel.hub.write_hub_shim) too.
+"""
+
+_CALIBRATE_DESCRIPTION = """\
+Search a small, explicit grid of a method's settings (keep ratios, grouped or pruned scales, pruned layers, reference
+scale, branch-halving scales, rotation step, code blending...) for the one whose images are closest to the baseline
+image of the same prompt and seed (SSIM by default; PSNR always; LPIPS when its weights are cached; the shapes scorer on
+shapes prompts), among those meeting the budget: a counted-FLOPs ratio and/or a measured speed-up. The cost
+(settings x prompts x seeds generations) is printed first. Docs: docs/calibration.md.
+"""
+
+_CALIBRATE_EPILOG = """\
+examples:
+  var-accel calibrate --model embedded --method lazyvar --target-flops-ratio 2.0 --output calibrated/lazyvar
+  var-accel calibrate --model infinity-2b-diffusers --device cuda --method lazyvar+arvar --target-speedup 2.5 \\
+      --prompts my_prompts.txt --num-prompts 32 --seeds 0,1 --output calibrated/lazyvar+arvar
+  var-accel generate "two red circles" --accel calibrated/lazyvar      # use the chosen setting
 """
 
 _CONVERT_DESCRIPTION = """\
@@ -779,7 +856,7 @@ def _sampling_default(family_defaults: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,convert,flops,launches}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,calibrate,convert,flops,launches}",
                                 parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
                          epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -864,6 +941,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-images", action="store_true", help="do not write the generated images")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     bench.set_defaults(func=_cmd_bench)
+
+    cal = sub.add_parser("calibrate", help="search a method's settings for the one closest to the baseline under a FLOPs "
+                         "or speed-up budget (acceleration_config.json, calibration.json, frontier.png)",
+                         description=_CALIBRATE_DESCRIPTION, epilog=_CALIBRATE_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    cal.add_argument("--model", help="'embedded' (default: the packaged shapes model), a converted Infinity or HART pipeline "
+                     "folder, or a Hub id (owner/name)")
+    cal.add_argument("--method", required=True, help=f"a method ({', '.join(method_names())}) or methods joined with '+' "
+                     "(lazyvar+arvar)")
+    cal.add_argument("--target-flops-ratio", type=_number_type(float, 1, what="a FLOPs ratio >= 1"),
+                     help="keep settings whose counted FLOPs ratio (baseline / setting) is at least this, e.g. 2.0")
+    cal.add_argument("--target-speedup", type=_number_type(float, 1, what="a speed-up >= 1"),
+                     help="keep settings whose measured latency ratio on --device is at least this")
+    cal.add_argument("--prompts", default="shapes", help="'shapes' (default: shapes prompts disjoint from the 200 held-out "
+                     "prompts) or a text file with one prompt per line (your own prompts)")
+    cal.add_argument("--num-prompts", type=_AT_LEAST_1, default=8, help="calibration prompts (default 8; a file: its first N)")
+    cal.add_argument("--seeds", default="0", help="seeds per prompt: '0', '0,1' or '0-3' (default 0)")
+    cal.add_argument("--select", default="ssim", choices=["ssim", "psnr", "accuracy", "lpips"],
+                     help="the fidelity the choice maximises (default ssim; accuracy: shapes prompts; lpips: minimised, "
+                     "needs its cached weights)")
+    cal.add_argument("--grid", metavar="JSON", help="a JSON file with the list of settings to try instead of the method's "
+                     "built-in grid (diffusers_var_accel.calibration.candidate_grid); a composition's entries hold one "
+                     "settings object per member")
+    cal.add_argument("--timing-repeats", type=_AT_LEAST_1, default=3, help="interleaved timed calls per setting (default 3)")
+    cal.add_argument("--device", help="torch device (default cpu)")
+    cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32)")
+    cal.add_argument("-o", "--output", required=True, help="output folder: acceleration_config.json, calibration.json, frontier.png")
+    cal.add_argument("--no-progress", dest="progress", action="store_false", help="no progress lines")
+    cal.set_defaults(func=_cmd_calibrate)
 
     conv = sub.add_parser("convert", help="official Infinity / HART checkpoints -> a diffusers pipeline folder",
                           description=_CONVERT_DESCRIPTION, epilog=_CONVERT_EPILOG,

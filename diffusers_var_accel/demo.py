@@ -118,7 +118,8 @@ def run_demo(
     methods = list(default_method_specs() if methods is None else methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")
-    schedulers = {m: load_acceleration(m, pipe.model_family) for m in methods}
+    # a method name stands for the pipeline's own preset (the embedded model's calibrated embedded/<method>)
+    schedulers = {m: load_acceleration(m, pipe.model_family, preset_model=getattr(pipe, "preset_model", None)) for m in methods}
     kwargs = dict(EMBEDDED_SAMPLING)
 
     def generate(method: str, i: int) -> torch.Tensor:

@@ -327,6 +327,7 @@ def make_model_card(
     model_name: Optional[str] = None,
     tags: Sequence[str] = (),
     library_name: str = "diffusers",
+    calibrations: Sequence[PathLike] = (),
 ) -> ModelCard:
     """The model card of a saved pipeline folder (nothing is written; see :func:`write_model_card`).
 
@@ -340,6 +341,9 @@ def make_model_card(
         model_name (`str`, *optional*): the card's title; defaults to the folder's name.
         tags (`list[str]`, *optional*): extra tags.
         library_name (`str`, *optional*, defaults to `"diffusers"`): the metadata's ``library_name``.
+        calibrations (`list`, *optional*): ``var-accel calibrate`` outputs (folders, or their ``calibration.json``
+            files; see :func:`read_calibration`): the chosen setting of each, its budget and its numbers are tabled and
+            stored in the metadata as ``acceleration_calibrations``.
 
     Returns:
         `huggingface_hub.ModelCard`: YAML metadata (``library_name``, ``pipeline_tag: text-to-image``, ``tags`` with
@@ -361,6 +365,7 @@ def make_model_card(
                for method, name in presets.items()}
     in_folder = sorted(m for m in presets if (folder / m / "acceleration_config.json").is_file())
     bench = read_benchmark_results(results) if results is not None else None
+    calibrated = [read_calibration(c) for c in calibrations]
 
     card_tags = ["text-to-image", "visual-autoregressive", "next-scale-prediction", "training-free-acceleration",
                  "diffusers-var-accel", family, *presets]
@@ -372,6 +377,10 @@ def make_model_card(
             for method, name in presets.items()
         }
     }
+    if calibrated:
+        metadata["acceleration_calibrations"] = [
+            {k: _yaml_value(v) if isinstance(v, float) else v for k, v in c.items() if v is not None and k != "file"}
+            for c in calibrated]
     if bench is not None:
         metadata["acceleration_results"] = [{k: _yaml_value(v) for k, v in r.items() if v is not None} for r in bench["records"]]
     data = ModelCardData(library_name=library_name, pipeline_tag="text-to-image", license=license, base_model=base_model,
@@ -384,6 +393,8 @@ def make_model_card(
              "🤗 Diffusers-style pipelines with training-free acceleration schedulers (FastVAR, LazyVAR, DepthVAR, ARVAR).", ""]
     lines += _usage_section(cls.__name__, repo_id, shim, presets, in_folder)
     lines += _presets_section(name, preset_model, presets, configs, in_folder)
+    if calibrated:
+        lines += _calibrations_section(calibrated, repo_id)
     if bench is not None:
         lines += _results_section(bench)
     lines += _components_section(folder)
@@ -391,7 +402,8 @@ def make_model_card(
     return ModelCard(content)
 
 
-def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_presets: bool = False, **card_kwargs) -> Path:
+def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_presets: bool = False,
+                     calibrations: Sequence[PathLike] = (), **card_kwargs) -> Path:
     """Write ``README.md`` (the model card) into a saved pipeline folder, with the Hub shim and optionally the presets.
 
     Args:
@@ -401,19 +413,32 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
             so ``DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)`` works; `False` removes it.
         copy_presets (`bool`, *optional*, defaults to `False`): also write the family's packaged presets as
             ``<folder>/<method>/acceleration_config.json`` (loadable with ``from_pretrained(repo, subfolder=method)``).
+        calibrations (`list`, *optional*): ``var-accel calibrate`` output folders; each chosen setting is copied to
+            ``<folder>/<method>/`` (``acceleration_config.json`` and ``calibration.json``, loadable with
+            ``from_pretrained(repo, subfolder=method)``, replacing a copied preset of that method) and tabled in the card.
         **card_kwargs (`Any`): arguments of :func:`make_model_card` (``repo_id``, ``license``, ``base_model``, ...).
 
     Returns:
         `Path`: the written ``README.md``.
     """
     folder = Path(folder)
+    checked = [read_calibration(c) for c in calibrations]  # every file is checked before anything is written
     if shim:
         write_hub_shim(folder)
     elif (folder / HUB_SHIM_FILE).is_file():
         remove_hub_shim(folder)
     if copy_presets:
         save_presets(folder, FAMILY_PRESET_MODELS[pipeline_class(folder).model_family])
-    card = make_model_card(folder, results, **card_kwargs)
+    copied = []
+    for calibration in checked:
+        source = Path(calibration["file"]).parent
+        target = folder / calibration["subfolder"]
+        if source.resolve() != target.resolve():
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ("acceleration_config.json", "calibration.json"):
+                (target / name).write_bytes((source / name).read_bytes())
+        copied.append(target / "calibration.json")
+    card = make_model_card(folder, results, calibrations=copied, **card_kwargs)
     path = folder / "README.md"
     card.save(path)
     return path
@@ -476,6 +501,62 @@ def _results_section(bench: Dict[str, Any]) -> List[str]:
         lines.append(f"| {r['method']} | " + " | ".join("–" if r[f] is None else formats[f](r[f]) for f in fields) + " |")
     return lines + ["", "PSNR / SSIM compare with the baseline image of the same prompt and seed; speed-up is the baseline's "
                         "time over the method's on the same machine.", ""]
+
+
+def read_calibration(path: PathLike) -> Dict[str, Any]:
+    """The chosen setting of a ``var-accel calibrate`` output (its folder, or its ``calibration.json``), for cards.
+
+    Returns:
+        `dict`: ``method``, ``subfolder`` (the method name, ``+`` kept), ``scheduler``, ``settings``, the budget
+        (``target_flops_ratio``, ``target_speedup``), the chosen setting's ``flops_ratio``, ``speedup``, ``ssim``,
+        ``psnr``, ``accuracy``, the number of ``prompts`` and ``seeds``, and ``file`` (the calibration.json read).
+
+    Raises:
+        ValueError: the file is missing, not JSON, or holds no chosen setting; or the folder's
+            ``acceleration_config.json`` is missing. The message names the file.
+    """
+    path = Path(path)
+    file = path / "calibration.json" if path.is_dir() else path
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{file}: not a readable calibration.json of var-accel calibrate ({err})") from None
+    chosen = record.get("chosen") if isinstance(record, dict) else None
+    if not isinstance(chosen, dict) or not isinstance(record.get("method"), str):
+        raise ValueError(f"{file}: holds no chosen setting (a 'method' and a 'chosen' object); var-accel calibrate "
+                         "writes one when a setting meets the budget")
+    config_file = file.parent / "acceleration_config.json"
+    try:
+        scheduler = json.loads(config_file.read_text(encoding="utf-8"))["_class_name"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{config_file}: the chosen scheduler's configuration beside {file.name} is missing or "
+                         f"unreadable ({err})") from None
+    budget = record.get("budget") or {}
+    return {"method": record["method"], "subfolder": record["method"], "scheduler": scheduler,
+            "settings": chosen.get("settings"), "target_flops_ratio": budget.get("target_flops_ratio"),
+            "target_speedup": budget.get("target_speedup"),
+            **{key: _number(chosen.get(field), record["method"], key) for key, field in
+               (("flops_ratio", "flops_ratio"), ("speedup", "speedup"), ("ssim", "ssim_mean"), ("psnr", "psnr_mean"),
+                ("accuracy", "accuracy"))},
+            "prompts": len(record.get("prompts") or []), "seeds": len(record.get("seeds") or []), "file": str(file)}
+
+
+def _calibrations_section(calibrated: List[Dict[str, Any]], repo_id: str) -> List[str]:
+    lines = ["## Calibrated settings", "",
+             "Found with `var-accel calibrate` for this model: the setting closest to the baseline image (SSIM, PSNR"
+             " to the baseline image of the same prompt and seed) whose counted FLOPs ratio and/or measured speed-up"
+             " meets the budget. Load one with `from_pretrained(repo, subfolder=...)`.", "",
+             "| method | budget | counted FLOPs ratio | speed-up | SSIM | PSNR (dB) | accuracy | prompts x seeds | load |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for c in calibrated:
+        budget = ", ".join(t for t in (f"FLOPs >= {c['target_flops_ratio']:g}x" if c["target_flops_ratio"] else "",
+                                       f"speed-up >= {c['target_speedup']:g}x" if c["target_speedup"] else "") if t)
+        cells = [f"{c['flops_ratio']:.2f}×" if c["flops_ratio"] else "–", f"{c['speedup']:.2f}×" if c["speedup"] else "–",
+                 f"{c['ssim']:.3f}" if c["ssim"] is not None else "–", f"{c['psnr']:.2f}" if c["psnr"] is not None else "–",
+                 f"{100 * c['accuracy']:.0f} %" if c["accuracy"] is not None else "–"]
+        load = f'`{c["scheduler"]}.from_pretrained("{repo_id}", subfolder="{c["subfolder"]}")`'
+        lines.append(f"| {c['method']} | {budget} | " + " | ".join(cells) + f" | {c['prompts']} x {c['seeds']} | {load} |")
+    return lines + [""]
 
 
 def _components_section(folder: Path) -> List[str]:

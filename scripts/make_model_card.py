@@ -9,7 +9,8 @@ diffusers_var_accel.hub.write_model_card; fields read from results.json: see doc
 Example:
 
     python scripts/make_model_card.py infinity-2b-diffusers --repo-id my-org/infinity-2b-var-accel \\
-        --results bench_outputs/results.json --license mit --base-model FoundationVision/Infinity
+        --results bench_outputs/results.json --license mit --base-model FoundationVision/Infinity \\
+        --calibration calibrated/lazyvar
     huggingface-cli upload my-org/infinity-2b-var-accel infinity-2b-diffusers .
 """
 
@@ -29,6 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-shim", action="store_true",
                         help="do not write the pipeline.py shim (and remove ours if present); DiffusionPipeline.from_pretrained "
                              "then cannot load the repo, InfinityPipeline/HARTPipeline.from_pretrained can without trust_remote_code")
+    parser.add_argument("--calibration", action="append", default=[], metavar="DIR",
+                        help="a var-accel calibrate output folder (repeatable): its chosen setting is copied to "
+                             "<folder>/<method>/ and tabled in the card")
     parser.add_argument("--copy-presets", action="store_true",
                         help="also write the family's presets as <folder>/<method>/acceleration_config.json")
     return parser.parse_args(argv)
@@ -40,7 +44,7 @@ def main(argv=None) -> int:
 
     try:
         path = write_model_card(args.folder, results=args.results, shim=not args.no_shim, copy_presets=args.copy_presets,
-                                repo_id=args.repo_id, license=args.license, base_model=args.base_model,
+                                calibrations=args.calibration, repo_id=args.repo_id, license=args.license, base_model=args.base_model,
                                 model_name=args.model_name, tags=args.tag)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

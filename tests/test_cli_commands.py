@@ -66,7 +66,7 @@ def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_di
     assert any(not np.array_equal(a, b) for a, b in zip(accelerated, baseline)), "LazyVAR left every image unchanged"
 
     # the same scheduler as a JSON file of another name than acceleration_config.json -> the same images
-    scheduler = load_acceleration("lazyvar", "infinity")
+    scheduler = load_acceleration("lazyvar", "infinity", preset_model="embedded")  # the embedded model's own preset
     scheduler.save_config(tmp_path / "saved")
     json_file = tmp_path / "my_lazyvar.json"
     shutil.copyfile(tmp_path / "saved" / "acceleration_config.json", json_file)
@@ -84,8 +84,8 @@ def test_generate_accel_override_changes_the_scheduler(tmp_path, monkeypatch):
     seen = {}
     real = cli._load_accel
 
-    def spy(spec, family):
-        seen["scheduler"] = real(spec, family)
+    def spy(spec, family, *preset_model):
+        seen["scheduler"] = real(spec, family, *preset_model)
         return seen["scheduler"]
 
     monkeypatch.setattr(cli, "_load_accel", spy)

@@ -23,6 +23,8 @@ from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
 MODELS = {"infinity-2b": "infinity", "hart-0.7b": "hart"}
 NAMES = sorted(f"{model}/{method}" for model in MODELS for method in METHODS)
+#: The embedded model's own presets, made by var-accel calibrate (tests/test_calibration.py checks them).
+EMBEDDED_NAMES = sorted(f"embedded/{method}" for method in METHODS)
 
 
 def stored(folder: Path) -> dict:
@@ -42,8 +44,8 @@ def as_json(value):
 # the files
 # ---------------------------------------------------------------------------------------------------------------------
 def test_every_method_has_a_preset_per_model():
-    assert available_presets() == NAMES
-    assert available_presets(method="lazyvar") == ["hart-0.7b/lazyvar", "infinity-2b/lazyvar"]
+    assert available_presets() == sorted(NAMES + EMBEDDED_NAMES)
+    assert available_presets(method="lazyvar") == ["embedded/lazyvar", "hart-0.7b/lazyvar", "infinity-2b/lazyvar"]
     assert available_presets(model="hart-0.7b") == [f"hart-0.7b/{m}" for m in sorted(METHODS)]
     assert FAMILY_PRESET_MODELS == {family: model for model, family in MODELS.items()}
 
@@ -145,7 +147,7 @@ def test_a_preset_of_another_method_is_refused_with_the_right_class():
         FastVARScheduler.from_pretrained("infinity-2b/lazyvar")
     message = str(err.value)
     assert "LazyVARScheduler configuration, not a FastVARScheduler" in message
-    assert "LazyVARScheduler.from_pretrained" in message and "['hart-0.7b/fastvar', 'infinity-2b/fastvar']" in message
+    assert "LazyVARScheduler.from_pretrained" in message and "['embedded/fastvar', 'hart-0.7b/fastvar', 'infinity-2b/fastvar']" in message
 
 
 def test_a_local_folder_wins_over_a_preset_name(tmp_path, monkeypatch):

@@ -241,7 +241,7 @@ def test_codes_of_dynamic_scales_are_weighted_by_the_depth_score(pipe):
 
 
 def test_rotation_in_the_loop_rotates_the_second_dynamic_scale(pipe):
-    rotated, plain = DepthVARScheduler(reference_scale=-3), DepthVARScheduler(reference_scale=-3, rotation_step=0)
+    rotated, plain = DepthVARScheduler(reference_scale=-3, rotation_step=0.25), DepthVARScheduler(reference_scale=-3)
     rotated_plans, plain_plans = (s.depth_plans(run_loop(pipe, s)) for s in (rotated, plain))
     assert torch.equal(rotated_plans[5].scores, plain_plans[5].scores)  # first dynamic scale: phase 0 in both
     N, budget = 256, 0.25  # scale 6: 16x16 tokens, budget 64 / 256; same ranking map in both runs
@@ -307,7 +307,9 @@ def test_json_round_trip_with_overrides(tmp_path):
 
 def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
-    assert infinity.to_dict() == DepthVARScheduler().to_dict() and infinity.config.reference_scale == 9
+    # the preset stores the paper's rotation step 0.25; the class default is 0 (by measurement, docs/depthvar.md)
+    assert infinity.to_dict() == DepthVARScheduler(rotation_step=0.25).to_dict() and infinity.config.reference_scale == 9
+    assert DepthVARScheduler().config.rotation_step == 0.0
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
     r7 = DepthVARScheduler.from_preset("infinity", reference_scale=7)
@@ -333,3 +335,45 @@ def test_settings_that_do_not_fit_the_schedule_raise(pipe, settings, message):
 def test_min_depth_beyond_the_model_raises(pipe):
     with pytest.raises(ValueError, match="min_depth 9"):
         latents(pipe, acceleration=DepthVARScheduler(reference_scale=-3, min_depth=DEPTH + 1))
+
+
+def _edge_scene_ranking(side: int) -> torch.Tensor:
+    """A ranking map (Eq. 1) of one image at ``side x side``: a square object whose outline changed most, its inside
+    a little, the background least (a small gradient breaks ties as real maps do)."""
+    y, x = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    lo, hi = side // 4, 3 * side // 4
+    inside = (y >= lo) & (y < hi) & (x >= lo) & (x < hi)
+    edge = inside & ((y == lo) | (y == hi - 1) | (x == lo) | (x == hi - 1))
+    change = 0.01 + 1e-4 * (x + side * y).float() / side ** 2
+    change = torch.where(inside, torch.full_like(change, 0.3), change)
+    return torch.where(edge, torch.full_like(change, 1.0), change).flatten()[None], edge, inside
+
+
+@pytest.mark.parametrize("rotation_step, edges_win", [(None, True), (0.25, False)])
+def test_the_papers_worked_example_edges_outscore_background_at_deep_scales(rotation_step, edges_win):
+    """The paper's worked example: at a deep scale with R = 7 an edge token still scores high (0.78) and a background
+    token low (0.16). With the default settings an edge outscores the background, and runs more layers, at every
+    dynamic scale of Infinity's 1M schedule. A rotation step of 0.25 (the packaged presets' reading) wraps the top of
+    the ranking to the shallow end, so at the second dynamic scale the edges score below the background: why the
+    default is 0 (docs/depthvar.md)."""
+    kwargs = {} if rotation_step is None else dict(rotation_step=rotation_step)
+    scheduler = DepthVARScheduler(reference_scale=7, **kwargs)
+    one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
+    budgets = scheduler.budgets(one_m)
+    start, L = min(budgets), 32
+    outcomes = []
+    for k, budget in budgets.items():
+        side = one_m[k][1]
+        ranking, edge, _ = _edge_scene_ranking(side)
+        phase = (scheduler.config.rotation_step * (k - start)) % 1.0
+        plan = plan_depth(ranking, (side, side), L, budget, phase, scheduler.config.min_depth, True)
+        scores, depth = plan.scores[0].flatten(), plan.depth[0].flatten()
+        background = ~_edge_scene_ranking(side)[2].flatten()
+        edge = edge.flatten()
+        outcomes.append(bool(scores[edge].min() > scores[background].max() and depth[edge].min() >= depth[background].max()))
+        if k == max(budgets) and edges_win:  # the deepest scale: the worked example's ordering (0.78 vs 0.16), a clear gap
+            assert scores[edge].mean() > 0.5 and scores[background].max() < 0.2
+    if edges_win:
+        assert all(outcomes)
+    else:
+        assert outcomes[0] and not outcomes[1]  # the first dynamic scale is never rotated

@@ -158,13 +158,13 @@ def check_methods(methods: Sequence[str]) -> None:
             raise ValueError(f"unknown method {spec!r}: {errors[0]}") from None
 
 
-def _load_schedulers(methods: Sequence[str], family: str) -> Dict[str, Any]:
+def _load_schedulers(methods: Sequence[str], family: str, preset_model: Optional[str] = None) -> Dict[str, Any]:
     from ..schedulers.scheduling_var_base import load_acceleration
 
     schedulers = {}
     for spec in methods:
-        try:
-            schedulers[spec] = load_acceleration(spec, family)
+        try:  # a method name stands for the pipeline's own preset when it has one (the embedded model's)
+            schedulers[spec] = load_acceleration(spec, family, preset_model=preset_model)
         except (ValueError, TypeError, OSError, KeyError) as err:
             raise ValueError(f"method {spec!r}: {err}") from None
     return schedulers
@@ -407,7 +407,7 @@ def run_bench(
     if family == "hart" and "tau" in call_kwargs:
         raise ValueError("tau is an Infinity option; HART samples with top-k / top-p and guidance_scale")
     call_kwargs.update({k: v for k, v in (("height", height), ("width", width)) if v is not None})
-    schedulers = _load_schedulers(method_list, family)
+    schedulers = _load_schedulers(method_list, family, getattr(pipe, "preset_model", None))
     folders = method_folders(method_list)
     gen_device = device_t if device_t.type == "cuda" else torch.device("cpu")
 

@@ -22,6 +22,10 @@ EMBEDDED_MODEL_PATH = Path(__file__).resolve().parent / "shapes-infinity-tiny"
 #: Names that ``InfinityPipeline.from_pretrained`` resolves to the packaged folder.
 EMBEDDED_MODEL_NAMES = ("embedded", "shapes-infinity-tiny")
 
+#: The key of the embedded model's own packaged presets (``presets/embedded/<method>``, made by ``var-accel calibrate``,
+#: docs/calibration.md): ``pipe.enable_<method>()`` on a pipeline loaded from :data:`EMBEDDED_MODEL_PATH` uses them.
+EMBEDDED_PRESET_MODEL = "embedded"
+
 #: Sampling settings the embedded model is evaluated with (docs/embedded.md).
 EMBEDDED_SAMPLING: Dict[str, Any] = dict(guidance_scale=2.0, tau=1.0, top_k=0, top_p=None)
 

@@ -12,7 +12,7 @@ import inspect
 from typing import Any, Callable, Optional, Type, Union
 
 from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
-from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration
+from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration, own_preset_name, preset_scheduler
 
 
 class VARAccelerationMixin:
@@ -25,6 +25,15 @@ class VARAccelerationMixin:
 
     #: The model family of the pipeline (``"infinity"``, ``"hart"``): selects presets and is checked on attach.
     model_family: str = ""
+
+    @property
+    def preset_model(self) -> str:
+        """The model whose packaged presets ``enable_<method>()`` and method names use: the pipeline's own when it was
+        loaded from a packaged model folder that has presets (the embedded model: ``"embedded"``), else its family's
+        (``"infinity-2b"``, ``"hart-0.7b"``). See :func:`~diffusers_var_accel.pipelines.preset_models.preset_model_of`."""
+        from .preset_models import preset_model_of
+
+        return preset_model_of(self)
 
     def enable_acceleration(self, scheduler: Union[VARAccelScheduler, str], **overrides: Any) -> VARAccelScheduler:
         """Accelerate every following call with ``scheduler`` (replacing any attached one).
@@ -46,7 +55,7 @@ class VARAccelerationMixin:
                 scheduler instance, a bad override, or a scheduler built for another model family.
         """
         if isinstance(scheduler, str):
-            scheduler = build_acceleration(scheduler, self.model_family, **overrides)
+            scheduler = build_acceleration(scheduler, self.model_family, preset_model=self.preset_model, **overrides)
         elif overrides:
             raise ValueError(f"overrides {sorted(overrides)} apply to a method name (enable_acceleration('lazyvar', ...)); "
                              f"a {type(scheduler).__name__} instance is attached as it is: configure it when building it")
@@ -65,15 +74,17 @@ class VARAccelerationMixin:
         if acceleration is None:
             return getattr(self, "acceleration", None)
         if isinstance(acceleration, str):  # a method name or a composition of names, as in enable_acceleration
-            acceleration = build_acceleration(acceleration, self.model_family)
+            acceleration = build_acceleration(acceleration, self.model_family, preset_model=self.preset_model)
         if not isinstance(acceleration, VARAccelScheduler):
             raise ValueError(f"acceleration must be a VARAccelScheduler or a method name ({method_names()}), got "
                              f"{type(acceleration).__name__}")
         acceleration.check_model_family(self.model_family)
         return acceleration
 
-    def _enable_preset(self, scheduler_cls, overrides) -> VARAccelScheduler:
-        scheduler = scheduler_cls.from_preset(self.model_family, **overrides)
+    def _enable_preset(self, scheduler_cls, overrides, method: Optional[str] = None) -> VARAccelScheduler:
+        own = None if method is None else own_preset_name(self.preset_model, self.model_family, method)
+        scheduler = scheduler_cls.from_preset(self.model_family, **overrides) if own is None else \
+            preset_scheduler(scheduler_cls, own, self.model_family, overrides)
         self.enable_acceleration(scheduler)
         return scheduler
 
@@ -88,19 +99,20 @@ def make_enable_shortcut(name: str, scheduler_class: Type[VARAccelScheduler]) ->
     """``enable_<name>(self, **overrides)``: attach the method's preset for the pipeline's family (with overrides)."""
 
     def enable_method(self, **overrides: Any) -> VARAccelScheduler:
-        return self._enable_preset(scheduler_class, overrides)
+        return self._enable_preset(scheduler_class, overrides, name)
 
     cls_name = scheduler_class.__name__
     enable_method.__name__ = f"enable_{name}"
     enable_method.__qualname__ = f"VARAccelerationMixin.enable_{name}"
     enable_method.__module__ = __name__
     enable_method.__annotations__ = {"overrides": "Any", "return": "VARAccelScheduler"}
-    enable_method.__doc__ = f"""Accelerate every following call with {cls_name}, in its published setting for this model.
+    enable_method.__doc__ = f"""Accelerate every following call with {cls_name}, in its preset for this model.
 
         {_method_summary(scheduler_class)}
 
-        The same as ``enable_acceleration("{name}", **overrides)``; the preset is ``{cls_name}.from_preset(family)``
-        (see [`{cls_name}`] for the settings and the presets).
+        The same as ``enable_acceleration("{name}", **overrides)``; the preset is the pipeline's own packaged preset
+        ``<pipe.preset_model>/{name}`` when it has one (the embedded model's calibrated ``embedded/{name}``), else
+        ``{cls_name}.from_preset(family)`` (see [`{cls_name}`] for the settings and the presets).
 
         Args:
             **overrides (`Any`): settings of [`{cls_name}`] replacing the preset's; an unknown name raises a

@@ -405,8 +405,12 @@ def _nests(route, outer) -> bool:
             and route.fill is outer.fill)
 
 
-def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAccelScheduler]:
+def load_acceleration(spec: Optional[str], model_family: str, preset_model: Optional[str] = None) -> Optional[VARAccelScheduler]:
     """A scheduler from a short spec, for command lines and benchmarks.
+
+    ``preset_model`` (``pipe.preset_model``): the model whose packaged presets a method name stands for, when it has
+    one for that method (``"embedded"``: ``embedded/lazyvar``); by default, and for a method it has none of, the
+    family's (``infinity-2b/lazyvar``).
 
     * ``"baseline"`` / ``"none"`` / ``None``: no acceleration (``None``);
     * ``"<method>"`` (a name of :func:`~.registry.method_names`: ``fastvar``, ``lazyvar``, ...): the method's preset
@@ -433,7 +437,7 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
             raise ValueError(f"{spec!r}: a composition ({name!r}) takes no ':key=value' overrides (they would be "
                              "ambiguous between its members); save the composed scheduler's configuration and pass its "
                              "folder, or use pipe.enable_acceleration(name, <method>={...})")
-        return build_acceleration(name.lower(), model_family)
+        return build_acceleration(name.lower(), model_family, preset_model=preset_model)
     by_method = {method: METHODS[method] for method in method_names()}
     if "/" in name:
         if not is_preset_name(name):
@@ -458,16 +462,41 @@ def load_acceleration(spec: Optional[str], model_family: str) -> Optional[VARAcc
             raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
                              f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}")
         return scheduler
+    own = own_preset_name(preset_model, model_family, name.lower())
+    if own is not None:
+        return preset_scheduler(by_method[name.lower()], own, model_family, overrides)
     return by_method[name.lower()].from_preset(model_family, **overrides)
 
 
-def build_acceleration(name: str, model_family: str, **overrides: Any) -> VARAccelScheduler:
+def own_preset_name(preset_model: Optional[str], model_family: str, method: str) -> Optional[str]:
+    """``"<preset_model>/<method>"`` when ``preset_model`` is not the family's preset model and has a packaged preset
+    of ``method``, else ``None`` (the family's preset applies)."""
+    from .presets import FAMILY_PRESET_MODELS, is_preset_name
+
+    if preset_model is None or model_family not in FAMILY_PRESET_MODELS or preset_model == FAMILY_PRESET_MODELS[model_family]:
+        return None
+    name = f"{preset_model}/{method}"
+    return name if is_preset_name(name) else None
+
+
+def preset_scheduler(cls, name: str, model_family: str, overrides: Dict[str, Any]) -> VARAccelScheduler:
+    """The packaged preset ``name`` as a ``cls``, with ``overrides``; it must be for ``model_family``."""
+    cls._check_overrides(overrides)
+    scheduler = cls.from_pretrained(name, **overrides)
+    if scheduler.model_family not in (None, model_family):
+        raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}")
+    return scheduler
+
+
+def build_acceleration(name: str, model_family: str, preset_model: Optional[str] = None, **overrides: Any) -> VARAccelScheduler:
     """The scheduler a method name stands for: ``"lazyvar"`` (its preset for ``model_family``) or ``"lazyvar+arvar"``
     (a :class:`ComposedScheduler` of the members' presets, in that order).
 
     Args:
         name (`str`): a registered method name, or several joined with ``"+"``.
         model_family (`str`): the family whose presets are used.
+        preset_model (`str`, *optional*): a model with packaged presets of its own (``pipe.preset_model``, e.g.
+            ``"embedded"``): a member with such a preset uses it instead of the family's.
         **overrides (`Any`): for one method, its settings replacing the preset's (``keep_ratios=(...)``). For a
             composition, one keyword per member holding that member's settings (``lazyvar={"keep_ratios": (...)}``):
             a plain setting would be ambiguous between the members, so it is refused.
@@ -479,8 +508,12 @@ def build_acceleration(name: str, model_family: str, **overrides: Any) -> VARAcc
     if not isinstance(name, str) or not name:
         raise ValueError(f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}")
     names = name.split(COMPOSE_SEPARATOR)
+    def preset(method: str, cls, settings: Dict[str, Any]) -> VARAccelScheduler:
+        own = own_preset_name(preset_model, model_family, method)
+        return cls.from_preset(model_family, **settings) if own is None else preset_scheduler(cls, own, model_family, settings)
+
     if len(names) == 1:
-        return get_method(name).from_preset(model_family, **overrides)
+        return preset(name, get_method(name), overrides)
     classes = [get_method(n) for n in names]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -492,7 +525,7 @@ def build_acceleration(name: str, model_family: str, **overrides: Any) -> VARAcc
         if not isinstance(value, dict):
             raise ValueError(f"the overrides of member {key!r} of {name!r} must be a dict of its settings, got "
                              f"{type(value).__name__}")
-    members = [cls.from_preset(model_family, **overrides.get(n, {})) for n, cls in zip(names, classes)]
+    members = [preset(n, cls, overrides.get(n, {})) for n, cls in zip(names, classes)]
     return ComposedScheduler(members, model_family=model_family)
 
 

@@ -1,0 +1,536 @@
+"""Calibration: the setting of an acceleration method that stays closest to the baseline under a compute budget.
+
+Every packaged preset is a paper's setting for Infinity-2B or HART-0.7B. On another model (another depth, another
+schedule, the embedded shapes model) it can be far off. :func:`calibrate` searches a small, explicit and deterministic
+grid of each method's real settings (:func:`candidate_grid`), keeps the candidates that meet the budget, and picks the
+one whose images are closest to the baseline image of the same prompt and seed:
+
+* **budget**: a counted-FLOPs ratio (``target_flops_ratio``: baseline FLOPs / accelerated FLOPs of one real call at the
+  pipeline's own size and schedule, counted with ``var-accel bench``'s counter, text encoder and decoder included), a
+  measured latency ratio on the current device (``target_speedup``: baseline and candidate timed interleaved), or both;
+* **fidelity**: SSIM and PSNR to the baseline image, always; LPIPS when its weights are cached; the shapes scorer's
+  accuracy when the prompts are shapes prompts. The chosen candidate has the highest mean of the ``select`` metric
+  (SSIM by default) among those that meet the budget; ties go to the earlier candidate of the grid.
+
+The default calibration prompts for the embedded model (:func:`calibration_prompts`) are drawn from the shapes grammar
+with their own seed, and every prompt string of the 200 held-out evaluation prompts
+(:func:`~diffusers_var_accel.data.shapes.heldout_prompts`) is removed from them, so the held-out set never decides a
+setting. Given the same prompts, seeds and grid the search is deterministic (FLOPs and images do not depend on timing);
+with ``target_speedup`` the feasible set depends on measured times.
+
+Outputs (:func:`write_calibration`): ``acceleration_config.json`` (the chosen scheduler's ``save_pretrained`` layout:
+``XScheduler.from_pretrained(folder)``, ``var-accel generate --accel folder``), ``calibration.json`` (the method, the
+budget, the chosen setting and its numbers, and every setting tried with its numbers) and ``frontier.png`` (fidelity
+against counted-FLOPs ratio of every setting tried).
+
+Examples:
+    ```py
+    >>> from diffusers_var_accel import InfinityPipeline
+    >>> from diffusers_var_accel.calibration import calibrate, calibration_prompts, write_calibration
+
+    >>> pipe = InfinityPipeline.from_pretrained("embedded")
+    >>> result = calibrate(pipe, "lazyvar", target_flops_ratio=2.0, prompts=calibration_prompts(8), seeds=[0])
+    >>> write_calibration(result, "calibrated/lazyvar")
+    ```
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from .schedulers.registry import COMPOSE_SEPARATOR, get_method, method_names
+from .schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler
+
+#: Seed of the default calibration prompts (the held-out set uses ``HELDOUT_SEED``; validation used seed 1).
+CALIBRATION_PROMPT_SEED = 7
+
+#: A PSNR of identical images is infinite; means use this value for them instead (and say so).
+PSNR_CAP_DB = 60.0
+
+#: The metrics ``select`` may name: the mean to maximise (``lpips``: to minimise).
+SELECT_METRICS = ("ssim", "psnr", "accuracy", "lpips")
+
+CALIBRATION_FILE = "calibration.json"
+FRONTIER_FILE = "frontier.png"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the candidate grids: each method's real constructor settings, negative scale indices (counted from the end)
+# ---------------------------------------------------------------------------------------------------------------------
+def _lazyvar_grid(num_layers: int) -> List[Dict[str, Any]]:
+    """The last scale alone, or a group of the last 2, 3 or 4 scales decoded in one pass or scale by scale; keep ratios
+    flat or halving towards the largest scale (the paper's 20/10/5/1 % halve), starting at 85, 70, 50, 35, 20 or 10 %."""
+    grid = []
+    firsts = (0.85, 0.7, 0.5, 0.35, 0.2, 0.1)
+    for first in firsts:
+        grid.append(dict(group_scales=[-1], keep_ratios=[first], parallel_decoding=False))
+    for size in (2, 3, 4):
+        for parallel in (False, True):
+            for profile in ("flat", "halving"):
+                for first in firsts:
+                    ratios = [round(first * (0.5 ** i if profile == "halving" else 1.0), 4) for i in range(size)]
+                    grid.append(dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel))
+    return grid
+
+
+def _fastvar_grid(num_layers: int) -> List[Dict[str, Any]]:
+    """Prune the last 2 or 3 computed scales at r = 0.25 .. 0.9, in all layers or from layer 1 on; skip the last scale
+    or not; the cache scale is the one before the first pruned scale."""
+    grid = []
+    for skip in (False, True):
+        for count in (2, 3):
+            last = -2 if skip else -1
+            prune = list(range(last - count + 1, last + 1))
+            for layers in (None, [1, num_layers]):
+                for ratio in (0.25, 0.5, 0.75, 0.9):
+                    grid.append(dict(prune_scales=prune, prune_ratios=[ratio] * count, pruned_layers=layers,
+                                     cache_scale=prune[0] - 1, skip_last_scales=skip, skipped_scales=[-1] if skip else []))
+    return grid
+
+
+def _depthvar_grid(num_layers: int) -> List[Dict[str, Any]]:
+    """Reference scale R = -2 .. -6 (from the end), rotation step 0, 0.05 or 0.25, code blending on or off."""
+    grid = []
+    for reference in (-2, -3, -4, -5, -6):
+        for rotation in (0.0, 0.05, 0.25):
+            for blending in (True, False):
+                grid.append(dict(reference_scale=reference, rotation_step=rotation, code_blending=blending))
+    return grid
+
+
+def _arvar_grid(num_layers: int) -> List[Dict[str, Any]]:
+    """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect pruning
+    of none / the last / the last 2 scales at 25, 50 or 75 %."""
+    grid = []
+    for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
+        for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
+            if not halved and not pruned:
+                continue
+            grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))
+    return grid
+
+
+#: ``{method: grid(num_layers) -> [settings]}``; a method without an entry cannot be calibrated (the error says so).
+CANDIDATE_GRIDS: Dict[str, Callable[[int], List[Dict[str, Any]]]] = {
+    "lazyvar": _lazyvar_grid, "fastvar": _fastvar_grid, "depthvar": _depthvar_grid, "arvar": _arvar_grid,
+}
+
+def _composition_members(num_layers: int) -> Dict[str, List[Dict[str, Any]]]:
+    """Per method, the settings it takes as a member of a composition: few, and on scales or routes that the other
+    methods can share (ARVAR branch halving only: its attention-retrospect pruning routes the same blocks as the
+    others' token selections, which a composition refuses)."""
+    return {
+        "lazyvar": [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
+                    dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+                    dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+                    dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)],
+        "fastvar": [dict(prune_scales=[-2, -1], prune_ratios=[r, r], pruned_layers=[1, num_layers], cache_scale=-3,
+                         skip_last_scales=False, skipped_scales=[]) for r in (0.25, 0.5, 0.75)]
+                   + [dict(prune_scales=[-3, -2], prune_ratios=[0.5, 0.5], pruned_layers=[1, num_layers], cache_scale=-4,
+                           skip_last_scales=True, skipped_scales=[-1])],
+        "depthvar": [dict(reference_scale=r, rotation_step=0.0, code_blending=True) for r in (-2, -3, -4)],
+        "arvar": [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
+                  for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])],
+    }
+
+
+def _members(method: str) -> List[str]:
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"method must be a method name ({sorted(CANDIDATE_GRIDS)}) or names joined with "
+                         f"{COMPOSE_SEPARATOR!r}, got {method!r}")
+    names = method.split(COMPOSE_SEPARATOR)
+    for name in names:
+        if name not in CANDIDATE_GRIDS:
+            known = method_names()
+            why = "" if name not in known else " (registered, but it has no calibration grid)"
+            raise ValueError(f"method {name!r}{why} cannot be calibrated; methods with a grid: {sorted(CANDIDATE_GRIDS)}, "
+                             f"joined with {COMPOSE_SEPARATOR!r} to compose (lazyvar{COMPOSE_SEPARATOR}arvar)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"method {method!r} names a method twice; a composition holds each method once")
+    return names
+
+
+def candidate_grid(method: str, num_layers: int) -> List[Dict[str, Any]]:
+    """The candidates of ``method`` (a name or ``"a+b"``) for a model of ``num_layers`` blocks, in search order.
+
+    A single method's candidate is its settings (``{"keep_ratios": [...], ...}``); a composition's is one settings dict
+    per member (``{"lazyvar": {...}, "arvar": {...}}``): the product of the members' composition settings (a few per
+    method, see ``_composition_members``). A combination the composition refuses (two members routing the same block
+    at the same scale) is recorded by :func:`calibrate` as not runnable.
+    """
+    names = _members(method)
+    if len(names) == 1:
+        return CANDIDATE_GRIDS[names[0]](num_layers)
+    members = _composition_members(num_layers)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(members[n] for n in names))]
+
+
+def build_candidate(method: str, settings: Dict[str, Any], model_family: str) -> VARAccelScheduler:
+    """The scheduler of one candidate (settings over the constructor's defaults, ``model_family`` set)."""
+    names = _members(method)
+    if len(names) == 1:
+        return get_method(names[0])(**{**settings, "model_family": model_family})
+    members = [get_method(n)(**{**settings[n], "model_family": model_family}) for n in names]
+    return ComposedScheduler(members, model_family=model_family)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# prompts
+# ---------------------------------------------------------------------------------------------------------------------
+def calibration_prompts(n: int = 8, seed: int = CALIBRATION_PROMPT_SEED) -> List[str]:
+    """``n`` shapes prompts, categories interleaved, none of whose strings is among the 200 held-out prompts.
+
+    Drawn with :func:`~diffusers_var_accel.data.shapes.heldout_prompts` (its grammar and category round robin) under
+    ``seed``; a draw whose string occurs in the held-out set, or earlier in this list, is dropped.
+    """
+    from .data.shapes import heldout_prompts
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of calibration prompts must be an integer >= 1, got {n!r}")
+    held_out = {e["prompt"] for e in heldout_prompts()}
+    chosen: List[str] = []
+    draws = 4 * n + 200
+    while len(chosen) < n:
+        for entry in heldout_prompts(draws, seed=seed):
+            if entry["prompt"] not in held_out and entry["prompt"] not in chosen:
+                chosen.append(entry["prompt"])
+                if len(chosen) == n:
+                    break
+        if len(chosen) < n:
+            if draws > 20000:
+                raise ValueError(f"the shapes grammar has only {len(chosen)} prompts outside the held-out set; ask for fewer")
+            chosen, draws = [], draws * 4
+    return chosen
+
+
+def _is_shapes_prompt(prompt: str) -> bool:
+    from .data.shapes import parse_prompt
+
+    try:
+        parse_prompt(prompt)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measuring
+# ---------------------------------------------------------------------------------------------------------------------
+def num_layers_of(pipe) -> int:
+    """The number of transformer blocks of ``pipe``."""
+    blocks = getattr(pipe.transformer, "blocks", None)
+    if blocks is None:
+        raise ValueError(f"{type(pipe.transformer).__name__} has no blocks; calibration needs an Infinity or HART transformer")
+    return len(blocks)
+
+
+def _count_flops(pipe, prompt: str, seed: int, scheduler, sampling: Dict[str, Any]) -> int:
+    from .bench.probe import make_flop_counter
+
+    counter = make_flop_counter()
+    with counter:
+        pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="pt", acceleration=scheduler, **sampling)
+    return int(counter.get_total_flops())
+
+
+def _generate(pipe, prompts: Sequence[str], seed: int, scheduler, sampling: Dict[str, Any]) -> torch.Tensor:
+    generators = [torch.Generator().manual_seed(seed) for _ in prompts]
+    return pipe(list(prompts), generator=generators, output_type="pt", acceleration=scheduler, **sampling).images
+
+
+def _time_call(pipe, prompt: str, seed: int, scheduler, sampling: Dict[str, Any]) -> float:
+    start = time.perf_counter()
+    pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="pt", acceleration=scheduler, **sampling)
+    return time.perf_counter() - start
+
+
+def _load_lpips_if_cached():
+    from .bench.metrics import MetricUnavailable, load_lpips
+
+    try:
+        return load_lpips("cpu"), None
+    except MetricUnavailable as err:
+        return None, str(err)
+
+
+def _fidelity(images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], lpips_fn, shapes: bool) -> Dict[str, Any]:
+    from .metrics import psnr, ssim
+
+    psnrs = [min(float(psnr(images[i:i + 1], baseline[i:i + 1])), PSNR_CAP_DB) for i in range(len(prompts))]
+    ssims = [float(ssim(images[i:i + 1], baseline[i:i + 1])) for i in range(len(prompts))]
+    out: Dict[str, Any] = dict(psnr=psnrs, ssim=ssims)
+    if lpips_fn is not None:
+        out["lpips"] = [float(v) for v in lpips_fn(images, baseline)]
+    if shapes:
+        from .data.scorer import score
+
+        out["correct"] = [bool(score(p, images[i].permute(1, 2, 0).clamp(0, 1).numpy())["correct"])
+                          for i, p in enumerate(prompts)]
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values))
+
+
+def _check_budget(name: str, value: Optional[float]) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1.0:
+        raise ValueError(f"{name} must be a finite number >= 1.0 (baseline cost / accelerated cost), got {value!r}")
+    return float(value)
+
+
+def calibrate(
+    pipe,
+    method: str,
+    *,
+    target_flops_ratio: Optional[float] = None,
+    target_speedup: Optional[float] = None,
+    prompts: Optional[Sequence[str]] = None,
+    seeds: Sequence[int] = (0,),
+    grid: Optional[List[Dict[str, Any]]] = None,
+    select: str = "ssim",
+    sampling: Optional[Dict[str, Any]] = None,
+    timing_repeats: int = 3,
+    use_lpips: bool = True,
+    progress: bool = True,
+) -> Dict[str, Any]:
+    """Search ``method``'s settings for the one closest to the baseline under a budget.
+
+    Args:
+        pipe (`InfinityPipeline` or `HARTPipeline`): the pipeline to calibrate (the embedded model, a converted folder,
+            a Hub pipeline).
+        method (`str`): a method name (``"lazyvar"``) or a composition (``"lazyvar+arvar"``).
+        target_flops_ratio (`float`, *optional*): keep candidates whose counted FLOPs ratio (baseline / candidate, one
+            real call at the pipeline's own size) is at least this.
+        target_speedup (`float`, *optional*): keep candidates whose measured latency ratio (median of
+            ``timing_repeats`` interleaved baseline / candidate calls of the first prompt and seed) is at least this.
+            At least one budget is required; with both, both must hold.
+        prompts (`list[str]`, *optional*): calibration prompts (default: :func:`calibration_prompts` ``(8)``, disjoint
+            from the held-out evaluation prompts).
+        seeds (`list[int]`): every prompt is generated once per seed, by the baseline and by every candidate.
+        grid (`list[dict]`, *optional*): the candidates (default: :func:`candidate_grid`); each as
+            :func:`candidate_grid` gives them.
+        select (`str`): the fidelity the choice maximises: ``"ssim"`` (default), ``"psnr"``, ``"accuracy"`` (shapes
+            prompts only) or ``"lpips"`` (minimised; needs its cached weights).
+        sampling (`dict`, *optional*): call arguments (default: ``EMBEDDED_SAMPLING`` for the embedded model, else the
+            pipeline's defaults).
+        timing_repeats (`int`): interleaved timed calls per candidate (and per baseline beside it).
+        use_lpips (`bool`): compute LPIPS when its weights are cached.
+        progress (`bool`): print the cost up front and one line per candidate on stderr.
+
+    Returns:
+        `dict`: the calibration record (see :func:`write_calibration`); ``"scheduler"`` holds the chosen scheduler
+        (``None`` when no candidate meets the budget; ``"chosen"`` is then ``None`` too).
+
+    Raises:
+        ValueError: no budget, a budget below 1, an unknown method, empty prompts or seeds, an unknown ``select``, or a
+            grid entry that is not a dict.
+    """
+    from .embedded import EMBEDDED_SAMPLING
+
+    target_flops_ratio = _check_budget("target_flops_ratio", target_flops_ratio)
+    target_speedup = _check_budget("target_speedup", target_speedup)
+    if target_flops_ratio is None and target_speedup is None:
+        raise ValueError("give a budget: target_flops_ratio (counted FLOPs, e.g. 2.0) and/or target_speedup (measured latency)")
+    names = _members(method)
+    if select not in SELECT_METRICS:
+        raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
+    prompts = list(calibration_prompts(8) if prompts is None else prompts)
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of non-empty strings, got {prompts!r}")
+    seeds = list(seeds)
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    if isinstance(timing_repeats, bool) or not isinstance(timing_repeats, int) or timing_repeats < 1:
+        raise ValueError(f"timing_repeats must be an integer >= 1, got {timing_repeats!r}")
+    layers = num_layers_of(pipe)
+    candidates = candidate_grid(method, layers) if grid is None else list(grid)
+    if not candidates or not all(isinstance(c, dict) for c in candidates):
+        raise ValueError(f"grid must be a non-empty list of settings dicts, got {grid!r}")
+    shapes = all(_is_shapes_prompt(p) for p in prompts)
+    if select == "accuracy" and not shapes:
+        raise ValueError("select='accuracy' needs shapes prompts (the shapes scorer decides from the prompt text)")
+    lpips_fn, lpips_note = _load_lpips_if_cached() if use_lpips else (None, "not asked for (use_lpips=False)")
+    if select == "lpips" and lpips_fn is None:
+        raise ValueError(f"select='lpips' but LPIPS is unavailable: {lpips_note}")
+    if sampling is None:
+        sampling = dict(EMBEDDED_SAMPLING) if getattr(pipe, "preset_model", None) == "embedded" else {}
+    family = pipe.model_family
+    pipe.set_progress_bar_config(disable=True)
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"calibrate: {message}", file=sys.stderr, flush=True)
+
+    per_candidate = len(prompts) * len(seeds)
+    say(f"{method}: {len(candidates)} candidates x {len(prompts)} prompts x {len(seeds)} seeds = "
+        f"{len(candidates) * per_candidate} generations, + {per_candidate} baseline, + {len(candidates) + 1} counted "
+        f"calls and {2 * timing_repeats * len(candidates)} timed calls")
+    started = time.perf_counter()
+    baseline_flops = _count_flops(pipe, prompts[0], seeds[0], None, sampling)
+    baseline_images = {s: _generate(pipe, prompts, s, None, sampling) for s in seeds}
+    all_prompts = [p for _ in seeds for p in prompts]
+    baseline_correct = None
+    if shapes:
+        base_fid = _fidelity(torch.cat([baseline_images[s] for s in seeds]), torch.cat([baseline_images[s] for s in seeds]),
+                             all_prompts, None, True)
+        baseline_correct = base_fid["correct"]
+
+    tried: List[Dict[str, Any]] = []
+    for index, settings in enumerate(candidates):
+        record: Dict[str, Any] = dict(index=index, settings=settings)
+        try:
+            scheduler = build_candidate(method, settings, family)
+            flops = _count_flops(pipe, prompts[0], seeds[0], scheduler, sampling)
+            images = torch.cat([_generate(pipe, prompts, s, scheduler, sampling) for s in seeds])
+        except (ValueError, RuntimeError) as err:  # a setting this model's schedule or depth cannot run
+            record["error"] = " ".join(str(err).split())
+            tried.append(record)
+            say(f"[{index + 1}/{len(candidates)}] {_short(settings)}: not runnable here ({record['error'][:120]})")
+            continue
+        base_times, times = [], []
+        for _ in range(timing_repeats):
+            base_times.append(_time_call(pipe, prompts[0], seeds[0], None, sampling))
+            times.append(_time_call(pipe, prompts[0], seeds[0], scheduler, sampling))
+        reference = torch.cat([baseline_images[s] for s in seeds])
+        fidelity = _fidelity(images, reference, all_prompts, lpips_fn, shapes)
+        record.update(flops=flops, flops_ratio=baseline_flops / flops,
+                      speedup=statistics.median(base_times) / statistics.median(times),
+                      seconds_per_image=statistics.median(times), psnr_mean=_mean(fidelity["psnr"]),
+                      ssim_mean=_mean(fidelity["ssim"]))
+        if "lpips" in fidelity:
+            record["lpips_mean"] = _mean(fidelity["lpips"])
+        if shapes:
+            record["accuracy"] = _mean([float(c) for c in fidelity["correct"]])
+        record["per_image"] = fidelity
+        record["meets_budget"] = meets_budget(record, target_flops_ratio, target_speedup)
+        tried.append(record)
+        say(f"[{index + 1}/{len(candidates)}] {_short(settings)}: FLOPs {record['flops_ratio']:.2f}x, speed-up "
+            f"{record['speedup']:.2f}x, SSIM {record['ssim_mean']:.3f}, PSNR {record['psnr_mean']:.2f} dB"
+            + (f", accuracy {record['accuracy']:.0%}" if shapes else "") + (" (meets the budget)" if record["meets_budget"] else ""))
+
+    chosen = choose(tried, target_flops_ratio, target_speedup, select)
+    result: Dict[str, Any] = dict(
+        method=method, members=names, model=str(getattr(pipe, "name_or_path", "")), model_family=family,
+        preset_model=getattr(pipe, "preset_model", None), num_layers=layers,
+        budget=dict(target_flops_ratio=target_flops_ratio, target_speedup=target_speedup), select=select,
+        prompts=prompts, seeds=seeds, sampling=sampling, baseline=dict(flops=baseline_flops,
+        accuracy=None if baseline_correct is None else _mean([float(c) for c in baseline_correct])),
+        lpips=None if lpips_fn is None else "alexnet v0.1", lpips_note=lpips_note,
+        chosen=None if chosen is None else {k: v for k, v in chosen.items() if k != "per_image"},
+        tried=tried, seconds=time.perf_counter() - started,
+        notes=(f"FLOPs: one real call (first prompt and seed) counted with var-accel bench's counter, text encoder and "
+               f"decoder included; speed-up: median of {timing_repeats} interleaved baseline/candidate calls of the first "
+               f"prompt on this device; PSNR of identical images counted as {PSNR_CAP_DB:g} dB; selection: highest mean "
+               f"{select} among the candidates that meet the budget, the earlier candidate on ties"),
+    )
+    result["scheduler"] = None if chosen is None else build_candidate(method, chosen["settings"], family)
+    if chosen is None:
+        best = max((r["flops_ratio"] for r in tried if "flops_ratio" in r), default=None)
+        say(f"no candidate meets the budget (highest counted FLOPs ratio of the grid: {best})")
+    else:
+        say(f"chosen: {_short(chosen['settings'])} (FLOPs {chosen['flops_ratio']:.2f}x, SSIM {chosen['ssim_mean']:.3f}, "
+            f"PSNR {chosen['psnr_mean']:.2f} dB) in {result['seconds']:.0f} s")
+    return result
+
+
+def meets_budget(record: Dict[str, Any], target_flops_ratio: Optional[float] = None,
+                 target_speedup: Optional[float] = None) -> bool:
+    """Whether a tried setting (an entry of ``calibration.json``'s ``tried``) meets the budget."""
+    if "flops_ratio" not in record:
+        return False
+    return bool((target_flops_ratio is None or record["flops_ratio"] >= target_flops_ratio)
+                and (target_speedup is None or record["speedup"] >= target_speedup))
+
+
+def choose(tried: Sequence[Dict[str, Any]], target_flops_ratio: Optional[float] = None,
+           target_speedup: Optional[float] = None, select: str = "ssim") -> Optional[Dict[str, Any]]:
+    """The tried setting :func:`calibrate` picks for a budget: the highest mean ``select`` among those meeting it, the
+    earlier one on ties; ``None`` when none meets it. Applied to a ``calibration.json``'s ``tried`` list it gives the
+    choice of the same search under another budget (FLOPs and fidelity do not depend on the budget)."""
+    if select not in SELECT_METRICS:
+        raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
+    key = {"ssim": lambda r: r["ssim_mean"], "psnr": lambda r: r["psnr_mean"], "accuracy": lambda r: r["accuracy"],
+           "lpips": lambda r: -r["lpips_mean"]}[select]
+    chosen = None
+    for record in tried:
+        if meets_budget(record, target_flops_ratio, target_speedup) and (chosen is None or key(record) > key(chosen)):
+            chosen = record
+    return chosen
+
+
+def _short(settings: Dict[str, Any]) -> str:
+    return json.dumps(settings, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------------------------------
+def calibration_record(result: Dict[str, Any]) -> Dict[str, Any]:
+    """The JSON-safe part of a :func:`calibrate` result (everything but the scheduler object)."""
+    from .bench.runner import _json_safe
+
+    return _json_safe({k: v for k, v in result.items() if k != "scheduler"})
+
+
+def write_calibration(result: Dict[str, Any], output_dir: Union[str, Path]) -> Dict[str, Path]:
+    """Write ``calibration.json``, ``frontier.png`` and (when a setting was chosen) ``acceleration_config.json``.
+
+    Returns:
+        `dict`: the written paths by name (``"config"`` only when a setting was chosen).
+    """
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: Dict[str, Path] = {}
+    if result.get("scheduler") is not None:
+        result["scheduler"].save_pretrained(out)
+        written["config"] = out / VARAccelScheduler.config_name
+    path = out / CALIBRATION_FILE
+    path.write_text(json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    written["calibration"] = path
+    written["frontier"] = plot_frontier(result, out / FRONTIER_FILE)
+    return written
+
+
+def plot_frontier(result: Dict[str, Any], path: Union[str, Path]) -> Path:
+    """Fidelity (SSIM, PSNR) against counted-FLOPs ratio of every setting tried; the budget and the chosen setting
+    marked, the measured speed-up in the point's colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [r for r in result["tried"] if "flops_ratio" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, label in ((axes[0], "ssim_mean", "SSIM to the baseline"), (axes[1], "psnr_mean", "PSNR to the baseline (dB)")):
+        if ran:
+            points = ax.scatter([r["flops_ratio"] for r in ran], [r[metric] for r in ran], c=[r["speedup"] for r in ran],
+                                cmap="viridis", s=18)
+            fig.colorbar(points, ax=ax, label="measured speed-up")
+        chosen = result.get("chosen")
+        if chosen:
+            ax.scatter([chosen["flops_ratio"]], [chosen[metric]], marker="*", s=180, c="red", label="chosen")
+            ax.legend(loc="lower left")
+        if result["budget"].get("target_flops_ratio"):
+            ax.axvline(result["budget"]["target_flops_ratio"], color="grey", linestyle="--")
+        ax.set_xlabel("counted FLOPs ratio (baseline / setting)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result['method']}: {len(ran)} settings, {len(result['prompts'])} prompts x {len(result['seeds'])} seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,321 @@
+"""``calibrate`` / ``var-accel calibrate``: the search under a budget, its files, determinism, its errors, the
+calibration prompts, the grids, and the embedded model's own presets. Tiny grids, 1-2 prompts on the embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffusers_var_accel import (
+    ARVARScheduler,
+    DepthVARScheduler,
+    FastVARScheduler,
+    LazyVARScheduler,
+    VARAccelScheduler,
+)
+from diffusers_var_accel.calibration import (
+    CALIBRATION_FILE,
+    CANDIDATE_GRIDS,
+    FRONTIER_FILE,
+    build_candidate,
+    calibrate,
+    calibration_prompts,
+    candidate_grid,
+    choose,
+    write_calibration,
+)
+from diffusers_var_accel.cli import main
+from diffusers_var_accel.demo import count_call_flops
+from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+
+#: Two LazyVAR settings of the embedded model: the first is too mild for 1.5x, the second reaches it.
+TINY_GRID = [
+    dict(group_scales=[-1], keep_ratios=[0.85], parallel_decoding=False),
+    dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+    dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+]
+PROMPTS = ["two purple squares", "a yellow circle and a blue square"]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    from diffusers_var_accel.embedded import load_embedded_pipeline
+
+    return load_embedded_pipeline()
+
+
+@pytest.fixture(scope="module")
+def result(pipe):
+    return calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS, seeds=[0], grid=TINY_GRID,
+                     timing_repeats=1, progress=False)
+
+
+def _without_timing(record):
+    record = json.loads(json.dumps(record))
+    record.pop("seconds")
+    for entry in [record["chosen"]] + record["tried"]:
+        if entry:
+            entry.pop("speedup", None)
+            entry.pop("seconds_per_image", None)
+    return record
+
+
+def test_the_chosen_setting_meets_the_budget_and_is_the_closest(pipe, result):
+    tried = result["tried"]
+    assert [t["settings"] for t in tried] == TINY_GRID
+    assert [t["meets_budget"] for t in tried] == [t["flops_ratio"] >= 1.5 for t in tried]
+    assert not tried[0]["meets_budget"] and any(t["meets_budget"] for t in tried[1:])
+    feasible = [t for t in tried if t["meets_budget"]]
+    chosen = result["chosen"]
+    assert chosen["flops_ratio"] >= 1.5
+    assert chosen["ssim_mean"] == max(t["ssim_mean"] for t in feasible)
+    # the counted ratio is that of a real call: recount it independently with the demo's counter
+    scheduler = result["scheduler"]
+    base = count_call_flops(pipe, PROMPTS[0], generator=torch.Generator().manual_seed(0), **EMBEDDED_SAMPLING)
+    accel = count_call_flops(pipe, PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=scheduler,
+                             **EMBEDDED_SAMPLING)
+    assert chosen["flops"] == accel and result["baseline"]["flops"] == base
+    # fidelity: a pruned setting is not the baseline, and the scorer ran on the shapes prompts
+    assert 0 < chosen["ssim_mean"] < 1 and chosen["psnr_mean"] > 0 and 0 <= chosen["accuracy"] <= 1
+    assert len(chosen["settings"]) == 3 and len(tried[1]["per_image"]["ssim"]) == len(PROMPTS)
+    # the same choice from the tried list, and another budget's
+    assert choose(tried, 1.5)["settings"] == chosen["settings"]
+    assert choose(tried, 1.0)["ssim_mean"] == max(t["ssim_mean"] for t in tried)
+    assert choose(tried, 100.0) is None
+
+
+def test_the_files_are_written_and_load(pipe, result, tmp_path):
+    written = write_calibration(result, tmp_path)
+    assert set(written) == {"config", "calibration", "frontier"}
+    assert (tmp_path / FRONTIER_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads((tmp_path / CALIBRATION_FILE).read_text())
+    assert record["method"] == "lazyvar" and record["budget"] == {"target_flops_ratio": 1.5, "target_speedup": None}
+    assert record["chosen"]["settings"] == result["chosen"]["settings"]
+    assert {"flops_ratio", "psnr_mean", "ssim_mean", "accuracy", "speedup"} <= set(record["chosen"])
+    assert len(record["tried"]) == len(TINY_GRID) and all("flops_ratio" in t and "ssim_mean" in t for t in record["tried"])
+    for loaded in (LazyVARScheduler.from_pretrained(tmp_path), VARAccelScheduler.from_pretrained(tmp_path),
+                   load_acceleration(str(tmp_path), "infinity")):
+        assert type(loaded) is LazyVARScheduler
+        for key, value in result["chosen"]["settings"].items():
+            assert json.loads(json.dumps(loaded.config[key])) == value
+    # --accel DIR generates the same image as the chosen scheduler
+    out = tmp_path / "gen"
+    assert main(["generate", PROMPTS[0], "--accel", str(tmp_path), "-o", str(out), "--no-progress"]) == 0
+    import numpy as np
+    from PIL import Image
+
+    made = np.asarray(Image.open(next(out.glob("*.png"))).convert("RGB"))
+    expected = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=result["scheduler"],
+                    **EMBEDDED_SAMPLING).images[0]
+    baseline = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), **EMBEDDED_SAMPLING).images[0]
+    assert np.array_equal(made, np.asarray(expected)) and not np.array_equal(made, np.asarray(baseline))
+
+
+def test_the_search_is_deterministic(pipe, result):
+    again = calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS, seeds=[0], grid=TINY_GRID,
+                      timing_repeats=1, progress=False)
+    from diffusers_var_accel.calibration import calibration_record
+
+    assert _without_timing(calibration_record(again)) == _without_timing(calibration_record(result))
+
+
+def test_no_setting_meets_the_budget(pipe, tmp_path, capsys):
+    out = calibrate(pipe, "lazyvar", target_flops_ratio=50.0, prompts=PROMPTS[:1], grid=TINY_GRID[:1],
+                    timing_repeats=1, progress=False)
+    assert out["chosen"] is None and out["scheduler"] is None
+    written = write_calibration(out, tmp_path)
+    assert "config" not in written and not (tmp_path / "acceleration_config.json").exists()
+    assert json.loads((tmp_path / CALIBRATION_FILE).read_text())["tried"][0]["meets_budget"] is False
+
+
+def test_the_command_writes_the_files(tmp_path, capsys):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(TINY_GRID[1:2]))
+    out = tmp_path / "out"
+    rc = main(["calibrate", "--model", "embedded", "--method", "lazyvar", "--target-flops-ratio", "1.5", "--grid", str(grid),
+               "--num-prompts", "1", "--timing-repeats", "1", "--output", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert "counted FLOPs ratio" in capsys.readouterr().out
+    assert list(LazyVARScheduler.from_pretrained(out).config.keep_ratios) == [0.2, 0.1]
+    record = json.loads((out / CALIBRATION_FILE).read_text())
+    assert record["prompts"] == calibration_prompts(1)
+    # an unreachable budget: exit 2, one line, and calibration.json still says what was tried
+    rc = main(["calibrate", "--method", "lazyvar", "--target-flops-ratio", "40", "--grid", str(grid), "--num-prompts", "1",
+               "--timing-repeats", "1", "--output", str(tmp_path / "none"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len([line for line in err.splitlines() if line.startswith("error: no setting")]) == 1
+    assert (tmp_path / "none" / CALIBRATION_FILE).is_file()
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--method", "lazyvarr", "--target-flops-ratio", "2"], "lazyvarr"),
+    (["--method", "lazyvar+lazyvar", "--target-flops-ratio", "2"], "lazyvar+lazyvar"),
+    (["--method", "lazyvar"], "budget"),
+    (["--method", "lazyvar", "--target-flops-ratio", "0.5"], "0.5"),
+    (["--method", "lazyvar", "--target-speedup", "nan"], "nan"),
+    (["--method", "lazyvar", "--target-flops-ratio", "2", "--seeds", "x"], "'x'"),
+    (["--method", "lazyvar", "--target-flops-ratio", "2", "--prompts", "missing.txt"], "missing.txt"),
+    (["--method", "lazyvar", "--target-flops-ratio", "2", "--grid", "nogrid.json"], "nogrid.json"),
+    (["--method", "lazyvar", "--target-flops-ratio", "2", "--select", "fid"], "fid"),
+])
+def test_bad_arguments_are_one_line_errors_naming_the_value(argv, named, tmp_path, capsys):
+    assert main(["calibrate", *argv, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert named in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(), "budget"),
+    (dict(target_flops_ratio=0.9), "0.9"),
+    (dict(target_flops_ratio=True), "True"),
+    (dict(target_flops_ratio=2, method="turbo"), "turbo"),
+    (dict(target_flops_ratio=2, select="fid"), "fid"),
+    (dict(target_flops_ratio=2, prompts=[]), "[]"),
+    (dict(target_flops_ratio=2, seeds=[-1]), "-1"),
+    (dict(target_flops_ratio=2, grid=[1]), "[1]"),
+    (dict(target_flops_ratio=2, timing_repeats=0), "0"),
+    (dict(target_flops_ratio=2, prompts=["a red fox"], select="accuracy"), "shapes prompts"),
+])
+def test_bad_arguments_raise_naming_the_value(pipe, kwargs, named):
+    method = kwargs.pop("method", "lazyvar")
+    with pytest.raises(ValueError) as err:
+        calibrate(pipe, method, progress=False, **{"prompts": PROMPTS[:1], **kwargs})
+    assert named in str(err.value)
+
+
+def test_a_setting_the_model_cannot_run_is_recorded_not_chosen(pipe):
+    grid = [dict(group_scales=[-12, -11], keep_ratios=[0.5, 0.5]), TINY_GRID[1]]  # the model has 10 scales
+    out = calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS[:1], grid=grid, timing_repeats=1, progress=False)
+    assert "error" in out["tried"][0] and "-12" in out["tried"][0]["error"]
+    assert out["chosen"]["settings"] == TINY_GRID[1]
+
+
+def test_calibration_prompts_are_disjoint_from_the_held_out_set():
+    from diffusers_var_accel.data.shapes import heldout_prompts, parse_prompt
+
+    prompts = calibration_prompts(40)
+    assert len(set(prompts)) == 40 and prompts == calibration_prompts(40)
+    assert not set(prompts) & {e["prompt"] for e in heldout_prompts()}
+    for p in prompts:
+        parse_prompt(p)
+    with pytest.raises(ValueError, match="0"):
+        calibration_prompts(0)
+
+
+@pytest.mark.parametrize("method", sorted(CANDIDATE_GRIDS) + ["lazyvar+arvar", "fastvar+arvar", "depthvar+arvar"])
+def test_every_candidate_of_the_grids_is_a_valid_setting(method):
+    grid = candidate_grid(method, 6)
+    assert grid == candidate_grid(method, 6)  # deterministic
+    assert len(grid) == len({json.dumps(c, sort_keys=True) for c in grid})  # no duplicates
+    for settings in grid:
+        scheduler = build_candidate(method, settings, "infinity")
+        if "+" in method:
+            assert isinstance(scheduler, ComposedScheduler)
+        else:
+            assert type(scheduler) is METHODS[method]
+            for key, value in settings.items():
+                assert json.loads(json.dumps(scheduler.config[key])) == value
+
+
+def test_the_model_card_takes_calibrations(result, tmp_path):
+    """write_model_card copies each calibration's setting to <folder>/<method>/ and tables its numbers."""
+    import shutil
+
+    from diffusers_var_accel.embedded import embedded_model_path
+    from diffusers_var_accel.hub import read_calibration, write_model_card
+
+    calibrated = tmp_path / "calibrated"
+    write_calibration(result, calibrated)
+    folder = tmp_path / "pipeline"
+    shutil.copytree(embedded_model_path(), folder)
+    card = write_model_card(folder, calibrations=[calibrated], repo_id="me/shapes").read_text()
+    assert "## Calibrated settings" in card and 'LazyVARScheduler.from_pretrained("me/shapes", subfolder="lazyvar")' in card
+    assert f"{result['chosen']['flops_ratio']:.2f}×" in card and f"{result['chosen']['ssim_mean']:.3f}" in card
+    assert "acceleration_calibrations" in card
+    loaded = LazyVARScheduler.from_pretrained(folder, subfolder="lazyvar")
+    assert list(loaded.config.keep_ratios) == result["chosen"]["settings"]["keep_ratios"]
+    assert read_calibration(folder / "lazyvar")["flops_ratio"] == pytest.approx(result["chosen"]["flops_ratio"])
+    # a calibration without a chosen setting, or a missing file, is refused naming the file, before anything is written
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        write_model_card(folder, calibrations=[tmp_path / "empty"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the embedded model's own presets (presets/embedded/<method>, made by var-accel calibrate)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
+    from diffusers_var_accel.schedulers.presets import PRESETS_DIR
+
+    folder = PRESETS_DIR / "embedded" / method
+    record = json.loads((folder / CALIBRATION_FILE).read_text())
+    assert record["method"] == method and record["model_family"] == "infinity"
+    chosen = record["chosen"]
+    assert chosen["flops_ratio"] >= record["budget"]["target_flops_ratio"]
+    again = choose(record["tried"], record["budget"]["target_flops_ratio"], record["budget"]["target_speedup"], record["select"])
+    assert chosen["settings"] == again["settings"] and chosen["ssim_mean"] == again["ssim_mean"]
+    # the calibration ran on prompts disjoint from the held-out set
+    from diffusers_var_accel.data.shapes import heldout_prompts
+
+    assert not set(record["prompts"]) & {e["prompt"] for e in heldout_prompts()}
+    scheduler = VARAccelScheduler.from_pretrained(f"embedded/{method}")
+    assert type(scheduler) is METHODS[method]
+    for key, value in chosen["settings"].items():
+        assert json.loads(json.dumps(scheduler.config[key])) == value
+    scheduler.save_pretrained(tmp_path)  # the file is what save_pretrained writes (complete and canonical)
+    written = json.loads((tmp_path / "acceleration_config.json").read_text())
+    stored = json.loads((folder / "acceleration_config.json").read_text())
+    assert {k: v for k, v in written.items() if k != "_diffusers_version"} == \
+        {k: v for k, v in stored.items() if k != "_diffusers_version"}
+
+
+def test_the_embedded_model_picks_its_own_presets(pipe):
+    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+    assert pipe.preset_model == "embedded"
+    for method, cls in METHODS.items():
+        own = cls.from_pretrained(f"embedded/{method}")
+        assert getattr(pipe, f"enable_{method}")().to_dict() == own.to_dict()
+        assert pipe.enable_acceleration(method).to_dict() == own.to_dict()
+        assert load_acceleration(method, "infinity", preset_model=pipe.preset_model).to_dict() == own.to_dict()
+        # the papers' presets are unchanged and stay the family's: another Infinity pipeline gets them
+        assert json.loads(json.dumps(cls.from_preset("infinity").to_dict())) == \
+            json.loads(json.dumps(cls.from_pretrained(f"infinity-2b/{method}").to_dict()))
+    pipe.disable_acceleration()
+    lazy = pipe.enable_lazyvar(keep_ratios=[0.3, 0.2])  # overrides apply to the own preset
+    assert list(lazy.config.keep_ratios) == [0.3, 0.2] and list(lazy.config.group_scales) == \
+        list(LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales)
+    pipe.disable_acceleration()
+    composed = pipe.enable_acceleration("lazyvar+arvar")
+    assert [m.to_dict() for m in composed.members] == [LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict(),
+                                                           ARVARScheduler.from_pretrained("embedded/arvar").to_dict()]
+    pipe.disable_acceleration()
+    tiny = build_tiny_infinity_pipeline(seed=0)
+    assert tiny.preset_model == "infinity-2b"
+    assert json.loads(json.dumps(tiny.enable_lazyvar().to_dict())) == \
+        json.loads(json.dumps(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()))
+
+
+def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
+    from diffusers_var_accel.calibration import meets_budget
+
+    tried = [dict(settings={"a": 1}, flops_ratio=2.5, speedup=1.2, ssim_mean=0.7, psnr_mean=20.0),
+             dict(settings={"a": 2}, flops_ratio=1.6, speedup=1.5, ssim_mean=0.8, psnr_mean=22.0),
+             dict(settings={"a": 3}, flops_ratio=1.2, speedup=1.1, ssim_mean=0.95, psnr_mean=30.0),
+             dict(settings={"a": 4}, error="not runnable")]
+    assert choose(tried, target_speedup=1.4)["settings"] == {"a": 2}
+    assert choose(tried, target_flops_ratio=2.0)["settings"] == {"a": 1}
+    assert choose(tried, target_flops_ratio=2.0, target_speedup=1.4) is None
+    assert choose(tried, target_flops_ratio=1.0, select="psnr")["settings"] == {"a": 3}
+    assert not meets_budget(tried[3], 1.0)
+    with pytest.raises(ValueError, match="fid"):
+        choose(tried, 1.0, select="fid")
