@@ -44,7 +44,8 @@ def analytic_scale_flops(cfg, rows, batch, L, S, T, first):
     """One scale: L new tokens, S = keys seen (cache + own), ``rows`` rows through blocks and head, T text tokens.
 
     Per block: self-attn qkv (C->3C) and proj, QK^T and PV over S keys; cross-attn q and proj, text K/V (C->2C on T
-    tokens, recomputed every scale, as the official code), QK^T and PV over T keys; FFN C->F->C. Head: head AdaLN
+    tokens; once per call, in the first pass, which every later pass reuses: the official code recomputes it every
+    scale, same values), QK^T and PV over T keys; FFN C->F->C. Head: head AdaLN
     (C->2C on the pooled text, per row) and C->2d. Input embedding word_embed (d->C) runs on the B image rows only
     (the CFG rows are a repeat), and not at scale 0 (the start token is the pooled text).
     """
@@ -53,7 +54,7 @@ def analytic_scale_flops(cfg, rows, batch, L, S, T, first):
     block = (
         2 * rows * L * C * 3 * C + 2 * rows * L * C * C  # self-attn projections
         + 4 * rows * L * S * C  # self-attn QK^T + PV (H heads x c = C)
-        + 2 * rows * L * C * C + 2 * rows * T * C * 2 * C + 2 * rows * L * C * C  # cross q, text K/V, proj
+        + 2 * rows * L * C * C + (2 * rows * T * C * 2 * C if first else 0) + 2 * rows * L * C * C  # cross q, K/V, proj
         + 4 * rows * L * T * C  # cross QK^T + PV
         + 2 * rows * L * C * F * 2  # FFN
     )

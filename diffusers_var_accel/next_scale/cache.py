@@ -50,7 +50,8 @@ class ScaleKVCache:
         """Append this scale's keys/values of layer ``layer_idx`` and return everything cached for its rows.
 
         Args:
-            key_RHLc, value_RHLc: ``(R, H, L, c)`` keys and values of this pass (any strides).
+            key_RHLc: ``(R, H, L, c)`` keys of this pass (any strides).
+            value_RHLc: ``(R, H, L, c)`` values of this pass (any strides).
             layer_idx: the layer.
             cache_rows: rows the cache holds when fewer run (CFG halving): the ``R`` given rows stand in for every
                 block of ``R`` cached rows; the first ``R`` rows are returned.
