@@ -27,3 +27,32 @@ def offline_hub(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read from the env at import time
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     return cache
+
+
+def tiny_hart_patch_nums():
+    """The tiny HART schedule the method tests run: the first 10 scales of HART-0.7B's."""
+    from diffusers_var_accel.models.transformer_hart import HART_CONFIGS
+
+    return HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    """``pipes(family)``: the tiny pipeline of each family (a 6-block Infinity, a 4-block HART on the first 10
+    HART-0.7B scales), built on first use and shared by the module's tests."""
+    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+
+    built = {}
+
+    def get(family):
+        if family not in built:
+            if family == "infinity":
+                pipe = build_tiny_infinity_pipeline(seed=0, depth=6)  # FastVAR's preset layers 3.. exist
+            else:
+                pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(),
+                                                tokenizer_ch_mult=(1,))
+            pipe.set_progress_bar_config(disable=True)
+            built[family] = pipe
+        return built[family]
+
+    return get

@@ -32,7 +32,6 @@ from diffusers_var_accel import (
     schedule_for_size,
     supported_sizes,
 )
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
 
 METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
 FAMILIES = ("infinity", "hart")
@@ -49,24 +48,6 @@ PROMPTS = ["a red fox in the snow", "two cats"]
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
-
-@pytest.fixture(scope="module")
-def pipes():
-    """The tiny pipeline of each family, built on first use."""
-    built = {}
-
-    def get(family):
-        if family not in built:
-            if family == "infinity":
-                pipe = build_tiny_infinity_pipeline(seed=0, depth=6)  # FastVAR's preset layers 3.. exist
-            else:
-                pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=HART_PATCH_NUMS,
-                                                tokenizer_ch_mult=(1,))
-            pipe.set_progress_bar_config(disable=True)
-            built[family] = pipe
-        return built[family]
-
-    return get
 
 
 def sizes(family):

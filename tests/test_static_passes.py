@@ -28,7 +28,7 @@ from diffusers_var_accel.models.attention_processor import (
     rotate_pairs,
 )
 from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 
 def _kv(rows, length, generator, heads=2, dim=4):
@@ -207,23 +207,6 @@ METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar":
            "arvar": ARVARScheduler}
 
 
-@pytest.fixture(scope="module")
-def pipes():
-    built = {}
-
-    def get(family):
-        if family not in built:
-            if family == "infinity":
-                pipe = build_tiny_infinity_pipeline(seed=0, depth=6)
-            else:
-                pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=HART_PATCH_NUMS,
-                                                tokenizer_ch_mult=(1,))
-            pipe.set_progress_bar_config(disable=True)
-            built[family] = pipe
-        return built[family]
-
-    return get
-
 
 def _max_length(pipe, family):
     if family == "infinity":
@@ -231,12 +214,7 @@ def _max_length(pipe, family):
     return pipe.transformer.config.context_tokens + sum(pn * pn for pn in HART_PATCH_NUMS[1:])
 
 
-def _generate(pipe, family, acceleration, monkeypatch=None, call_cache=None):
-    if monkeypatch is not None:
-        length = _max_length(pipe, family)
-        monkeypatch.setattr(loop_module, "ScaleKVCache", lambda n: ScaleKVCache(n, max_length=length))
-        monkeypatch.setattr(loop_module, "VARForwardContext",
-                            lambda *a, **k: VARForwardContext(*a, call_cache=call_cache, **k))
+def _generate(pipe, family, acceleration):
     kwargs = {"height": INFINITY_SIZE[0], "width": INFINITY_SIZE[1]} if family == "infinity" else {}
     return pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0), acceleration=acceleration,
                 guidance_scale=3.0, output_type="pt", **kwargs).images
@@ -245,14 +223,33 @@ def _generate(pipe, family, acceleration, monkeypatch=None, call_cache=None):
 @pytest.mark.parametrize("family", ["infinity", "hart"])
 @pytest.mark.parametrize("method", [None, "fastvar", "lazyvar", "depthvar", "arvar"])
 def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, method, monkeypatch):
+    """The loop's preallocated KV cache and per-call constants give the images of a growing cache with every
+    constant recomputed at each use (the reference path), bit for bit."""
     pipe = pipes(family)
     settings = {"reference_scale": -3} if method == "depthvar" else {}
     make = (lambda: None) if method is None else (lambda: METHODS[method].from_preset(family, **settings))
     if method is not None and family not in METHODS[method].presets:
         pytest.skip(f"{method} has no {family} preset")
+    caches, lengths = [], []
+
+    def recording_context(*args, **kwargs):
+        caches.append(kwargs.get("call_cache"))
+        return VARForwardContext(*args, **kwargs)
+
+    def recording_cache(num_layers, max_length=None):
+        lengths.append(max_length)
+        return ScaleKVCache(num_layers, max_length=max_length)
+
+    monkeypatch.setattr(loop_module, "VARForwardContext", recording_context)
+    monkeypatch.setattr(loop_module, "ScaleKVCache", recording_cache)
+    out = _generate(pipe, family, make())
+    assert lengths == [_max_length(pipe, family)]  # the loop preallocated the cache for the schedule
+    call_cache = caches[0]
+    assert call_cache is not None and all(c is call_cache for c in caches)  # one dict shared by every pass
+
+    monkeypatch.setattr(loop_module, "VARForwardContext", lambda *a, **k: VARForwardContext(*a, **{**k, "call_cache": None}))
+    monkeypatch.setattr(loop_module, "ScaleKVCache", lambda num_layers, max_length=None: ScaleKVCache(num_layers))
     reference = _generate(pipe, family, make())
-    call_cache = {}
-    out = _generate(pipe, family, make(), monkeypatch, call_cache)
     assert torch.equal(out, reference)
     kinds = {key[0] for key in call_cache}
     assert "qkv_bias" in kinds  # the constants were taken from the call's cache
