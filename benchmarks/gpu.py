@@ -195,7 +195,7 @@ def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
             vs_graphs = f"{r['speedup_vs_graphs']:.2f}x" if r.get("speedup_vs_graphs") else "n/a"
             ratio = f"{base_tflops / t:.2f}x" if t and base_tflops else "-"
             call_tflops = f"{t * b['batch_size']:.2f}" if t is not None else "-"
-            note = r.get("skipped") or (f"sampling: {r['sampled_with']}" if r.get("sampled_with") else "")
+            note = r.get("skipped") or r.get("note") or (f"sampling: {r['sampled_with']}" if r.get("sampled_with") else "")
             lines.append(f"{b['model']:<12} {b['batch_size']:>5} {b['mode']:<7} {r['label']:<16} {cell(median, '.4f', 9)} "
                          f"{cell(per_image, '.4f', 9)} {vs_eager:>9} {vs_graphs:>9} "
                          f"{call_tflops:>8} {ratio:>8} "
@@ -203,17 +203,19 @@ def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def _graphs_switch(pipe, enable: bool) -> Optional[str]:
-    """``pipe.enable_cuda_graphs()`` / ``disable_cuda_graphs()``; returns why graphs are n/a (``None``: enabled)."""
+def _graphs_switch(pipe, enable: bool) -> Tuple[Optional[str], Optional[str]]:
+    """``pipe.enable_cuda_graphs()`` / ``disable_cuda_graphs()``; returns (why the rows are n/a, a note for rows
+    that run anyway: graphs are off without CUDA); ``(None, None)``: graphs on."""
     if not hasattr(pipe, "enable_cuda_graphs"):
-        return "n/a: the pipeline has no enable_cuda_graphs()"
+        return "n/a: the pipeline has no enable_cuda_graphs()", None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # on a CPU it says that it does nothing; the rows then run as eager
         if enable:
-            pipe.enable_cuda_graphs()
+            if pipe.enable_cuda_graphs() is False:
+                return None, "no CUDA: graphs off, ran eager"
         elif hasattr(pipe, "disable_cuda_graphs"):
             pipe.disable_cuda_graphs()
-    return None
+    return None, None
 
 
 def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time, write_json) -> int:
@@ -250,7 +252,7 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
         rows = _rows_for(mode, methods)
         block = {"model": model, "family": meta["family"], "height": meta["height"], "width": meta["width"],
                  "batch_size": batch, "mode": mode, "dtype": meta["dtype"], "tflops_per_image": meta["tflops"]}
-        unavailable = _graphs_switch(pipe, True) if mode == "graphs" else None
+        unavailable, graphs_note = _graphs_switch(pipe, True) if mode == "graphs" else (None, None)
         if unavailable:
             records = [{**r, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
                         "skipped": unavailable} for r in rows]
@@ -258,6 +260,8 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
             try:
                 records = measure_rows(pipe, rows, batch, meta["height"], meta["width"], args.repeats,
                                        args.graph_warmup if mode == "graphs" else args.warmup, args.device, out_of_time)
+                if graphs_note:
+                    records = [{**r, "note": graphs_note} for r in records]
             finally:
                 if mode == "graphs":
                     _graphs_switch(pipe, False)

@@ -138,7 +138,7 @@ def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, 
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(gpu, "measure_rows", interrupted_second_block)
-    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable: None)  # graph blocks "available" (CPU no-op)
+    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable: (None, None))  # graph blocks "available" (CPU no-op)
     out = tmp_path / "gpu.json"
     assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
                  "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
