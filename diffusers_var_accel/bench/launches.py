@@ -102,6 +102,7 @@ NO_KERNEL_OPS = frozenset({
     "_unsafe_view", "set_", "resize_", "resize_as_", "lift", "lift_fresh", "lift_fresh_copy", "_local_scalar_dense",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
     "record_stream", "nonzero_static",
+    "promote_types", "result_type", "can_cast",  # dtype queries
 })
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

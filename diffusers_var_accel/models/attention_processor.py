@@ -16,7 +16,8 @@ rounding, see ``tests/test_attention_backends.py``).
 
 Per-call constants (the concatenated q/zero-k/v bias, q's learned scale, the text's cross-attention keys/values) are
 taken from ``context.call_cache`` and the RoPE tables from ``context.pass_cache``; q and k are normalised and rotated
-as one stacked ``(R, L, 2, H, c)`` tensor. Every rewrite keeps the values bit for bit (see :func:`rotate_pairs`).
+as one stacked ``(R, L, 2, H, c)`` tensor, the normalisation and q's scale as one per-token factor, the rotation
+as one ``addcmul`` that writes the attention's dtype: within float rounding of the reference forms, fewer kernels.
 
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """
@@ -32,6 +33,7 @@ from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 
 from ..next_scale.context import VARForwardContext, block_causal_mask
+from .dtype_utils import fused_cast_out
 
 #: Backends that take a boolean ``attn_mask`` as a kernel input. Every other backend either refuses a mask (flash-attn,
 #: sage, cuDNN) or turns it into a dense score modification (flex), so grouped passes go to them one scale at a time.
@@ -89,14 +91,26 @@ def half_pairing_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch
     return tables[:, :, :, None, None, :]
 
 
-def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool) -> torch.Tensor:
+def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool,
+                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """RoPE on tokens laid out ``(R, L, n, H, c)`` (q and k stacked on ``n``): ``x * cos + swap(x) * sin'``, where
     ``swap`` exchanges the channels of each pair (adjacent channels, or the two halves when ``halves``) and the
-    tables come from :func:`adjacent_pairing_tables` / :func:`half_pairing_tables`. Four kernels for q and k."""
+    tables come from :func:`adjacent_pairing_tables` / :func:`half_pairing_tables`.
+
+    Four kernels for q and k (the swap, two products, their sum), bit for bit the reference forms
+    :func:`apply_rope_2d` / :func:`apply_rope_half`. With ``out_dtype`` (the attention's dtype, when it differs from
+    the rotation's) the sum and the cast are one ``addcmul`` writing ``out_dtype``: three kernels, within float
+    rounding of rotating, then casting (``swap(x) * sin`` is not rounded before the addition)."""
     c = x_RLnHc.shape[-1]
     pairs = x_RLnHc.unflatten(-1, (2, c // 2) if halves else (c // 2, 2))
     swapped = pairs.flip(-2 if halves else -1).flatten(-2)
-    return x_RLnHc * tables[0] + swapped * tables[1]
+    cos_part = x_RLnHc * tables[0]
+    result_dtype = cos_part.dtype if tables.dtype == cos_part.dtype else torch.promote_types(cos_part.dtype, tables.dtype)
+    out = fused_cast_out(torch.broadcast_shapes(cos_part.shape, tables.shape[1:]), result_dtype, out_dtype,
+                         x_RLnHc.device)
+    if out is None:  # nothing to cast: the reference's rounding (swap(x) * sin rounded before the addition)
+        return cos_part + swapped * tables[1]
+    return torch.addcmul(cos_part, swapped, tables[1], out=out)
 
 
 def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor, context: Optional[VARForwardContext] = None):
@@ -119,9 +133,12 @@ def _qk_multipliers(attn) -> torch.Tensor:
 
 
 def _cosine_qk(attn, qk_RL2Hc: torch.Tensor, context: Optional[VARForwardContext], eps: Optional[float]) -> torch.Tensor:
-    """q and k L2-normalised together, q times its learned per-head scale."""
-    normed = F.normalize(qk_RL2Hc, dim=-1) if eps is None else F.normalize(qk_RL2Hc, dim=-1, eps=eps)
-    return normed.mul(_call_cached(context, ("qk_multipliers", attn.layer_idx), lambda: _qk_multipliers(attn)))
+    """q and k L2-normalised together (``F.normalize``: the norm clamped at ``eps``, 1e-12 by default), q times its
+    learned per-head scale: one multiply of q and k by a per-token factor ``scale / norm`` (the division runs on the
+    ``(R, L, 2, H, 1)`` norms, not on every channel; within float rounding of normalising, then scaling)."""
+    norm = torch.linalg.vector_norm(qk_RL2Hc, dim=-1, keepdim=True).clamp_min(1e-12 if eps is None else eps)
+    multipliers = _call_cached(context, ("qk_multipliers", attn.layer_idx), lambda: _qk_multipliers(attn))
+    return qk_RL2Hc * multipliers.div(norm)
 
 
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
@@ -233,19 +250,18 @@ class VARAttnProcessor:
         qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight, context)
         qk = _cosine_qk(attn, qkv[:, :, :2], context, eps=1e-12)
         tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
-        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=False)).unbind(2)
+        q, k = rotate_pairs(qk, tables, halves=False, out_dtype=self._attention_dtype(qk.device)).unbind(2)
         return q, k, qkv[:, :, 2]
 
-    def _as_attention_dtype(self, qk: torch.Tensor) -> torch.Tensor:
-        """q and k in the dtype attention computes in: under autocast SDPA casts its inputs to the autocast dtype
-        (and the recorded-map path's matmuls do too), so casting once here, before the KV cache, gives the same
-        values with one cast of the new keys instead of one of q and one of the whole cache per pass."""
-        device_type = qk.device.type
+    def _attention_dtype(self, device: torch.device) -> Optional[torch.dtype]:
+        """The dtype q and k are written in (``None``: the rotation's own). Under autocast SDPA casts its inputs to the
+        autocast dtype (and the recorded-map path's matmuls do too), so writing the rotation in it, before the KV
+        cache, gives the same values with no cast of q and of the whole cache per pass."""
+        device_type = device.type
         if (device_type == "meta" or not torch.is_autocast_enabled(device_type)
                 or resolve_backend(self._attention_backend) != "native"):
-            return qk
-        dtype = torch.get_autocast_dtype(device_type)
-        return qk if qk.dtype == dtype else qk.to(dtype)
+            return None
+        return torch.get_autocast_dtype(device_type)
 
     def _rope_tables(self, rope_cos_sin: Optional[torch.Tensor], context: Optional[VARForwardContext], dtype):
         """The tables of :func:`rotate_pairs`, once per pass when they are the context's own."""
@@ -350,7 +366,7 @@ class HARTAttnProcessor(VARAttnProcessor):
         if attn.attn_l2_norm:
             qk = _cosine_qk(attn, qk, context, eps=None)
         tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
-        q, k = self._as_attention_dtype(rotate_pairs(qk, tables, halves=True)).unbind(2)
+        q, k = rotate_pairs(qk, tables, halves=True, out_dtype=self._attention_dtype(qk.device)).unbind(2)
         return q, k, qkv[:, :, 2]
 
     @staticmethod

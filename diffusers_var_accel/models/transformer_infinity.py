@@ -24,6 +24,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .attention_processor import VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
+from .dtype_utils import fused_cast_out, linear_input_dtype
 from .checkpoint_utils import (
     StrictLoadingMixin,
     build_and_load_sharded_strict,
@@ -32,7 +33,7 @@ from .checkpoint_utils import (
     sharded_checkpoint_shapes,
 )
 from ..next_scale.context import VARForwardContext
-from ..next_scale.executor import execute_blocks
+from ..next_scale.executor import GatedUpdate, execute_blocks
 from .routing import TokenRoutedBlock
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
@@ -106,10 +107,15 @@ def ada_layer_norm(x_RLC: torch.Tensor, scale_R1C: torch.Tensor, shift_R1C: torc
 
 
 def modulated_layer_norm(x_RLC: torch.Tensor, scale_plus_1_R1C: torch.Tensor, shift_R1C: torch.Tensor,
-                         eps: float) -> torch.Tensor:
-    """:func:`ada_layer_norm` with ``1 + scale`` given (a per-call constant of every block)."""
+                         eps: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """:func:`ada_layer_norm` with ``1 + scale`` given (a per-call constant of every block).
+
+    The modulation is one ``addcmul`` in fp32 (``shift + norm * (1 + scale)``; the official code multiplies, then
+    adds: the same within fp32 rounding). ``out_dtype``: the dtype of the result (the next Linear's input dtype, see
+    :func:`~diffusers_var_accel.models.dtype_utils.linear_input_dtype`), written by that same kernel; ``None``: fp32."""
     x = F.layer_norm(x_RLC.float(), (x_RLC.shape[-1],), eps=eps)
-    return x.mul(scale_plus_1_R1C).add_(shift_R1C)
+    out = fused_cast_out(x.shape, x.dtype, out_dtype, x.device)  # fp32: the norm's dtype wins the promotion
+    return torch.addcmul(shift_R1C, x, scale_plus_1_R1C, out=out)
 
 
 class InfinityRMSNorm(nn.Module):
@@ -276,8 +282,13 @@ class InfinityBlock(TokenRoutedBlock):
         ca_weight, ca_bias = context.cached(("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float()))
         eps = self.norm_eps
 
+        # each Linear's input is written in its input dtype by the modulation itself (no separate cast kernel);
+        # the gated updates are added to the stream by the executor (one addcmul on the dense path)
+        qkv_dtype = linear_input_dtype(self.sa.mat_qkv, x.device)
+        fc1_dtype = linear_input_dtype(self.ffn.fc1, x.device)
+
         def self_attn(x_sub, ctx):
-            return self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps), ctx).mul_(gamma1)
+            return GatedUpdate(self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps, qkv_dtype), ctx), gamma1)
 
         def cross_attn(x_sub, ctx):
             x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
@@ -288,7 +299,7 @@ class InfinityBlock(TokenRoutedBlock):
             return out if ctx.routes is None and x_sub.dtype == torch.float32 else out.float()
 
         def ffn(x_sub, ctx):
-            return self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps)).mul(gamma2)
+            return GatedUpdate(self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps, fc1_dtype)), gamma2)
 
         x = self._routed("self_attn", x, self_attn, context)
         x = self._routed("cross_attn", x, cross_attn, context)

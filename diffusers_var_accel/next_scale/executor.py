@@ -25,7 +25,7 @@ earlier scale.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,31 @@ from .context import VARForwardContext, gather_tokens, scatter_tokens
 from .plan import FILL_MODES, EarlierScale, LayerProxy, PassThrough, TokenRoute
 from .rows import match_rows
 
-#: ``compute(x_sub_RKC, context_of_those_tokens) -> residual update`` of one sublayer.
-SublayerFn = Callable[[torch.Tensor, VARForwardContext], torch.Tensor]
+class GatedUpdate(NamedTuple):
+    """A residual update ``value * gate`` left unmultiplied, so that the dense path adds it to the stream in one
+    kernel (``addcmul``: ``x + value * gate``) instead of two; every other use materialises it (:meth:`resolve`).
+
+    Args:
+        value: the sublayer's output ``(R, L, C)``.
+        gate: its per-row gain, broadcast over the tokens (Infinity's AdaLN ``gamma``, ``(R, 1, C)``).
+    """
+
+    value: torch.Tensor
+    gate: torch.Tensor
+
+    def resolve(self) -> torch.Tensor:
+        """The update as a tensor: ``value * gate`` in their promoted dtype."""
+        return self.value * self.gate
+
+
+#: ``compute(x_sub_RKC, context_of_those_tokens) -> residual update`` of one sublayer (a tensor or a
+#: :class:`GatedUpdate`).
+SublayerFn = Callable[[torch.Tensor, VARForwardContext], Union[torch.Tensor, GatedUpdate]]
+
+
+def resolve_update(update: Union[torch.Tensor, GatedUpdate]) -> torch.Tensor:
+    """A sublayer's update as a tensor."""
+    return update.resolve() if isinstance(update, GatedUpdate) else update
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -180,18 +203,29 @@ def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes
 # ---------------------------------------------------------------------------------------------------------------------
 def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: SublayerFn, context: VARForwardContext) -> torch.Tensor:
     """``x + compute(x)``, or, under a route for ``(layer_idx, kind)``, ``x`` plus the update of the route's tokens
-    filled in with the route's fill; the full update is recorded when the pass asks for it."""
+    filled in with the route's fill; the full update is recorded when the pass asks for it. A
+    :class:`GatedUpdate` is added with one ``addcmul`` on the dense path (the product is not rounded to the update's
+    dtype first: within float rounding of ``x + value * gate`` computed in two steps, as routed tokens are)."""
     routes = context.routes
     route = routes.routes.get((layer_idx, kind)) if routes is not None else None
+    recorded = routes is not None and (layer_idx, kind) in routes.record.sublayer_updates
     if route is None:
-        update_RLC = compute(x_RLC, context)
+        update = compute(x_RLC, context)
+        if isinstance(update, GatedUpdate) and not recorded:
+            return torch.addcmul(x_RLC, update.value, update.gate)  # x + value * gate, one kernel
+        update_RLC = resolve_update(update)
     else:
         index_RK = _select(route, x_RLC)
-        update_RLC = _update_canvas(route.fill, x_RLC, context)
-        if index_RK.shape[1]:
-            computed_RKC = compute(gather_tokens(x_RLC, index_RK), _tokens_context(context, index_RK, route))
-            update_RLC = scatter_tokens(update_RLC, index_RK, computed_RKC)
-    if routes is not None and (layer_idx, kind) in routes.record.sublayer_updates:
+        if not index_RK.shape[1]:
+            update_RLC = _update_canvas(route.fill, x_RLC, context)
+        else:
+            x_RKC = gather_tokens(x_RLC, index_RK)
+            computed = compute(x_RKC, _tokens_context(context, index_RK, route))
+            if isinstance(computed, GatedUpdate) and isinstance(route.fill, PassThrough) and not recorded:
+                # the other tokens' update is zero: the kept tokens take x + value * gate exactly as on the dense path
+                return scatter_tokens(x_RLC, index_RK, torch.addcmul(x_RKC, computed.value, computed.gate))
+            update_RLC = scatter_tokens(_update_canvas(route.fill, x_RLC, context), index_RK, resolve_update(computed))
+    if recorded:
         context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
     return x_RLC + update_RLC
 
