@@ -211,3 +211,15 @@ def test_no_cfg_runs_fewer_ops_than_cfg(model):
                          for cfg in (True, False))
     assert with_cfg["cfg"] and not without["cfg"]
     assert without["ops"] < with_cfg["ops"] and without["num_scales"] == with_cfg["num_scales"]
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.bfloat16, 27), (torch.float32, 27)])
+def test_a_dense_infinity_block_runs_the_fused_kernels(dtype, budget):
+    """The block's fused form: the AdaLN modulation writes the Linear's input dtype, gated residuals are one addcmul,
+    q/k normalisation and q's scale one factor, the RoPE sum carries the cast. A regression guard on the count (the
+    per-op list says which op came back)."""
+    pipe = build_launch_pipeline("infinity-2b", LaunchConfig(depth=2, size=256), dtype)
+    result = count_generation(pipe, None, **_inputs(pipe))
+    ops = result["dense_block_kernel_ops"]
+    assert result["kernels_per_dense_block"] <= budget, ops
+    assert ops.get("addcmul", 0) >= 4 and "add_" not in ops, ops  # two modulations and two gated residuals

@@ -134,6 +134,53 @@ def test_rotate_pairs_is_the_reference_rope_bit_for_bit(dtype):
         assert torch.equal(out[:, :, i], reference)
 
 
+def test_rotate_pairs_with_a_cast_writes_the_cast_rotation_within_its_rounding():
+    """The fused form (one addcmul writing bf16) equals rotating in fp32, then casting, within one bf16 step."""
+    g = torch.Generator().manual_seed(6)
+    R, L, H, c = 2, 9, 3, 16
+    qk_RL2Hc = torch.randn(R, L, 2, H, c, generator=g)
+    angles = torch.randn(L, c // 2, generator=g) * 10
+    table = torch.stack((angles.cos(), angles.sin()))[:, None, None]
+    tables = adjacent_pairing_tables(table)
+    fused = rotate_pairs(qk_RL2Hc, tables, halves=False, out_dtype=torch.bfloat16)
+    reference = rotate_pairs(qk_RL2Hc, tables, halves=False)
+    assert fused.dtype == torch.bfloat16 and fused.shape == reference.shape
+    # both round the same fp32 value (up to one fp32 rounding of the product) to bf16: at most one bf16 step apart
+    step = reference.abs().clamp_min(1e-30).log2().floor().exp2() * 2.0 ** -7
+    assert bool(((fused.float() - reference).abs() <= step).all())
+    assert (fused == reference.bfloat16()).float().mean() > 0.99
+    # a cast to the rotation's own dtype is no cast: the reference form, bit for bit
+    assert torch.equal(rotate_pairs(qk_RL2Hc, tables, halves=False, out_dtype=torch.float32), reference)
+
+
+def test_modulated_layer_norm_writes_the_linear_input_dtype():
+    from diffusers_var_accel.models.transformer_infinity import modulated_layer_norm
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 11, 32, generator=g)
+    scale_plus_1, shift = 1 + torch.randn(2, 1, 32, generator=g), torch.randn(2, 1, 32, generator=g)
+    reference = F.layer_norm(x, (32,), eps=1e-6) * scale_plus_1 + shift
+    fp32 = modulated_layer_norm(x, scale_plus_1, shift, 1e-6)
+    torch.testing.assert_close(fp32, reference, atol=1e-6, rtol=1e-6)
+    half = modulated_layer_norm(x, scale_plus_1, shift, 1e-6, out_dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), reference.bfloat16().float(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_gated_update_is_added_as_x_plus_value_times_gate():
+    from diffusers_var_accel.next_scale.executor import GatedUpdate, resolve_update, run_sublayer
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 5, 8, generator=g)
+    value, gate = torch.randn(2, 5, 8, generator=g).bfloat16(), torch.randn(2, 1, 8, generator=g).bfloat16()
+    context = VARForwardContext(kv_cache=None, rope_cos_sin=torch.zeros(2, 1, 1, 5, 2))
+    out = run_sublayer(0, "ffn", x, lambda x_sub, ctx: GatedUpdate(value, gate), context)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x + value.float() * gate.float(), atol=1e-6, rtol=1e-6)
+    # materialised (routes, records) it is the product in the update's own dtype, as an ungated update would be
+    assert torch.equal(resolve_update(GatedUpdate(value, gate)), value * gate)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # grouped passes without host reads
 # ---------------------------------------------------------------------------------------------------------------------
