@@ -85,6 +85,28 @@ def test_cuda_graphs_say_they_do_nothing_off_cuda(pipelines):
         pipe.disable_cuda_graphs()
 
 
+def test_compiled_passes_raise_the_dynamo_cache_limit_and_eager_gives_it_back(pipelines):
+    config = torch._dynamo.config
+    before = config.cache_size_limit
+    emb, hart = pipelines["infinity"][0], pipelines["hart"][0]
+    try:
+        config.cache_size_limit = 8
+        emb.compile_passes(backend="eager")  # lazy: nothing is traced before a call
+        hart.compile_passes(backend="eager")
+        emb.compile_passes(backend="eager")  # compiling again does not count twice
+        assert config.cache_size_limit >= 256
+        emb.disable_cuda_graphs()
+        assert config.cache_size_limit >= 256  # the other pipeline still compiles its passes
+        hart.disable_cuda_graphs()
+        assert config.cache_size_limit == 8 and not emb.passes_compiled and not hart.passes_compiled
+        hart.disable_cuda_graphs()  # already eager: nothing to give back
+        assert config.cache_size_limit == 8
+    finally:
+        emb.disable_cuda_graphs()
+        hart.disable_cuda_graphs()
+        config.cache_size_limit = before
+
+
 def test_sampling_modes_give_the_same_images(pipelines):
     for model in ("infinity", "hart"):
         pipe, kwargs = pipelines[model]

@@ -402,6 +402,35 @@ class LiveGuidance(Sequence):
         return value
 
 
+#: dynamo's process-wide cache limits before the first pipeline compiled its passes, and how many pipelines do now
+_GRAPH_CACHE_STATE: Dict[str, Any] = {"pipelines": 0, "saved": None}
+_GRAPH_CACHE_LIMITS = (("cache_size_limit", PASS_GRAPH_CACHE_LIMIT), ("accumulated_cache_size_limit", 4 * PASS_GRAPH_CACHE_LIMIT))
+
+
+def _raise_graph_cache_limits() -> None:
+    """Raise dynamo's cache limits above the graphs of a few plans (one graph per pass), remembering the old values."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if _GRAPH_CACHE_STATE["pipelines"] == 0:
+        _GRAPH_CACHE_STATE["saved"] = {name: getattr(config, name) for name, _ in _GRAPH_CACHE_LIMITS if hasattr(config, name)}
+    _GRAPH_CACHE_STATE["pipelines"] += 1
+    for name, limit in _GRAPH_CACHE_LIMITS:
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), limit))
+
+
+def _restore_graph_cache_limits() -> None:
+    """Give dynamo back its cache limits when the last pipeline with compiled passes goes back to eager."""
+    import torch._dynamo
+
+    _GRAPH_CACHE_STATE["pipelines"] = max(_GRAPH_CACHE_STATE["pipelines"] - 1, 0)
+    if _GRAPH_CACHE_STATE["pipelines"] == 0 and _GRAPH_CACHE_STATE["saved"] is not None:
+        for name, value in _GRAPH_CACHE_STATE["saved"].items():
+            setattr(torch._dynamo.config, name, value)
+        _GRAPH_CACHE_STATE["saved"] = None
+
+
 class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 
@@ -425,17 +454,16 @@ class NextScalePipelineMixin:
             mode (`str`, *optional*): the ``torch.compile`` mode (``"reduce-overhead"``: CUDA graphs).
             **options: passed on to ``torch.compile``.
 
-        The dynamo cache size limit is raised above the number of passes of a few plans (each pass is its own graph).
-        ``disable_cuda_graphs()`` goes back to eager passes.
+        Dynamo's process-wide cache size limits are raised above the number of passes of a few plans (each pass is its
+        own graph) while a pipeline compiles its passes; ``disable_cuda_graphs()`` goes back to eager passes and, for
+        the last such pipeline, to the limits as they were.
         """
         import torch._dynamo
 
         from ..next_scale.loop import run_family_blocks
 
-        config = torch._dynamo.config
-        config.cache_size_limit = max(config.cache_size_limit, PASS_GRAPH_CACHE_LIMIT)
-        if hasattr(config, "accumulated_cache_size_limit"):
-            config.accumulated_cache_size_limit = max(config.accumulated_cache_size_limit, 4 * PASS_GRAPH_CACHE_LIMIT)
+        if self._pass_runner is None:
+            _raise_graph_cache_limits()
         options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
         self._pass_runner = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
 
@@ -458,8 +486,11 @@ class NextScalePipelineMixin:
         return True
 
     def disable_cuda_graphs(self) -> None:
-        """Run every pass eagerly again (undoes ``enable_cuda_graphs`` and ``compile_passes``)."""
-        self._pass_runner = None
+        """Run every pass eagerly again (undoes ``enable_cuda_graphs`` and ``compile_passes``). The dynamo cache size
+        limits go back to their values before the first compiled pipeline once no pipeline compiles its passes."""
+        if self._pass_runner is not None:
+            self._pass_runner = None
+            _restore_graph_cache_limits()
 
     @property
     def passes_compiled(self) -> bool:
