@@ -199,6 +199,23 @@ class VARAttnProcessor:
                                                None, scale, backend)
         return out
 
+    def _grouped_pass_mask(self, context: VARForwardContext, cache_length: int, scale_ids: torch.Tensor,
+                           dtype: torch.dtype, additive: bool) -> torch.Tensor:
+        """The block-causal mask of a grouped pass, built once per pass for the pass's own tokens (every layer has
+        the same cache length and ids). ``additive``: for PyTorch's SDPA, the ``0 / -inf`` float mask in the
+        queries' dtype that SDPA would make of the boolean one at every call (the same values)."""
+        additive = additive and resolve_backend(self._attention_backend) == "native"
+
+        def build():
+            mask = block_causal_mask(cache_length, scale_ids)
+            if additive:
+                mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+            return mask
+
+        if scale_ids is not context.token_scale_ids:  # ids given for other tokens than the context's own
+            return build()
+        return context.pass_cached(("block_causal_mask", cache_length, dtype if additive else torch.bool), build)
+
     def _attend_scale_prefixes(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale, backend) -> torch.Tensor:
         """Block-causal attention of a grouped pass whose tokens are in scale order with ``lengths[j]`` tokens of
         scale ``j`` (known from shapes): the queries of scale ``j`` attend to the cache and the first
@@ -307,7 +324,7 @@ class VARAttnProcessor:
             per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
         mask = None
         if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
-            mask = block_causal_mask(cache_length, scale_ids)
+            mask = self._grouped_pass_mask(context, cache_length, scale_ids, q.dtype, additive=not record)
         if cache is not None:
             # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
             if context.cache_rows is not None and context.cache_rows != R:
