@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -101,6 +102,8 @@ class InfinityScaleFamily(ScaleModelFamily):
         self._rope = transformer.rope_cos_sin(torch.cat(positions))
         lengths = [int(s[-2]) * int(s[-1]) for s in self.scale_schedule]
         self._rope_offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        self._code_values = {}  # device -> the VAE's codes of a bit 0 / 1 (see _bit_code_values)
+        self._head_modulations = {}  # head AdaLN terms per set of condition rows (see _head_logits)
 
     def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition)
@@ -118,14 +121,29 @@ class InfinityScaleFamily(ScaleModelFamily):
     def select_condition_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
         return condition.select_rows(rows)
 
+    def _head_logits(self, hidden_RLC, cond_RC):
+        """The head on these rows, its AdaLN terms computed once per call for each set of condition rows (the rows
+        are views of the call's condition, so their address and shape name them)."""
+        key = (cond_RC.data_ptr(), tuple(cond_RC.shape), cond_RC.stride())
+        modulation = self._head_modulations.get(key)
+        if modulation is None:
+            modulation = self._head_modulations[key] = self.transformer.head_modulation(cond_RC)
+        return self.transformer.head_logits(hidden_RLC, head_modulation=modulation)
+
     def guided_logits(self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size):
         B = batch_size
+        inverse_temperature = 1 / temperature
         if guidance_scale != 1:
-            raw = self.transformer.head_logits(hidden_RLC, condition.cond_RC)
-            scaled = raw.mul(1 / temperature)
+            raw = self._head_logits(hidden_RLC, condition.cond_RC)
+            if _is_exact_gain(inverse_temperature):
+                # g * (raw * 2^k) == (g * 2^k) * raw bit for bit (scaling by a power of two is exact and commutes
+                # with rounding), so the temperature folds into the two guidance weights: one kernel less.
+                return (guidance_scale * inverse_temperature) * raw[:B] + ((1 - guidance_scale) * inverse_temperature) * raw[B:], raw
+            scaled = raw.mul(inverse_temperature)
             return guidance_scale * scaled[:B] + (1 - guidance_scale) * scaled[B:], raw
-        raw = self.transformer.head_logits(hidden_RLC[:B], condition.cond_RC[:B])
-        return raw.mul(1 / temperature), raw
+        raw = self._head_logits(hidden_RLC[:B], condition.cond_RC[:B])
+        # tau = 1 would multiply by 1.0 (exact): the raw logits are the logits (nothing writes to either)
+        return (raw if inverse_temperature == 1 else raw.mul(inverse_temperature)), raw
 
     def sample(self, logits_BLV, scale_index, generator):
         return sample_bits(logits_BLV, self.top_k, self.top_p, generator, self.sampling)
@@ -136,9 +154,16 @@ class InfinityScaleFamily(ScaleModelFamily):
         _, h, w = (1, *self.scale_schedule[scale_index][-2:])
         if self.patch == 1:
             bits = tokens.reshape(tokens.shape[0], h, w, -1)
-            return self.vae.bits_to_codes(bits)
+            return self.vae.bits_to_codes(bits, bit_code_values=self._bit_code_values(bits.device))
         bits = tokens_to_latent_bits(tokens.reshape(tokens.shape[0], h * w, -1), (h, w), self.patch)
         return F.pixel_unshuffle(self.vae.bits_to_codes(bits), self.patch)
+
+    def _bit_code_values(self, device: torch.device) -> torch.Tensor:
+        """The VAE's fp32 codes of a bit 0 / 1, once per call and device (see ``InfinityBSQVAE.bits_to_codes``)."""
+        values = self._code_values.get(device)
+        if values is None:
+            values = self._code_values[device] = self.vae.bit_code_values(torch.float32, device)
+        return values
 
     def add_codes(self, f_hat, codes, scale_index):
         if self.patch != 1:
@@ -175,6 +200,12 @@ class InfinityScaleFamily(ScaleModelFamily):
                              + f", got {tuple(bits.shape)}")
         return bits.reshape(bits.shape[0], h * w, bits_per_token).long()
 
+
+def _is_exact_gain(value: float) -> bool:
+    """Whether ``value`` is ``2**k`` with ``0 <= k <= 16``: multiplying a logit (or a guidance weight) by it is exact
+    (no rounding, no underflow; overflow would need logits beyond 1e33), so it commutes with any later product."""
+    mantissa, exponent = math.frexp(value)
+    return mantissa == 0.5 and 1 <= exponent <= 17
 
 def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) -> int:
     """The latent patch side of a token (1, or 2 with ``apply_spatial_patchify``), checked against the VAE's bits.
