@@ -75,8 +75,10 @@ def adjacent_pairing_tables(rope_cos_sin: torch.Tensor) -> torch.Tensor:
 
     ``x0 cos + x1 (-sin)`` is ``cos x0 - sin x1`` bit for bit (negation is exact, ``a + (-b)`` is ``a - b``) and
     ``x1 cos + x0 sin`` is ``sin x0 + cos x1`` (addition commutes), so the rotation keeps its values exactly."""
-    cos, sin = rope_cos_sin[0, :, 0], rope_cos_sin[1, :, 0]  # (1 or R, L, c/2)
-    tables = torch.stack((torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1)))
+    # [[cos, cos], [sin, sin]] per pair in one copy, then the first sin of each pair negated in place: two kernels
+    # (the values of stacking [cos, cos] and [-sin, sin]).
+    tables = rope_cos_sin[:, :, 0, :, :, None].expand(*rope_cos_sin[:, :, 0].shape, 2).contiguous()
+    tables[1, ..., 0].neg_()
     return tables.flatten(-2)[:, :, :, None, None, :]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -95,15 +96,37 @@ class InfinityScaleFamily(ScaleModelFamily):
         # schedule are on the token grid, the summed codes f_hat on the VAE latent grid (patch times larger).
         self.patch = check_token_layout(transformer, vae)
         self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
-        # One RoPE table for every token of the schedule, built once per call on the model's device; a pass takes
-        # the slice of its scales (the table is element-wise in the positions, so slices equal per-scale tables).
-        device = transformer.pos_start.device
-        positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in self.scale_schedule]
-        self._rope = transformer.rope_cos_sin(torch.cat(positions))
-        lengths = [int(s[-2]) * int(s[-1]) for s in self.scale_schedule]
-        self._rope_offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        # One RoPE table for every token of the schedule; a pass takes the slice of its scales (the table is
+        # element-wise in the positions, so slices equal per-scale tables).
+        self._rope, self._rope_offsets = self._schedule_rope(transformer, self.scale_schedule, grid_hw)
         self._code_values = {}  # device -> the VAE's codes of a bit 0 / 1 (see _bit_code_values)
         self._head_modulations = {}  # head AdaLN terms per set of condition rows (see _head_logits)
+
+    #: Finished RoPE tables of recent calls, least recently used first (see :meth:`_schedule_rope`).
+    _rope_tables: "OrderedDict[tuple, Tuple[torch.Tensor, List[int]]]" = OrderedDict()
+    #: How many (schedule, grid, head size, device) tables :attr:`_rope_tables` keeps.
+    rope_cache_size = 4
+
+    @classmethod
+    def _schedule_rope(cls, transformer: InfinityTransformer, scale_schedule, grid_hw) -> Tuple[torch.Tensor, List[int]]:
+        """``(cos/sin table of every token of the schedule, offset of each scale's first token)`` on the model's
+        device. The table depends only on the schedule, the RoPE grid, the head size and the device, so the table
+        of a recent call with the same ones is reused (a few MB at most; built on the device, no host data is
+        uploaded); it is never written to."""
+        device = transformer.pos_start.device
+        head_dim = transformer.config.embed_dim // transformer.config.num_heads
+        key = (tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw), head_dim, device)
+        entry = cls._rope_tables.get(key)
+        if entry is None:
+            positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in scale_schedule]
+            lengths = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
+            entry = (transformer.rope_cos_sin(torch.cat(positions)), [sum(lengths[:i]) for i in range(len(lengths) + 1)])
+            cls._rope_tables[key] = entry
+            while len(cls._rope_tables) > cls.rope_cache_size:
+                cls._rope_tables.popitem(last=False)
+        else:
+            cls._rope_tables.move_to_end(key)
+        return entry
 
     def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition)
