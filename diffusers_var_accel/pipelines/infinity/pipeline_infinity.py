@@ -132,8 +132,13 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.embed_start(condition)
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        dtype = compute_dtype(self.transformer.word_embed)
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
+        # a no-op for inputs from next_inputs, which are already contiguous in this dtype
+        return self.transformer.embed_scale_inputs(self._as_input(inputs_BLd), scale_index_L)
+
+    def _as_input(self, x_BLd: torch.Tensor) -> torch.Tensor:
+        """``word_embed``'s dtype, contiguous: one kernel for the cast and the copy of the interpolation's transposed
+        view (what the loop's concatenation then the cast gave, in one kernel instead of two)."""
+        return x_BLd.to(compute_dtype(self.transformer.word_embed), memory_format=torch.contiguous_format)
 
     def rope_cos_sin(self, scale_indices, condition=None):
         return schedule_slice(self._rope, self._rope_offsets, scale_indices, dim=3)
@@ -194,13 +199,14 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
 
     def next_inputs(self, f_hat, scale_index):
+        """The interpolated latent of the scale in the transformer's input dtype, contiguous (see ``_as_input``)."""
         h, w = self.scale_schedule[scale_index][-2:]
         if self.patch == 1:
-            return self.vae.next_scale_input(f_hat, (h, w))
+            return self._as_input(self.vae.next_scale_input(f_hat, (h, w)))
         # interpolated at VAE resolution, then patchified (not the same as interpolating patchified codes)
         ph, pw = self.patch * h, self.patch * w
         x_Bld = self.vae.next_scale_input(f_hat, (ph, pw))
-        return latent_to_tokens(x_Bld.transpose(1, 2).reshape(x_Bld.shape[0], -1, ph, pw), self.patch)
+        return self._as_input(latent_to_tokens(x_Bld.transpose(1, 2).reshape(x_Bld.shape[0], -1, ph, pw), self.patch))
 
     def teacher_tokens(self, bits: torch.Tensor, scale_index: int) -> torch.Tensor:
         """Teacher bits of one scale as the loop's tokens ``(B, h*w, bits per token)`` (int64).
