@@ -21,9 +21,11 @@ from diffusers_var_accel import (
 )
 from diffusers_var_accel.models.attention_processor import (
     VARAttnProcessor,
+    adjacent_pairing_signs,
     adjacent_pairing_tables,
     apply_rope_2d,
     apply_rope_half,
+    half_pairing_signs,
     half_pairing_tables,
     rotate_pairs,
 )
@@ -142,11 +144,24 @@ def test_adjacent_pairing_tables_are_cos_cos_and_minus_sin_sin():
         table[1, ..., 1] = -0.0
         cos, sin = table[0, :, 0], table[1, :, 0]
         reference = torch.stack((torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1))).flatten(-2)
-        tables = adjacent_pairing_tables(table)
-        assert tables.shape == (2, rows, 5, 1, 1, 8)
-        assert torch.equal(tables[:, :, :, 0, 0], reference)
-        assert torch.equal(tables.signbit(), reference[:, :, :, None, None].signbit())
-        assert torch.equal(table[1, :, 0], sin) and not table.is_set_to(tables)  # the input is not written
+        for signs in (None, adjacent_pairing_signs(table)):  # copy and negate, or one multiply by the call's signs
+            tables = adjacent_pairing_tables(table, signs)
+            assert tables.shape == (2, rows, 5, 1, 1, 8)
+            assert torch.equal(tables[:, :, :, 0, 0], reference)
+            assert torch.equal(tables.signbit(), reference[:, :, :, None, None].signbit())
+            assert torch.equal(table[1, :, 0], sin)  # the input is not written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_half_pairing_tables_with_signs_are_the_stacked_tables(dtype):
+    g = torch.Generator().manual_seed(7)
+    table = torch.randn(2, 3, 1, 5, 8, generator=g)
+    table[1, ..., 0] = 0.0
+    table[1, ..., 5] = -0.0
+    reference = half_pairing_tables(table, dtype)
+    with_signs = half_pairing_tables(table, dtype, half_pairing_signs(table))
+    assert with_signs.dtype == reference.dtype and with_signs.shape == reference.shape
+    assert torch.equal(with_signs, reference) and torch.equal(with_signs.signbit(), reference.signbit())
 
 
 def test_infinity_schedule_rope_is_per_scale_tables_and_reused_across_calls():
