@@ -189,6 +189,33 @@ def test_bits_layouts_agree(vae, reference, manifest, schedule):
         vae.add_scale_codes(None, vae.bits_to_codes(reference[f"{run}.bits.0"]), schedule[-1], is_last_scale=True)
 
 
+@pytest.mark.parametrize("codebook_dim", [4, 32, 56])
+def test_bits_to_codes_lookup_equals_formula(codebook_dim):
+    # The per-call lookup of the two un-normalised codes gives the formula's codes bit for bit, for any bits, shapes
+    # and integer dtypes; other dtypes and layouts take the formula itself.
+    vae = InfinityBSQVAE(codebook_dim=codebook_dim, base_ch=32, encoder_ch_mult=[1], decoder_ch_mult=[1], num_res_blocks=1,
+                         patch_size=1)
+    generator = torch.Generator().manual_seed(codebook_dim)
+    values = vae.bit_code_values()
+    for shape in [(1, 1, 1), (2, 3, 5), (1, 16, 16), (3, 1, 1, 7)]:
+        bits = torch.randint(0, 2, (*shape, codebook_dim), generator=generator)
+        d_scale = 1.0 / codebook_dim ** 0.5
+        formula = torch.nn.functional.normalize(bits.float() * (2.0 * d_scale) - d_scale, dim=-1).permute(0, 3, 1, 2) \
+            if bits.ndim == 4 else None
+        reference = vae.bits_to_codes(bits)
+        if formula is not None:
+            assert torch.equal(reference, formula)
+        for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool, torch.float32):
+            looked_up = vae.bits_to_codes(bits.to(dtype), bit_code_values=values)
+            assert looked_up.dtype == reference.dtype and torch.equal(looked_up, reference), (shape, dtype)
+        permuted = bits.transpose(1, 2).contiguous().transpose(1, 2) if bits.ndim == 4 else bits
+        assert torch.equal(vae.bits_to_codes(permuted, bit_code_values=values), reference)
+    # every bit of a code row set gives +-1/sqrt(d) before normalisation: the table holds exactly those two values
+    assert torch.equal(values, torch.tensor([0.0, 1.0]) * (2.0 / codebook_dim ** 0.5) - 1.0 / codebook_dim ** 0.5)
+    with pytest.raises(ValueError, match="bit_code_values"):
+        vae.bits_to_codes(torch.zeros(1, 2, 2, codebook_dim, dtype=torch.long), bit_code_values=values.double())
+
+
 # 4. Strict loading ------------------------------------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ def analytic_scale_flops(cfg, rows, batch, L, S, T, first):
     Per block: self-attn qkv (C->3C) and proj, QK^T and PV over S keys; cross-attn q and proj, text K/V (C->2C on T
     tokens; once per call, in the first pass, which every later pass reuses: the official code recomputes it every
     scale, same values), QK^T and PV over T keys; FFN C->F->C. Head: head AdaLN
-    (C->2C on the pooled text, per row) and C->2d. Input embedding word_embed (d->C) runs on the B image rows only
+    (C->2C on the pooled text, per row; also once per call for the call's rows, at the first scale) and C->2d. Input embedding word_embed (d->C) runs on the B image rows only
     (the CFG rows are a repeat), and not at scale 0 (the start token is the pooled text).
     """
     C, d, N = cfg["embed_dim"], cfg["codebook_dim"], cfg["depth"]
@@ -58,7 +58,7 @@ def analytic_scale_flops(cfg, rows, batch, L, S, T, first):
         + 4 * rows * L * T * C  # cross QK^T + PV
         + 2 * rows * L * C * F * 2  # FFN
     )
-    head = 2 * rows * C * 2 * C + 2 * rows * L * C * 2 * d
+    head = (2 * rows * C * 2 * C if first else 0) + 2 * rows * L * C * 2 * d
     embed = 0 if first else 2 * batch * L * d * C
     return dict(blocks=N * block, head=head, embed=embed, total=N * block + head + embed)
 

@@ -283,3 +283,18 @@ def test_kv_cache_is_sized_for_every_input_token_and_passes_share_one_call_cache
         assert fresh.max_length == appended
     assert len(seen) == S and all(d is seen[0] for d in seen) and seen[0] is state.call_cache
     assert ("loop.scale_ids", "cpu") in state.call_cache  # the loop's own per-call table lives there too
+
+
+def test_scale_id_table_is_every_scale_filled_and_shared_by_calls(models):
+    from diffusers_var_accel.next_scale import loop as loop_module
+
+    hws = tuple((int(h), int(w)) for _, h, w in SCHEDULE)
+    table, offsets = loop_module._scale_id_table(hws, torch.device("cpu"))
+    expected = torch.cat([torch.full((h * w,), k, dtype=torch.long) for k, (h, w) in enumerate(hws)])
+    assert torch.equal(table, expected) and offsets == [sum(h * w for h, w in hws[:i]) for i in range(len(hws) + 1)]
+    first, second = _run(models), _run(models)
+    key = ("loop.scale_ids", "cpu")
+    assert first.call_cache[key][0] is second.call_cache[key][0] is table  # built once for the schedule
+    for size in range(2, 2 + loop_module._SCALE_ID_TABLES_SIZE + 2):  # only a few recent schedules are kept
+        loop_module._scale_id_table(((1, 1), (size, size)), torch.device("cpu"))
+    assert len(loop_module._SCALE_ID_TABLES) <= loop_module._SCALE_ID_TABLES_SIZE

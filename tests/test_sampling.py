@@ -81,3 +81,62 @@ def test_two_class_mask_equals_the_general_one(top_k, top_p):
 def test_many_class_mask_unchanged(top_k, top_p):
     logits = torch.randn(2, 30, 64, generator=torch.Generator().manual_seed(3))
     assert torch.equal(mask_top_k_top_p(logits, top_k, top_p), _reference_mask(logits, top_k, top_p))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mask_returns_a_new_float_tensor(dtype):
+    logits = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(3)).to(dtype)
+    before = logits.clone()
+    masked = mask_top_k_top_p(logits, 3, 0.9)
+    assert masked.dtype == torch.float32 and masked.data_ptr() != logits.data_ptr()
+    assert torch.equal(logits, before)  # the caller's logits are never written
+
+
+def _tiny_family():
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+    pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
+    schedule, grid = pipe.scale_schedule_for(256, 256)
+    return pipe.transformer, InfinityScaleFamily(pipe.transformer, pipe.vae, schedule, grid, top_k=0, top_p=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_infinity_guided_logits_equal_the_reference_formula(dtype):
+    # The head's AdaLN terms are kept per call and a power-of-two 1/tau is folded into the guidance weights: the
+    # logits stay those of head(LN(x) * (1 + scale) + shift), times 1/tau, then guided, bit for bit.
+    from diffusers_var_accel.models.transformer_infinity import ada_layer_norm
+
+    transformer, family = _tiny_family()
+    g = torch.Generator().manual_seed(11)
+    B, L, C = 2, 6, transformer.config.embed_dim
+    hidden = torch.randn(2 * B, L, C, generator=g)
+    cond = torch.randn(2 * B, C, generator=g)
+    condition = type("Condition", (), {"cond_RC": cond})()
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+
+    def reference_head(h, c):
+        scale, shift = transformer.head_nm.ada_lin(c.float()).view(-1, 1, 2, C).unbind(2)
+        return transformer.head(ada_layer_norm(h.float(), scale, shift, transformer.head_nm.norm_eps))
+
+    with autocast:
+        for tau in (0.5, 1.0, 0.25, 0.3, 2.0):
+            for guidance in (3.0, 1.0):
+                logits, raw = family.guided_logits(hidden, condition, 1, guidance, tau, B)
+                if guidance != 1:
+                    expected_raw = reference_head(hidden, cond)
+                    scaled = expected_raw.mul(1 / tau)
+                    expected = guidance * scaled[:B] + (1 - guidance) * scaled[B:]
+                else:
+                    expected_raw = reference_head(hidden[:B], cond[:B])
+                    expected = expected_raw.mul(1 / tau)
+                assert raw.dtype == expected_raw.dtype and torch.equal(raw, expected_raw), (tau, guidance)
+                assert logits.dtype == expected.dtype and torch.equal(logits, expected), (tau, guidance)
+    assert len(family._head_modulations) == 2  # all rows and the conditional rows: computed once each
+
+
+def test_exact_gain_is_a_small_power_of_two():
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import _is_exact_gain
+
+    assert all(_is_exact_gain(v) for v in (1.0, 2.0, 4.0, 2.0 ** 16))
+    assert not any(_is_exact_gain(v) for v in (0.5, 3.0, 1 / 0.3, 2.0 ** 17, 0.0, -2.0, 1.5))

@@ -21,9 +21,11 @@ from diffusers_var_accel import (
 )
 from diffusers_var_accel.models.attention_processor import (
     VARAttnProcessor,
+    adjacent_pairing_signs,
     adjacent_pairing_tables,
     apply_rope_2d,
     apply_rope_half,
+    half_pairing_signs,
     half_pairing_tables,
     rotate_pairs,
 )
@@ -179,6 +181,51 @@ def test_a_gated_update_is_added_as_x_plus_value_times_gate():
     torch.testing.assert_close(out, x + value.float() * gate.float(), atol=1e-6, rtol=1e-6)
     # materialised (routes, records) it is the product in the update's own dtype, as an ungated update would be
     assert torch.equal(resolve_update(GatedUpdate(value, gate)), value * gate)
+def test_adjacent_pairing_tables_are_cos_cos_and_minus_sin_sin():
+    g = torch.Generator().manual_seed(6)
+    for rows in (1, 3):
+        table = torch.randn(2, rows, 1, 5, 4, generator=g)
+        table[..., 0] = 0.0  # signed zeros: -(+0) is -0 in the reference too
+        table[1, ..., 1] = -0.0
+        cos, sin = table[0, :, 0], table[1, :, 0]
+        reference = torch.stack((torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1))).flatten(-2)
+        for signs in (None, adjacent_pairing_signs(table)):  # copy and negate, or one multiply by the call's signs
+            tables = adjacent_pairing_tables(table, signs)
+            assert tables.shape == (2, rows, 5, 1, 1, 8)
+            assert torch.equal(tables[:, :, :, 0, 0], reference)
+            assert torch.equal(tables.signbit(), reference[:, :, :, None, None].signbit())
+            assert torch.equal(table[1, :, 0], sin)  # the input is not written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_half_pairing_tables_with_signs_are_the_stacked_tables(dtype):
+    g = torch.Generator().manual_seed(7)
+    table = torch.randn(2, 3, 1, 5, 8, generator=g)
+    table[1, ..., 0] = 0.0
+    table[1, ..., 5] = -0.0
+    reference = half_pairing_tables(table, dtype)
+    with_signs = half_pairing_tables(table, dtype, half_pairing_signs(table))
+    assert with_signs.dtype == reference.dtype and with_signs.shape == reference.shape
+    assert torch.equal(with_signs, reference) and torch.equal(with_signs.signbit(), reference.signbit())
+
+
+def test_infinity_schedule_rope_is_per_scale_tables_and_reused_across_calls():
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+
+    pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
+    transformer, vae = pipe.transformer, pipe.vae
+    schedule, grid = pipe.scale_schedule_for(256, 256)
+    family = InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None)
+    for si, s in enumerate(schedule):
+        per_scale = transformer.rope_cos_sin(transformer.rope_positions(s[-2], s[-1], grid))
+        assert torch.equal(family.rope_cos_sin((si,)), per_scale)
+    again = InfinityScaleFamily(transformer, vae, [tuple(s) for s in schedule], grid, top_k=0, top_p=None)
+    assert again._rope is family._rope  # the same schedule, grid, head size and device: built once
+    other, other_grid = pipe.scale_schedule_for(512, 512)
+    assert InfinityScaleFamily(transformer, vae, other, other_grid, top_k=0, top_p=None)._rope is not family._rope
+    for size in (768, 1024, (256, 320), (320, 256), (192, 336)):  # the cache keeps a few recent tables only
+        InfinityScaleFamily(transformer, vae, *pipe.scale_schedule_for(*((size, size) if isinstance(size, int) else size)), top_k=0, top_p=None)
+    assert len(InfinityScaleFamily._rope_tables) <= InfinityScaleFamily.rope_cache_size
 
 
 # ---------------------------------------------------------------------------------------------------------------------

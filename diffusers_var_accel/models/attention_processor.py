@@ -71,24 +71,48 @@ def apply_rope_half(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.T
     return x_RHLc * rope_cos_sin[0] + rotate_half(x_RHLc) * rope_cos_sin[1]
 
 
-def adjacent_pairing_tables(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+def adjacent_pairing_tables(rope_cos_sin: torch.Tensor, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Infinity's ``(2, 1 or R, 1, L, c/2)`` table as ``(2, 1 or R, L, 1, 1, c)`` multipliers of :func:`rotate_pairs`
     for tokens laid out ``(R, L, n, H, c)``: ``[cos, cos]`` and ``[-sin, sin]`` per channel pair.
 
     ``x0 cos + x1 (-sin)`` is ``cos x0 - sin x1`` bit for bit (negation is exact, ``a + (-b)`` is ``a - b``) and
-    ``x1 cos + x0 sin`` is ``sin x0 + cos x1`` (addition commutes), so the rotation keeps its values exactly."""
-    cos, sin = rope_cos_sin[0, :, 0], rope_cos_sin[1, :, 0]  # (1 or R, L, c/2)
-    tables = torch.stack((torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1)))
+    ``x1 cos + x0 sin`` is ``sin x0 + cos x1`` (addition commutes), so the rotation keeps its values exactly.
+    ``signs`` (:func:`adjacent_pairing_signs`, kept by the caller for the call) makes it one multiply by +-1
+    (exact); without it, one copy and one in-place negation."""
+    if signs is not None:
+        tables = rope_cos_sin[:, :, 0, :, :, None] * signs  # (2, 1 or R, L, c/2, 2)
+    else:
+        tables = rope_cos_sin[:, :, 0, :, :, None].expand(*rope_cos_sin[:, :, 0].shape, 2).contiguous()
+        tables[1, ..., 0].neg_()
     return tables.flatten(-2)[:, :, :, None, None, :]
 
 
-def half_pairing_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def adjacent_pairing_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+    """``(2, 1, 1, 1, 2)`` factors ``[[1, 1], [-1, 1]]`` of :func:`adjacent_pairing_tables`, filled on the table's
+    device (no host data is uploaded)."""
+    signs = torch.ones(2, 1, 1, 1, 2, dtype=rope_cos_sin.dtype, device=rope_cos_sin.device)
+    signs[1, ..., 0].fill_(-1)  # a fill, not a copy from a host scalar
+    return signs
+
+
+def half_pairing_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """HART's ``(2, R, 1, L, c)`` table as ``(2, R, L, 1, 1, c)`` multipliers of :func:`rotate_pairs` (halves
-    swapped): ``cos`` and ``[-sin_1, sin_2]``, in ``dtype``. ``x2 (-sin)`` is ``(-x2) sin`` bit for bit."""
+    swapped): ``cos`` and ``[-sin_1, sin_2]``, in ``dtype``. ``x2 (-sin)`` is ``(-x2) sin`` bit for bit.
+    ``signs`` (:func:`half_pairing_signs`) makes it one multiply by +-1 (exact) and the cast."""
+    if signs is not None:
+        return (rope_cos_sin[:, :, 0] * signs).to(dtype)[:, :, :, None, None, :]
     cos, sin = rope_cos_sin[0, :, 0], rope_cos_sin[1, :, 0]  # (R, L, c)
     sin1, sin2 = sin.chunk(2, dim=-1)
     tables = torch.stack((cos, torch.cat((-sin1, sin2), dim=-1))).to(dtype)
     return tables[:, :, :, None, None, :]
+
+
+def half_pairing_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+    """``(2, 1, 1, c)`` factors of :func:`half_pairing_tables`: ones, and ``-1`` on the first half of the sines."""
+    c = rope_cos_sin.shape[-1]
+    signs = torch.ones(2, 1, 1, c, dtype=rope_cos_sin.dtype, device=rope_cos_sin.device)
+    signs[1, ..., : c // 2].fill_(-1)
+    return signs
 
 
 def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool,
@@ -281,15 +305,26 @@ class VARAttnProcessor:
         return torch.get_autocast_dtype(device_type)
 
     def _rope_tables(self, rope_cos_sin: Optional[torch.Tensor], context: Optional[VARForwardContext], dtype):
-        """The tables of :func:`rotate_pairs`, once per pass when they are the context's own."""
+        """The tables of :func:`rotate_pairs`, once per pass when they are the context's own; their sign factors
+        once per call when the context has a call cache."""
+        table = context.rope_cos_sin if rope_cos_sin is None else rope_cos_sin
+        signs = None
+        if context is not None and context.call_cache is not None:
+            signs = context.cached(("rope_signs", type(self).__name__, table.dtype, table.device, table.shape[-1]),
+                                   lambda: self.rope_signs(table))
         if rope_cos_sin is None:
             return context.pass_cached(("rope_tables", type(self).__name__, dtype),
-                                       lambda: self.rope_tables(context.rope_cos_sin, dtype))
-        return self.rope_tables(rope_cos_sin, dtype)
+                                       lambda: self.rope_tables(table, dtype, signs))
+        return self.rope_tables(table, dtype, signs)
 
     @staticmethod
-    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return adjacent_pairing_tables(rope_cos_sin)
+    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return adjacent_pairing_tables(rope_cos_sin, signs)
+
+    @staticmethod
+    def rope_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+        """The per-call sign factors of :meth:`rope_tables` for tables like ``rope_cos_sin``."""
+        return adjacent_pairing_signs(rope_cos_sin)
 
     def uses_per_scale_calls(self, device: Optional[torch.device] = None) -> bool:
         """Whether a grouped pass runs one mask-free call per scale with the backend that is active now.
@@ -387,8 +422,12 @@ class HARTAttnProcessor(VARAttnProcessor):
         return q, k, qkv[:, :, 2]
 
     @staticmethod
-    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return half_pairing_tables(rope_cos_sin, dtype)
+    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return half_pairing_tables(rope_cos_sin, dtype, signs)
+
+    @staticmethod
+    def rope_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
+        return half_pairing_signs(rope_cos_sin)
 
 
 class VARAttentionModuleMixin(AttentionModuleMixin):

@@ -373,7 +373,16 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
 
     # ------------------------------------------------------------------ bits, codes and f_hat
 
-    def bits_to_codes(self, bits: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def bit_code_values(self, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None) -> torch.Tensor:
+        """``(2,)``: the code of a bit 0 and of a bit 1 before the normalisation (``-1/sqrt(d)``, ``+1/sqrt(d)``), in
+        ``dtype`` on ``device``, computed on the device by the same element-wise ops as :meth:`bits_to_codes` (so the
+        same values). A caller that turns bits into codes at every scale of a call computes it once and passes it to
+        :meth:`bits_to_codes`."""
+        scale = 1.0 / math.sqrt(self.config.codebook_dim)
+        return torch.arange(2, device=device).to(dtype) * (2.0 * scale) - scale
+
+    def bits_to_codes(self, bits: torch.Tensor, dtype: torch.dtype = torch.float32,
+                      bit_code_values: Optional[torch.Tensor] = None) -> torch.Tensor:
         """BSQ codes of bits: bit 1 -> +1/sqrt(d), bit 0 -> -1/sqrt(d), then L2-normalised over d.
 
         The normalisation changes the codes only by rounding; it is kept because the official path does it.
@@ -382,6 +391,10 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
             bits (`torch.Tensor`): shape (B, 1, h, w, d) (the official layout) or (B, h, w, d); integer, bool or
                 float values 0 / 1 (not checked, to avoid a device sync).
             dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): dtype of the codes.
+            bit_code_values (`torch.Tensor`, *optional*): :meth:`bit_code_values` for ``dtype``, kept by the caller.
+                With contiguous int64 / int32 bits the un-normalised codes are then one lookup instead of a cast, a
+                multiply and a subtraction (the same values); values other than 0 / 1 then raise an index
+                error instead of giving meaningless codes.
 
         Returns:
             `torch.Tensor`: ``codes_Bdhw`` of shape (B, d, h, w).
@@ -393,6 +406,13 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
             bits = bits.squeeze(1)
         if bits.ndim != 4 or bits.shape[-1] != d:
             raise ValueError(f"bits must have shape (B, 1, h, w, {d}) or (B, h, w, {d}), got {tuple(bits.shape)}")
+        if bit_code_values is not None and bits.dtype in (torch.int64, torch.int32) and bits.is_contiguous():
+            if bit_code_values.shape != (2,) or bit_code_values.dtype != dtype:
+                raise ValueError(f"bit_code_values must be bit_code_values({dtype}), shape (2,); got "
+                                 f"{tuple(bit_code_values.shape)} {bit_code_values.dtype}")
+            codes_Bhwd = bit_code_values[bits]  # contiguous, as the cast of contiguous bits: the same norm kernel
+            # Every code is +-1/sqrt(d), so the norm is ~1 and F.normalize's clamp to >= 1e-12 never acts.
+            return (codes_Bhwd / codes_Bhwd.norm(2, -1, keepdim=True)).permute(0, 3, 1, 2)
         scale = 1.0 / math.sqrt(d)
         codes_Bhwd = bits.to(dtype) * (2.0 * scale) - scale
         codes_Bhwd = F.normalize(codes_Bhwd, dim=-1)

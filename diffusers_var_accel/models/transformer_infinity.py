@@ -319,9 +319,20 @@ class InfinityHeadNorm(nn.Module):
         self.norm_eps = norm_eps
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(embed_dim, 2 * embed_dim))
 
-    def forward(self, x_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.ada_lin(cond_RC).view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
-        return ada_layer_norm(x_RLC, scale, shift, self.norm_eps)
+    def modulation(self, cond_RC: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(1 + scale, shift)``, each ``(R, 1, C)``: they depend only on the condition rows (constant for a call)."""
+        scale, shift = self.ada_lin(cond_RC).view(-1, 1, 2, cond_RC.shape[-1]).unbind(2)
+        return scale.add(1), shift
+
+    def forward(self, x_RLC: torch.Tensor, cond_RC: Optional[torch.Tensor] = None,
+                modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """Pass ``cond_RC``, or its :meth:`modulation` when the caller keeps it for the call (same values)."""
+        if modulation is None:
+            if cond_RC is None:
+                raise ValueError("InfinityHeadNorm needs cond_RC or its modulation")
+            modulation = self.modulation(cond_RC)
+        scale_plus_1, shift = modulation
+        return modulated_layer_norm(x_RLC, scale_plus_1, shift, self.norm_eps)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -478,9 +489,22 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
     @apply_forward_hook
-    def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
-        """Raw bit logits ``(R, L, 2d)``: channel ``2k`` / ``2k+1`` is the logit of bit ``k`` being 0 / 1."""
-        return self.head(self.head_nm(hidden_states_RLC.float(), cond_RC.float()))
+    def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: Optional[torch.Tensor] = None,
+                    head_modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """Raw bit logits ``(R, L, 2d)``: channel ``2k`` / ``2k+1`` is the logit of bit ``k`` being 0 / 1.
+
+        ``head_modulation`` (from :meth:`head_modulation` of the same rows) replaces ``cond_RC``: a caller that runs
+        the head at every scale of a call computes the head's AdaLN terms once."""
+        if head_modulation is None:
+            if cond_RC is None:
+                raise ValueError("head_logits needs cond_RC or head_modulation")
+            head_modulation = self.head_modulation(cond_RC)
+        return self.head(self.head_nm(hidden_states_RLC.float(), modulation=head_modulation))
+
+    @apply_forward_hook
+    def head_modulation(self, cond_RC: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The head AdaLN's ``(1 + scale, shift)`` for the condition rows ``cond_RC`` (constant for a call)."""
+        return self.head_nm.modulation(cond_RC.float())
 
     # -- official checkpoints ----------------------------------------------------------------------------------------
     @classmethod

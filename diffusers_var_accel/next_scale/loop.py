@@ -16,6 +16,7 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -148,7 +149,9 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
     later = [si for si in plan.scale_indices if si != 0]
     level_L = None
     if later:
-        inputs_BLd = torch.cat([family.next_inputs(state.f_hat, si) for si in later], dim=1)
+        inputs = [family.next_inputs(state.f_hat, si) for si in later]
+        # one contiguous input is its own concatenation (the family may return it ready to embed: no copy)
+        inputs_BLd = inputs[0] if len(inputs) == 1 and inputs[0].is_contiguous() else torch.cat(inputs, dim=1)
         level_L = _schedule_scale_ids(state, inputs_BLd.device, later)
         x_later = family.embed_inputs(inputs_BLd, level_L)
         parts.append(x_later.repeat(layout.run_rows // state.batch_size, 1, 1))
@@ -192,8 +195,27 @@ def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indic
     the tokens of the whole schedule, filled on the device (no host data is uploaded)."""
     key = ("loop.scale_ids", str(device))
     if key not in state.call_cache:
-        lengths = [int(s[-2]) * int(s[-1]) for s in state.scale_schedule]
-        table = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(lengths)])
-        state.call_cache[key] = (table, [sum(lengths[:i]) for i in range(len(lengths) + 1)])
+        state.call_cache[key] = _scale_id_table(tuple((int(s[-2]), int(s[-1])) for s in state.scale_schedule), device)
     table, offsets = state.call_cache[key]
     return schedule_slice(table, offsets, scale_indices, dim=0)
+
+
+#: Scale-id tables of recent schedules, least recently used first: the table depends only on the token counts and the
+#: device, and is never written to, so calls with the same schedule share it (one small int64 tensor each).
+_SCALE_ID_TABLES: "OrderedDict[tuple, Tuple[torch.Tensor, List[int]]]" = OrderedDict()
+_SCALE_ID_TABLES_SIZE = 8
+
+
+def _scale_id_table(scale_hws: Tuple[Tuple[int, int], ...], device: torch.device) -> Tuple[torch.Tensor, List[int]]:
+    """``(scale index of every token of the schedule, offset of each scale's first token)``."""
+    key = (scale_hws, str(device))
+    entry = _SCALE_ID_TABLES.get(key)
+    if entry is None:
+        lengths = [h * w for h, w in scale_hws]
+        table = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(lengths)])
+        entry = _SCALE_ID_TABLES[key] = (table, [sum(lengths[:i]) for i in range(len(lengths) + 1)])
+        while len(_SCALE_ID_TABLES) > _SCALE_ID_TABLES_SIZE:
+            _SCALE_ID_TABLES.popitem(last=False)
+    else:
+        _SCALE_ID_TABLES.move_to_end(key)
+    return entry

@@ -22,7 +22,9 @@ GeneratorArg = Union[None, torch.Generator, Sequence[torch.Generator]]
 def mask_top_k_top_p(logits_BNV: torch.Tensor, top_k: Optional[int], top_p: Optional[float]) -> torch.Tensor:
     """A float copy of the logits with everything outside the top-k (ties kept; k is clamped to V) and outside the
     top-p nucleus (the low-probability tail whose mass is <= 1 - top_p) set to -inf. 0 / None disable either."""
-    logits = logits_BNV.float().clone()
+    logits = logits_BNV.float()
+    if logits is logits_BNV:  # already fp32: copy, the masks below write in place; a cast is a new tensor already
+        logits = logits.clone()
     V = logits.shape[-1]
     k = min(int(top_k), V) if top_k and top_k > 0 else V
     if k < V:  # k = V keeps every logit (the k-th largest is the smallest): nothing to mask

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -94,20 +96,49 @@ class InfinityScaleFamily(ScaleModelFamily):
         # schedule are on the token grid, the summed codes f_hat on the VAE latent grid (patch times larger).
         self.patch = check_token_layout(transformer, vae)
         self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
-        # One RoPE table for every token of the schedule, built once per call on the model's device; a pass takes
-        # the slice of its scales (the table is element-wise in the positions, so slices equal per-scale tables).
+        # One RoPE table for every token of the schedule; a pass takes the slice of its scales (the table is
+        # element-wise in the positions, so slices equal per-scale tables).
+        self._rope, self._rope_offsets = self._schedule_rope(transformer, self.scale_schedule, grid_hw)
+        self._code_values = {}  # device -> the VAE's codes of a bit 0 / 1 (see _bit_code_values)
+        self._head_modulations = {}  # head AdaLN terms per set of condition rows (see _head_logits)
+
+    #: Finished RoPE tables of recent calls, least recently used first (see :meth:`_schedule_rope`).
+    _rope_tables: "OrderedDict[tuple, Tuple[torch.Tensor, List[int]]]" = OrderedDict()
+    #: How many (schedule, grid, head size, device) tables :attr:`_rope_tables` keeps.
+    rope_cache_size = 4
+
+    @classmethod
+    def _schedule_rope(cls, transformer: InfinityTransformer, scale_schedule, grid_hw) -> Tuple[torch.Tensor, List[int]]:
+        """``(cos/sin table of every token of the schedule, offset of each scale's first token)`` on the model's
+        device. The table depends only on the schedule, the RoPE grid, the head size and the device, so the table
+        of a recent call with the same ones is reused (a few MB at most; built on the device, no host data is
+        uploaded); it is never written to."""
         device = transformer.pos_start.device
-        positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in self.scale_schedule]
-        self._rope = transformer.rope_cos_sin(torch.cat(positions))
-        lengths = [int(s[-2]) * int(s[-1]) for s in self.scale_schedule]
-        self._rope_offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        head_dim = transformer.config.embed_dim // transformer.config.num_heads
+        key = (tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw), head_dim, device)
+        entry = cls._rope_tables.get(key)
+        if entry is None:
+            positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in scale_schedule]
+            lengths = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
+            entry = (transformer.rope_cos_sin(torch.cat(positions)), [sum(lengths[:i]) for i in range(len(lengths) + 1)])
+            cls._rope_tables[key] = entry
+            while len(cls._rope_tables) > cls.rope_cache_size:
+                cls._rope_tables.popitem(last=False)
+        else:
+            cls._rope_tables.move_to_end(key)
+        return entry
 
     def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition)
 
     def embed_inputs(self, inputs_BLd, scale_index_L):
-        dtype = compute_dtype(self.transformer.word_embed)
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(dtype), scale_index_L)
+        # a no-op for inputs from next_inputs, which are already contiguous in this dtype
+        return self.transformer.embed_scale_inputs(self._as_input(inputs_BLd), scale_index_L)
+
+    def _as_input(self, x_BLd: torch.Tensor) -> torch.Tensor:
+        """``word_embed``'s dtype, contiguous: one kernel for the cast and the copy of the interpolation's transposed
+        view (what the loop's concatenation then the cast gave, in one kernel instead of two)."""
+        return x_BLd.to(compute_dtype(self.transformer.word_embed), memory_format=torch.contiguous_format)
 
     def rope_cos_sin(self, scale_indices, condition=None):
         return schedule_slice(self._rope, self._rope_offsets, scale_indices, dim=3)
@@ -118,14 +149,29 @@ class InfinityScaleFamily(ScaleModelFamily):
     def select_condition_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
         return condition.select_rows(rows)
 
+    def _head_logits(self, hidden_RLC, cond_RC):
+        """The head on these rows, its AdaLN terms computed once per call for each set of condition rows (the rows
+        are views of the call's condition, so their address and shape name them)."""
+        key = (cond_RC.data_ptr(), tuple(cond_RC.shape), cond_RC.stride())
+        modulation = self._head_modulations.get(key)
+        if modulation is None:
+            modulation = self._head_modulations[key] = self.transformer.head_modulation(cond_RC)
+        return self.transformer.head_logits(hidden_RLC, head_modulation=modulation)
+
     def guided_logits(self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size):
         B = batch_size
+        inverse_temperature = 1 / temperature
         if guidance_scale != 1:
-            raw = self.transformer.head_logits(hidden_RLC, condition.cond_RC)
-            scaled = raw.mul(1 / temperature)
+            raw = self._head_logits(hidden_RLC, condition.cond_RC)
+            if _is_exact_gain(inverse_temperature):
+                # g * (raw * 2^k) == (g * 2^k) * raw bit for bit (scaling by a power of two is exact and commutes
+                # with rounding), so the temperature folds into the two guidance weights: one kernel less.
+                return (guidance_scale * inverse_temperature) * raw[:B] + ((1 - guidance_scale) * inverse_temperature) * raw[B:], raw
+            scaled = raw.mul(inverse_temperature)
             return guidance_scale * scaled[:B] + (1 - guidance_scale) * scaled[B:], raw
-        raw = self.transformer.head_logits(hidden_RLC[:B], condition.cond_RC[:B])
-        return raw.mul(1 / temperature), raw
+        raw = self._head_logits(hidden_RLC[:B], condition.cond_RC[:B])
+        # tau = 1 would multiply by 1.0 (exact): the raw logits are the logits (nothing writes to either)
+        return (raw if inverse_temperature == 1 else raw.mul(inverse_temperature)), raw
 
     def sample(self, logits_BLV, scale_index, generator):
         return sample_bits(logits_BLV, self.top_k, self.top_p, generator, self.sampling)
@@ -136,9 +182,16 @@ class InfinityScaleFamily(ScaleModelFamily):
         _, h, w = (1, *self.scale_schedule[scale_index][-2:])
         if self.patch == 1:
             bits = tokens.reshape(tokens.shape[0], h, w, -1)
-            return self.vae.bits_to_codes(bits)
+            return self.vae.bits_to_codes(bits, bit_code_values=self._bit_code_values(bits.device))
         bits = tokens_to_latent_bits(tokens.reshape(tokens.shape[0], h * w, -1), (h, w), self.patch)
         return F.pixel_unshuffle(self.vae.bits_to_codes(bits), self.patch)
+
+    def _bit_code_values(self, device: torch.device) -> torch.Tensor:
+        """The VAE's fp32 codes of a bit 0 / 1, once per call and device (see ``InfinityBSQVAE.bits_to_codes``)."""
+        values = self._code_values.get(device)
+        if values is None:
+            values = self._code_values[device] = self.vae.bit_code_values(torch.float32, device)
+        return values
 
     def add_codes(self, f_hat, codes, scale_index):
         if self.patch != 1:
@@ -146,13 +199,14 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
 
     def next_inputs(self, f_hat, scale_index):
+        """The interpolated latent of the scale in the transformer's input dtype, contiguous (see ``_as_input``)."""
         h, w = self.scale_schedule[scale_index][-2:]
         if self.patch == 1:
-            return self.vae.next_scale_input(f_hat, (h, w))
+            return self._as_input(self.vae.next_scale_input(f_hat, (h, w)))
         # interpolated at VAE resolution, then patchified (not the same as interpolating patchified codes)
         ph, pw = self.patch * h, self.patch * w
         x_Bld = self.vae.next_scale_input(f_hat, (ph, pw))
-        return latent_to_tokens(x_Bld.transpose(1, 2).reshape(x_Bld.shape[0], -1, ph, pw), self.patch)
+        return self._as_input(latent_to_tokens(x_Bld.transpose(1, 2).reshape(x_Bld.shape[0], -1, ph, pw), self.patch))
 
     def teacher_tokens(self, bits: torch.Tensor, scale_index: int) -> torch.Tensor:
         """Teacher bits of one scale as the loop's tokens ``(B, h*w, bits per token)`` (int64).
@@ -175,6 +229,12 @@ class InfinityScaleFamily(ScaleModelFamily):
                              + f", got {tuple(bits.shape)}")
         return bits.reshape(bits.shape[0], h * w, bits_per_token).long()
 
+
+def _is_exact_gain(value: float) -> bool:
+    """Whether ``value`` is ``2**k`` with ``0 <= k <= 16``: multiplying a logit (or a guidance weight) by it is exact
+    (no rounding, no underflow; overflow would need logits beyond 1e33), so it commutes with any later product."""
+    mantissa, exponent = math.frexp(value)
+    return mantissa == 0.5 and 1 <= exponent <= 17
 
 def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) -> int:
     """The latent patch side of a token (1, or 2 with ``apply_spatial_patchify``), checked against the VAE's bits.
