@@ -38,9 +38,8 @@ class GatedUpdate(NamedTuple):
     """A residual update ``value * gate`` left unmultiplied, so that the dense path adds it to the stream in one
     kernel (``addcmul``: ``x + value * gate``) instead of two; every other use materialises it (:meth:`resolve`).
 
-    Args:
-        value: the sublayer's output ``(R, L, C)``.
-        gate: its per-row gain, broadcast over the tokens (Infinity's AdaLN ``gamma``, ``(R, 1, C)``).
+    The fields: ``value``, the sublayer's output ``(R, L, C)``; ``gate``, its per-row gain broadcast over the tokens
+    (Infinity's AdaLN ``gamma``, ``(R, 1, C)``).
     """
 
     value: torch.Tensor
