@@ -32,7 +32,6 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .dtype_utils import fused_cast_out
 from .attention_processor import HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
@@ -79,15 +78,10 @@ class HARTRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``weight``: ``self.weight`` already in ``x``'s dtype (a per-call constant), or ``None`` to cast it here.
-
-        In half precision the cast back and the weight's product are one kernel (the product of the fp32 norm and
-        the weight written in ``x``'s dtype: within one rounding of casting first, then multiplying); in fp32 there
-        is no cast and the ops are the reference's."""
+        """``weight``: ``self.weight`` already in ``x``'s dtype (a per-call constant), or ``None`` to cast it here."""
         x32 = x.float()
-        weight = self.weight.to(x.dtype) if weight is None else weight
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return torch.mul(normed, weight, out=fused_cast_out(normed.shape, normed.dtype, x.dtype, x.device))
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
+        return normed * (self.weight.to(x.dtype) if weight is None else weight)
 
 
 class HARTLevelEmbedding(nn.Module):
