@@ -115,7 +115,8 @@ class InfinityScaleFamily(ScaleModelFamily):
         uploaded); it is never written to."""
         device = transformer.pos_start.device
         head_dim = transformer.config.embed_dim // transformer.config.num_heads
-        key = (tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw), head_dim, device)
+        key = (type(transformer), tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw), head_dim,
+               device)  # the class too: a subclass may compute its RoPE otherwise
         entry = cls._rope_tables.get(key)
         if entry is None:
             positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in scale_schedule]
