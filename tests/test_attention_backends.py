@@ -45,6 +45,15 @@ def _lazyvar(pipe):
     return LazyVARScheduler.from_preset("hart" if "HART" in type(pipe).__name__ else "infinity")
 
 
+@pytest.fixture(autouse=True)
+def registry_backend_restored():
+    """``ModelMixin.set_attention_backend`` also sets diffusers' process-wide active backend, and
+    ``reset_attention_backend`` leaves it set: give later tests the backend they started with."""
+    before = _AttentionBackendRegistry._active_backend
+    yield
+    _AttentionBackendRegistry._active_backend = before
+
+
 @pytest.fixture
 def dispatch_calls(monkeypatch):
     """Every (backend argument, mask given) the processors hand to ``dispatch_attention_fn``."""
@@ -96,12 +105,16 @@ def test_the_context_manager_chooses_the_kernel(family, request, math_kernel_cal
 def test_set_attention_backend_on_the_model_chooses_the_kernel(family, request, dispatch_calls, math_kernel_calls):
     pipe = request.getfixturevalue(family)
     default = _image(pipe)
+    before = _AttentionBackendRegistry._active_backend
     pipe.transformer.set_attention_backend("_native_math")
     try:
         dispatch_calls.clear()
         math = _image(pipe)
     finally:
         pipe.transformer.reset_attention_backend()
+        # diffusers' set_attention_backend also makes the backend the process-wide active one, and its reset leaves
+        # that in place; the processors' own choice is what reset clears (checked below)
+        _AttentionBackendRegistry._active_backend = before
     assert dispatch_calls and all(backend == AttentionBackendName._NATIVE_MATH for backend, _ in dispatch_calls)
     assert math_kernel_calls
     torch.testing.assert_close(math, default, atol=1e-4, rtol=1e-4)  # fp32 rounding through the decoder
