@@ -24,6 +24,7 @@ from diffusers_var_accel.schedulers.scheduling_depthvar import bit_reversal_perm
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 from diffusers_var_accel.next_scale.executor import weight_codes
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
+from diffusers_var_accel.next_scale.maps import resize_map
 from diffusers_var_accel.next_scale.rows import match_rows
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
@@ -238,6 +239,40 @@ def test_codes_of_dynamic_scales_are_weighted_by_the_depth_score(pipe):
     off_state = run_loop(pipe, off)
     assert _code_weights(off, pipe) == {}
     assert not torch.equal(off_state.f_hat, state.f_hat)
+
+
+class _RankingSpy(DepthVARScheduler):
+    """DepthVAR that keeps, per call, the ranking map and the depth map of its first dynamic scale (test only)."""
+
+    def before_scale(self, state, plan):
+        super().before_scale(state, plan)
+        call, k = self.call_state(state), plan.scale_indices[0]
+        if k in call.plans and not self.seen:
+            hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
+            ranking = call.source.change.view(-1, state.batch_size, *call.source.hw).mean(0)
+            self.seen.append((resize_map(ranking, hw, "bilinear").flatten(1), call.plans[k].depth.flatten(1)))
+
+
+def test_batched_ranking_equals_the_single_runs_to_rounding_and_so_do_the_depths_of_untied_tokens(pipe):
+    """DepthVAR's batch = single claim (``batch_equals_single_runs`` is False): the ranking map of the first dynamic
+    scale equals each single run's within fp32 rounding, and every token whose ranking value is further than that from
+    every other token's gets the same depth; only near-tied ranks may swap (which happens on some CPUs)."""
+    prompts, seeds = ["a red fox in the snow", "two cats"], (11, 22)
+    spy = _RankingSpy(reference_scale=-3)
+    spy.seen = []
+    latents(pipe, prompt=prompts, generator=[gen(s) for s in seeds], acceleration=spy, guidance_scale=3.0)
+    (batch_ranking, batch_depth), = spy.seen
+    rounding = 1e-5
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        spy.seen = []
+        latents(pipe, prompt=prompt, generator=[gen(seed)], acceleration=spy, guidance_scale=3.0)
+        (ranking, depth), = spy.seen
+        torch.testing.assert_close(batch_ranking[i:i + 1], ranking, atol=rounding, rtol=0)
+        gaps = (ranking[0, :, None] - ranking[0, None, :]).abs().fill_diagonal_(float("inf")).min(dim=1).values
+        untied = gaps > 2 * rounding
+        assert untied.float().mean() > 0.5  # the check below covers most tokens
+        assert torch.equal(batch_depth[i][untied], depth[0][untied])
+        assert depth.unique().numel() > 1  # the depths do vary: a plan that ignored the ranking would pass trivially
 
 
 def test_rotation_in_the_loop_rotates_the_second_dynamic_scale(pipe):

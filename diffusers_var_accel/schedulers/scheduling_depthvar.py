@@ -217,6 +217,9 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
     #: ``{family: kwargs}`` read from the packaged JSON presets ``infinity-2b/depthvar`` and ``hart-0.7b/depthvar``.
     presets = PackagedPresets("depthvar")
     call_state_class = DepthVARCallState
+    #: Eq. (2) ranks every token of a dynamic scale by the previous scale's change, a sum of GEMM outputs: batched
+    #: rounding (~1e-6) can swap two near-tied ranks, which changes their depths and code weights (docs/depthvar.md).
+    batch_equals_single_runs = False
 
     @register_to_config
     def __init__(

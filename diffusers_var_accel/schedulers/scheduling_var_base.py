@@ -213,6 +213,13 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     #: composition may select again within its kept tokens (they are asked after it).
     selects_tokens: bool = False
 
+    #: Whether a batch with one generator per image equals the images generated one at a time, bit for bit (on HART
+    #: up to the model's own near-tie token flips, see docs/hart.md). A method whose decisions order *every* token by
+    #: a continuous score says ``False``: a batched GEMM rounds differently from a single one (by ~1e-6, differently
+    #: on different CPUs), which can swap two near-tied ranks and so change what those tokens compute. Such a method
+    #: still keeps every image of a batch independent of the others (tested bit for bit at equal batch size).
+    batch_equals_single_runs: bool = True
+
     #: The typed per-call object of the method (a dataclass with defaults), or ``None`` when it keeps nothing.
     call_state_class: Optional[Callable[[], Any]] = None
 
@@ -289,6 +296,10 @@ class ComposedScheduler(VARAccelScheduler):
         self.members = members
         # the stored configuration holds plain dicts, so JSON round-trips it
         self.register_to_config(schedulers=[m.to_dict() for m in members])
+
+    @property
+    def batch_equals_single_runs(self) -> bool:  # type: ignore[override]
+        return all(m.batch_equals_single_runs for m in self.members)
 
     @property
     def model_family(self) -> Optional[str]:
