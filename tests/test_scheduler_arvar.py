@@ -265,8 +265,9 @@ def test_pruned_scale_computes_the_salient_tokens_and_reconstructs_the_rest(mode
         pruned = torch.ones(4, L, dtype=torch.bool).scatter_(1, kept, False)
         assert torch.equal(out[pruned], canvas[pruned])
         assert not torch.allclose(out[~pruned], canvas[~pruned], atol=1e-3)  # the kept positions were computed
-        # only the kept tokens' keys/values entered the cache at T
-        assert state.kv_cache.get_seq_length(layer) == sum(_tokens(k) for k in range(T)) + L // 2
+        # T attended to the cache and the kept tokens' keys/values only (T is the last pass: it keeps none)
+        assert state.kv_cache.attended_length(layer) == sum(_tokens(k) for k in range(T)) + L // 2
+        assert state.kv_cache.get_seq_length(layer) == sum(_tokens(k) for k in range(T))
     # the recording pass (T - N) runs dense and records its block outputs (no route)
     assert spy.log[(T_N, 0)][1] is None and spy.log[(T_N, 0)][2].shape[1] == _tokens(T_N)
 
@@ -304,7 +305,7 @@ def test_ratio_one_outputs_the_canvas_in_the_pruned_layers_only(models):
     assert (T, 0) not in spy.log and spy.log[(T, 1)][1].shape == (4, 0)
     torch.testing.assert_close(spy.log[(T, 1)][2], upsample_tokens(spy.log[(T_N, 1)][2], SCHEDULE[T_N][1:], SCHEDULE[T][1:]))
     before = sum(_tokens(k) for k in range(T))
-    assert state.kv_cache.get_seq_length(0) == before + _tokens(T) and state.kv_cache.get_seq_length(1) == before
+    assert state.kv_cache.attended_length(0) == before + _tokens(T) and state.kv_cache.attended_length(1) == before
 
 
 def test_branch_halving_copies_the_conditional_branch(models):
@@ -312,13 +313,16 @@ def test_branch_halving_copies_the_conditional_branch(models):
     starts = [sum(_tokens(j) for j in range(k)) for k in range(S + 1)]
     for layer in (0, 1):
         keys, values = state.kv_cache.get(layer)
-        for k in range(S):
+        assert keys.shape[2] == starts[S - 1]  # the last scale's keys are read by no later pass: not kept
+        for k in range(S - 1):
             part = slice(starts[k], starts[k + 1])
             equal = torch.equal(keys[:2, :, part], keys[2:, :, part]) and torch.equal(values[:2, :, part], values[2:, :, part])
             assert equal == (k >= S - 2), (layer, k)  # the unconditional rows hold the conditional keys/values
     assert [state.logits[k].shape[0] for k in range(S)] == [4] * (S - 2) + [2, 2]  # only the conditional rows ran
     reference = _run(models, cfg_list=[3.0] * (S - 2) + [1.0, 1.0])  # = guidance 1 at the halved scales
-    torch.testing.assert_close(state.logits[S - 1], reference.logits[S - 1], atol=1e-6, rtol=0)
+    # the halved pass runs 2 rows, the reference 4: batched fp32 GEMMs round differently (7.6e-6 on MKL's AVX2
+    # kernels, 0 on its AVX-512 ones), so equal up to that rounding
+    torch.testing.assert_close(state.logits[S - 1], reference.logits[S - 1], atol=3e-5, rtol=0)
 
 
 @pytest.mark.parametrize("halved, source_rows, pruned_rows", [((T_M, T_N), 2, 4), ((T,), 4, 2)])

@@ -271,9 +271,10 @@ def test_pruned_group_equals_decoding_the_kept_tokens_one_by_one(models):
     for k in range(S):
         torch.testing.assert_close(grouped.logits[k], reference.logits[k], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grouped.f_hat, reference.f_hat, atol=1e-6, rtol=0)
-    # only the kept tokens' keys/values entered the cache
+    # the group attended to the cache and its kept tokens' keys/values only; being the last pass, it kept none
     before = sum(SCHEDULE[k][1] * SCHEDULE[k][2] for k in range(GROUP[0]))
-    assert grouped.kv_cache.get_seq_length(0) == before + sum(kept[k].shape[1] for k in GROUP)
+    assert grouped.kv_cache.attended_length(0) == before + sum(kept[k].shape[1] for k in GROUP)
+    assert grouped.kv_cache.get_seq_length(0) == before
 
 
 def test_pruned_positions_get_a_zero_residual(models):
@@ -308,7 +309,7 @@ def test_without_parallel_decoding_each_scale_uses_the_index_after_the_previous_
         u = update_index(f_hats.get(k - 2), f_hats[k - 1])
         (expected,) = lazyvar_keep_indices(u, [tuple(SCHEDULE[k][1:])], [r], None)
         assert torch.equal(kept[k], expected)
-    assert state.kv_cache.get_seq_length(0) == sum(h * w for _, h, w in SCHEDULE[:GROUP[0]]) + sum(kept[k].shape[1] for k in GROUP)
+    assert state.kv_cache.attended_length(0) == sum(h * w for _, h, w in SCHEDULE[:GROUP[0]]) + sum(kept[k].shape[1] for k in GROUP)
 
 
 def test_zero_keep_ratios_add_nothing(models):

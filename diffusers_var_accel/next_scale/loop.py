@@ -75,17 +75,22 @@ def run_next_scale_loop(
     if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
         raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
     layout = RowLayout(batch_size, guided=any(g != 1 for g in guidance_scales))
-    state = NextScaleState(tuple(tuple(s) for s in scale_schedule), batch_size, layout.cache_rows,
-                           _schedule_kv_cache(family, scale_schedule))
-    state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
-    plans = scheduler.plan_scales(state.scale_schedule) if scheduler is not None else identity_plans(state.scale_schedule)
+    scale_schedule = tuple(tuple(s) for s in scale_schedule)
+    plans = scheduler.plan_scales(scale_schedule) if scheduler is not None else identity_plans(scale_schedule)
     validate_plans(plans, num_scales)
+    state = NextScaleState(scale_schedule, batch_size, layout.cache_rows,
+                           ScaleKVCache(family.num_layers, max_length=cached_positions(
+                               family.num_start_tokens(scale_schedule), scale_schedule, plans)))
+    state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
     state.plans = tuple(plans)
+    last_run = last_block_pass(plans)
 
     for pass_index, plan in enumerate(plans):
         if should_stop is not None and should_stop():
             break
         state.scale_index, state.pass_index = plan.scale_indices[0], pass_index
+        # no later pass reads the last pass's keys: it attends to them without keeping them
+        state.kv_cache.stores = pass_index != last_run
         if scheduler is not None:
             scheduler.before_scale(state, plan)
         if plan.skip:
@@ -184,10 +189,33 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
     return hidden_RLC, lengths, cond_rows
 
 
-def _schedule_kv_cache(family, scale_schedule) -> ScaleKVCache:
-    """The call's KV cache, preallocated for every input token of the schedule (fixed addresses, no ``cat``)."""
-    max_length = family.num_start_tokens(scale_schedule) + sum(int(s[-2]) * int(s[-1]) for s in scale_schedule[1:])
-    return ScaleKVCache(family.num_layers, max_length=max_length)
+def last_block_pass(plans: Sequence[ScalePlan]) -> Optional[int]:
+    """The index of the last pass that runs the blocks (``None``: every pass is skipped)."""
+    run = [i for i, plan in enumerate(plans) if not plan.skip]
+    return run[-1] if run else None
+
+
+def cached_positions(num_start_tokens: int, scale_schedule: Sequence[Tuple[int, ...]], plans: Sequence[ScalePlan]) -> int:
+    """Positions per layer the call's KV cache is allocated for: the input tokens (``num_start_tokens`` for scale 0)
+    of every pass that runs the blocks and is read by a later one, i.e. all but skipped passes and the last pass that
+    runs (at least 1).
+
+    An upper bound: a routed pass (pruned, depth-routed) keeps only the positions it computed. The cache is
+    preallocated to it (fixed addresses, no ``cat``)."""
+    last = last_block_pass(plans)
+    total = 0
+    for pass_index, plan in enumerate(plans):
+        if plan.skip or pass_index == last:
+            continue
+        for si in plan.scale_indices:
+            total += num_start_tokens if si == 0 else int(scale_schedule[si][-2]) * int(scale_schedule[si][-1])
+    return max(1, total)
+
+
+def kv_cache_nbytes(num_layers: int, cache_rows: int, positions: int, kv_channels: int, dtype: torch.dtype) -> int:
+    """Bytes of a preallocated :class:`ScaleKVCache`: keys and values of ``positions`` positions of ``cache_rows``
+    rows and ``kv_channels`` (heads x head dim) channels per layer, in ``dtype``."""
+    return 2 * num_layers * cache_rows * positions * kv_channels * torch.empty((), dtype=dtype).element_size()
 
 
 def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indices: Sequence[int]) -> torch.Tensor:
