@@ -20,16 +20,20 @@ bfloat16, HART in float16 (the official inference dtypes), both under the pipeli
   rows. On a CPU, where the call does nothing, the rows run as eager.
 
 Speed-ups are from the same run: ``vs eager`` divides the eager baseline's median of the same (model, batch) by the
-row's median, ``vs graphs`` the graph baseline's. Blocks run in order of importance: Infinity-2B batch 1 eager and
-graphs first, then HART-0.7B batch 1, then batch 4; after ``--max-seconds`` (default 420) no new block, and no new
-method's warm-up, starts (``gpu.sh`` kills the run at 8 minutes), and what was not run is listed. The JSON file is
-rewritten after every block, so a killed run keeps what it measured.
+row's median, ``vs graphs`` the graph baseline's. Blocks run in order of importance: at batch 1 the eager rows of
+Infinity-2B and HART-0.7B, then their graph rows (baseline, LazyVAR, then the other methods), then batch 4; after
+``--max-seconds`` (default 420) no new block, and no new row's warm-up, starts (``gpu.sh`` interrupts the run at
+500 s), and what was not run is listed. **Every row is guarded**: a row that fails (out of memory, a capture error)
+is reported with its error and the others go on; an interrupt keeps the finished rounds of the block in progress.
+The table is printed after every block and at the end; the JSON file is rewritten after every block. The ``ran``
+column says how a row ran: ``eager``, ``graphs`` (no CUDA-graph skip counted by torch.compile's cudagraph trees),
+``graphs: N skips`` (passes that ran without replay), or ``eager (no CUDA)``.
 
 Usage (an estimated 4-7 minutes on one H200; the graph capture time depends on ``enable_cuda_graphs``)::
 
-    bash benchmarks/gpu.sh                         # = python benchmarks/gpu.py --json gpu_results.json
-    python benchmarks/gpu.py --models infinity-2b --batch-sizes 1 --methods baseline,lazyvar --modes eager
-    python benchmarks/gpu.py --models tiny,tiny-hart --device cpu --size 256 --repeats 1 --warmup 0   # CPU smoke run
+    bash benchmarks/gpu.sh                         # = python3 benchmarks/gpu.py --json $OUT/gpu_results.json
+    bash benchmarks/gpu.sh --dry-run               # the tiny models on the CPU (CI)
+    python3 benchmarks/gpu.py --models infinity-2b --batch-sizes 1 --methods baseline,lazyvar --modes eager
 """
 
 from __future__ import annotations
@@ -78,9 +82,9 @@ def count_tflops_per_image(model: str, family: str, methods: List[str], height: 
 
 
 def block_order(models: List[str], batch_sizes: List[int], modes: List[str]) -> List[Tuple[str, int, str]]:
-    """``(model, batch, mode)`` in order of importance: every model at the first batch size (eager, then graphs), then
-    the next batch size."""
-    return [(model, batch, mode) for batch in batch_sizes for model in models for mode in modes]
+    """``(model, batch, mode)`` in order of importance: at the first batch size the eager rows of every model, then
+    their graph rows; then the next batch size."""
+    return [(model, batch, mode) for batch in batch_sizes for mode in modes for model in models]
 
 
 def _sync(device: str) -> None:
@@ -124,42 +128,106 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
         finally:
             restore()
 
-    active, skipped = [], []
-    for row in rows:
-        if out_of_time():
-            skipped.append(row)
-            continue
-        for _ in range(warmup):
-            run(row)
-        active.append(row)
-    times: Dict[str, List[float]] = {r["label"]: [] for r in active}
-    peak: Dict[str, Optional[float]] = {r["label"]: None for r in active}
+    active, skipped, failed = [], [], {}
+    times: Dict[str, List[float]] = {r["label"]: [] for r in rows}
+    peak: Dict[str, Optional[float]] = {r["label"]: None for r in rows}
+    skips: Dict[str, int] = {r["label"]: 0 for r in rows}
     sampled: Dict[str, Optional[str]] = {}
-    for _ in range(repeats):
-        for row in active:
+    interrupted = False
+
+    def guarded(row: Dict[str, Any]) -> Optional[Tuple[float, Optional[str]]]:
+        """One call of ``row``; a failure marks the row failed (the others go on), and the CUDA-graph skips
+        counted during the call are added to the row's."""
+        before = _cudagraph_skips()
+        try:
+            return run(row)
+        except Exception as err:  # noqa: BLE001 - an OOM or a capture error must not lose the other rows
+            failed[row["label"]] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
             if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            seconds, sampled[row["label"]] = run(row)
-            times[row["label"]].append(seconds)
-            if device.startswith("cuda"):
-                peak[row["label"]] = max(peak[row["label"]] or 0.0, torch.cuda.max_memory_allocated() / 2**30)
+                torch.cuda.empty_cache()
+            return None
+        finally:
+            skips[row["label"]] += _cudagraph_skips() - before
+
+    try:
+        for row in rows:
+            if out_of_time():
+                skipped.append(row)
+                continue
+            if all(guarded(row) is not None for _ in range(warmup)):
+                active.append(row)
+        for _ in range(repeats):
+            for row in active:
+                if row["label"] in failed:
+                    continue
+                if device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                result = guarded(row)
+                if result is None:
+                    continue
+                seconds, sampled[row["label"]] = result
+                times[row["label"]].append(seconds)
+                if device.startswith("cuda"):
+                    peak[row["label"]] = max(peak[row["label"]] or 0.0, torch.cuda.max_memory_allocated() / 2**30)
+    except KeyboardInterrupt:  # gpu.sh's deadline: keep the rounds this block finished
+        interrupted = True
     records = []
     for row in rows:
-        t = times.get(row["label"])
+        t = times[row["label"]]
         if not t:
+            why = failed.get(row["label"]) or ("time budget spent" if row in skipped else
+                                               "interrupted" if interrupted else "no timed round")
             records.append({**row, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
-                            "skipped": "time budget spent" if row in skipped else "no timed round"})
+                            "skipped": why, "ran": None})
             continue
         records.append({**row, "min_s": min(t), "median_s": statistics.median(t), "max_s": max(t), "peak_gib": peak[row["label"]],
-                        "repeats": len(t), "sampled_with": sampled.get(row["label"])})
+                        "repeats": len(t), "sampled_with": sampled.get(row["label"]), "cudagraph_skips": skips[row["label"]],
+                        **({"note": failed[row["label"]]} if row["label"] in failed else {})})
+    if interrupted:
+        raise BlockInterrupted(records)
     return records
 
 
+class BlockInterrupted(KeyboardInterrupt):
+    """An interrupt inside a block, carrying the records of the rows (finished rounds kept)."""
+
+    def __init__(self, records: List[Dict[str, Any]]):
+        super().__init__("interrupted")
+        self.records = records
+
+
+def _cudagraph_skips() -> int:
+    """CUDA-graph skips counted by torch.compile's cudagraph trees so far (each: a graph that ran without replay)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - very old torch
+        return 0
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
+#: Graph rows start with these (after the baseline): capture is costly and the time may run out.
+GRAPH_FIRST = ("lazyvar",)
+
+
 def _rows_for(mode: str, methods: List[str]) -> List[Dict[str, Any]]:
+    if mode == "graphs":  # the baseline, then LazyVAR, then the rest while time lasts
+        methods = methods[:1] + [m for m in methods[1:] if m in GRAPH_FIRST] + [m for m in methods[1:] if m not in GRAPH_FIRST]
     rows = [{"method": m, "label": m, "sampling": None} for m in methods]
     if mode == "eager":
         rows.append({"method": "baseline", "label": OFFICIAL_ROW, "sampling": "official"})
     return rows
+
+
+def how_it_ran(block: Dict[str, Any], record: Dict[str, Any]) -> str:
+    """``eager``, ``graphs`` (replayed, no skip counted), ``graphs: N skips`` or why it ran eager."""
+    if record.get("median_s") is None:
+        return "-"
+    if block["mode"] == "eager":
+        return "eager"
+    if record.get("note", "").startswith("no CUDA"):
+        return "eager (no CUDA)"
+    skips = record.get("cudagraph_skips") or 0
+    return "graphs" if not skips else f"graphs: {skips} skips"
 
 
 def add_speedups(blocks: List[Dict[str, Any]]) -> None:
@@ -183,7 +251,7 @@ def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
 
     lines = [header,
              f"{'model':<12} {'batch':>5} {'mode':<7} {'method':<16} {'median s':>9} {'s/image':>9} {'vs eager':>9} "
-             f"{'vs graphs':>9} {'TFLOPs':>8} {'FLOPs x':>8} {'peak GiB':>9}  note"]
+             f"{'vs graphs':>9} {'TFLOPs':>8} {'FLOPs x':>8} {'peak GiB':>9} {'ran':<16} note"]
     for b in blocks:
         tflops = b["tflops_per_image"]
         base_tflops = tflops.get("baseline")
@@ -199,7 +267,7 @@ def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
             lines.append(f"{b['model']:<12} {b['batch_size']:>5} {b['mode']:<7} {r['label']:<16} {cell(median, '.4f', 9)} "
                          f"{cell(per_image, '.4f', 9)} {vs_eager:>9} {vs_graphs:>9} "
                          f"{call_tflops:>8} {ratio:>8} "
-                         f"{cell(r.get('peak_gib'), '.2f', 9)}  {note}".rstrip())
+                         f"{cell(r.get('peak_gib'), '.2f', 9)} {how_it_ran(b, r):<16} {note}".rstrip())
     return "\n".join(lines)
 
 
@@ -257,18 +325,27 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
             records = [{**r, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
                         "skipped": unavailable} for r in rows]
         else:
+            interrupted = None
             try:
                 records = measure_rows(pipe, rows, batch, meta["height"], meta["width"], args.repeats,
                                        args.graph_warmup if mode == "graphs" else args.warmup, args.device, out_of_time)
-                if graphs_note:
-                    records = [{**r, "note": graphs_note} for r in records]
+            except BlockInterrupted as stop:
+                records, interrupted = stop.records, stop
             finally:
                 if mode == "graphs":
                     _graphs_switch(pipe, False)
+            if graphs_note:
+                records = [{**r, "note": "; ".join(filter(None, [graphs_note, r.get("note")]))} for r in records]
+            if interrupted is not None:
+                blocks.append({**block, "records": records, "interrupted": True})
+                add_speedups(blocks)
+                write_json()
+                raise interrupted
         blocks.append({**block, "records": records})
         add_speedups(blocks)
         done = [f"{r['label']} {r['median_s']:.4f} s" for r in records if r.get("median_s") is not None]
         print(f"{model} batch {batch} {mode}: {', '.join(done) or records[0].get('skipped')}", flush=True)
+        print(format_table(blocks, "so far:"), flush=True)
         write_json()
     return 0
 

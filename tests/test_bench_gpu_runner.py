@@ -14,8 +14,16 @@ from benchmarks.gpu import OFFICIAL_ROW, block_order, count_tflops_per_image, ma
 
 def test_blocks_run_in_order_of_importance():
     assert block_order(["infinity-2b", "hart-0.7b"], [1, 4], ["eager", "graphs"]) == [
-        ("infinity-2b", 1, "eager"), ("infinity-2b", 1, "graphs"), ("hart-0.7b", 1, "eager"), ("hart-0.7b", 1, "graphs"),
-        ("infinity-2b", 4, "eager"), ("infinity-2b", 4, "graphs"), ("hart-0.7b", 4, "eager"), ("hart-0.7b", 4, "graphs")]
+        ("infinity-2b", 1, "eager"), ("hart-0.7b", 1, "eager"), ("infinity-2b", 1, "graphs"), ("hart-0.7b", 1, "graphs"),
+        ("infinity-2b", 4, "eager"), ("hart-0.7b", 4, "eager"), ("infinity-2b", 4, "graphs"), ("hart-0.7b", 4, "graphs")]
+
+
+def test_graph_rows_start_with_the_baseline_then_lazyvar():
+    from benchmarks.gpu import _rows_for
+
+    methods = ["baseline", "fastvar", "lazyvar", "depthvar"]
+    assert [r["label"] for r in _rows_for("graphs", methods)] == ["baseline", "lazyvar", "fastvar", "depthvar"]
+    assert [r["label"] for r in _rows_for("eager", methods)] == methods + [OFFICIAL_ROW]
 
 
 def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys):
@@ -40,8 +48,9 @@ def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys)
         if block["mode"] == "eager":
             assert eager_base["speedup_vs_eager"] == 1.0
     printed = capsys.readouterr().out
-    table = printed[printed.index("model "):]
-    assert table.count("median s") == 1  # one table, not one per block
+    assert printed.count("so far:") == len(report["blocks"])  # the table so far after every block
+    table = printed[printed.rindex("model "):]
+    assert table.count("median s") == 1  # then the one final table of every row
     assert "vs eager" in table and "vs graphs" in table and "peak GiB" in table and OFFICIAL_ROW in table
     rows = [line for line in table.splitlines() if line.startswith(("tiny ", "tiny-hart "))]
     assert len(rows) == sum(len(b["records"]) for b in report["blocks"])
@@ -146,5 +155,70 @@ def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, 
     assert [(b["batch_size"], b["mode"]) for b in report["blocks"]] == [(1, "eager")]
     assert report["skipped"] == ["tiny batch 1 graphs: interrupted", "tiny batch 2 eager: interrupted",
                                  "tiny batch 2 graphs: interrupted"]
+    assert "interrupted" not in report["blocks"][0]
     printed = capsys.readouterr().out
     assert "tiny             1 eager   baseline" in printed and "skipped tiny batch 2 graphs: interrupted" in printed
+
+
+def test_a_failing_row_keeps_the_others(tmp_path, monkeypatch, capsys):
+    """A row that raises (an OOM, a capture error) is reported with its error; the other rows are timed."""
+    from diffusers_var_accel import InfinityPipeline
+
+    original_call = InfinityPipeline.__call__
+
+    def call(self, *args, acceleration=None, **kwargs):
+        if acceleration is not None:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return original_call(self, *args, acceleration=acceleration, **kwargs)
+
+    monkeypatch.setattr(InfinityPipeline, "__call__", call)
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar", "--batch-sizes",
+                 "1", "--modes", "eager", "--repeats", "2", "--warmup", "1", "--no-flops", "--json", str(out)]) == 0
+    (block,) = json.loads(out.read_text())["blocks"]
+    records = {r["label"]: r for r in block["records"]}
+    assert records["baseline"]["repeats"] == 2 and records[OFFICIAL_ROW]["repeats"] == 2
+    assert records["lazyvar"]["median_s"] is None
+    assert records["lazyvar"]["skipped"] == "failed: RuntimeError: CUDA out of memory (simulated)"
+    table = capsys.readouterr().out
+    assert "failed: RuntimeError: CUDA out of memory (simulated)" in table and " eager " in table
+
+
+def test_an_interrupt_inside_a_block_keeps_its_finished_rounds(tmp_path, monkeypatch):
+    """The deadline's SIGINT in the middle of a block: the rounds already timed stay in the JSON and the table."""
+    from diffusers_var_accel import InfinityPipeline
+
+    original_call, calls = InfinityPipeline.__call__, []
+
+    def call(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # baseline, lazyvar, official-style of round 1, then round 2 is interrupted
+            raise KeyboardInterrupt
+        return original_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(InfinityPipeline, "__call__", call)
+    out = tmp_path / "gpu.json"
+    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar", "--batch-sizes",
+                 "1", "--repeats", "3", "--warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (block,) = report["blocks"]
+    assert block["interrupted"] is True and block["mode"] == "eager"
+    assert [r["repeats"] for r in block["records"]] == [1, 1, 1]
+    assert report["skipped"] == ["tiny batch 1 graphs: interrupted"]
+
+
+def test_dry_run_of_gpu_sh_writes_its_results_under_out(tmp_path):
+    """``bash benchmarks/gpu.sh --dry-run``: the runner end to end on the CPU, JSON and log under ``$OUT``."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run", "--methods", "baseline,lazyvar"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_results.json").read_text())
+    assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(
+        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"])
+    assert all(r["median_s"] > 0 for b in report["blocks"] for r in b["records"])
+    log = (tmp_path / "gpu.log").read_text()
+    assert log.count("so far:") == len(report["blocks"]) and "total" in log

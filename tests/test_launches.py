@@ -167,6 +167,13 @@ def test_count_launches_records_and_table(small_infinity):
     assert table.splitlines()[0].startswith("| model | dtype | method | kernels")
     assert "hart-0.7b (2 blocks, 6 scales) | bfloat16 | lazyvar" in table
     assert "syncs" in format_syncs(records)
+    # the KV cache at HART-0.7B's real width (1536) and depth (24), bf16, CFG, for the 6 scales counted: 300 context
+    # tokens and the scales read by a later pass (all but the last); LazyVAR's group of the last scales keeps none
+    per_position = 2 * 24 * 2 * 1536 * 2
+    base, lazy = (r["kv_cache_bytes"] for r in records)
+    assert base == per_position * (300 + 4 + 9 + 16 + 25)  # patch numbers 1, 2, 3, 4, 5 (6 is the last scale)
+    assert lazy < base and lazy % per_position == 0
+    assert "KV cache GB (real width)" in table.splitlines()[0]
 
 
 def test_cli_prints_the_table_and_the_json(capsys):

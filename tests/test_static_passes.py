@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import diffusers_var_accel.next_scale.loop as loop_module
 from diffusers_var_accel import (
+    ScalePlan,
     HART_CONFIGS,
     ARVARScheduler,
     DepthVARScheduler,
@@ -302,10 +303,17 @@ METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar":
 
 
 
-def _max_length(pipe, family):
+def _kept_length(pipe, family, scheduler):
+    """Input tokens of every pass that runs but the last one (whose keys no later pass reads)."""
     if family == "infinity":
-        return sum(h * w for _, h, w in schedule_for_size(*INFINITY_SIZE)[0])
-    return pipe.transformer.config.context_tokens + sum(pn * pn for pn in HART_PATCH_NUMS[1:])
+        schedule = schedule_for_size(*INFINITY_SIZE)[0]
+        tokens = [h * w for _, h, w in schedule]
+    else:
+        schedule = [(1, pn, pn) for pn in HART_PATCH_NUMS]
+        tokens = [pipe.transformer.config.context_tokens] + [pn * pn for pn in HART_PATCH_NUMS[1:]]
+    plans = [ScalePlan((i,)) for i in range(len(schedule))] if scheduler is None else scheduler.plan_scales(schedule)
+    read_later = [plan for plan in plans if not plan.skip][:-1]
+    return sum(tokens[i] for plan in read_later for i in plan.scale_indices)
 
 
 def _generate(pipe, family, acceleration):
@@ -337,7 +345,7 @@ def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, met
     monkeypatch.setattr(loop_module, "VARForwardContext", recording_context)
     monkeypatch.setattr(loop_module, "ScaleKVCache", recording_cache)
     out = _generate(pipe, family, make())
-    assert lengths == [_max_length(pipe, family)]  # the loop preallocated the cache for the schedule
+    assert lengths == [_kept_length(pipe, family, make())]  # the loop preallocated the cache for what is read later
     call_cache = caches[0]
     assert call_cache is not None and all(c is call_cache for c in caches)  # one dict shared by every pass
 
@@ -388,3 +396,35 @@ def test_diffusion_head_uploads_its_constants_once():
         again = head.sample(cond, guidance=2.0, generator=torch.Generator().manual_seed(0))
     assert "lift_fresh" not in ops.names and "_local_scalar_dense" not in ops.names
     assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("family", ["infinity", "hart"])
+@pytest.mark.parametrize("method", [None, "fastvar", "lazyvar", "depthvar", "arvar"])
+def test_kv_cache_bytes_is_what_the_call_allocates(pipes, family, method, monkeypatch):
+    """``pipe.kv_cache_bytes`` (counted from the plan) equals the bytes the call's cache buffers take, and a method
+    that skips or groups the last scales allocates less than the baseline."""
+    pipe = pipes(family)
+    if method is not None and family not in METHODS[method].presets:
+        pytest.skip(f"{method} has no {family} preset")
+    settings = {"reference_scale": -3} if method == "depthvar" else {}
+    scheduler = None if method is None else METHODS[method].from_preset(family, **settings)
+    caches = []
+
+    def recording_cache(num_layers, max_length=None):
+        caches.append(ScaleKVCache(num_layers, max_length=max_length))
+        return caches[-1]
+
+    monkeypatch.setattr(loop_module, "ScaleKVCache", recording_cache)
+    _generate(pipe, family, scheduler)
+    size = {"height": INFINITY_SIZE[0], "width": INFINITY_SIZE[1]} if family == "infinity" else {}
+    counted = pipe.kv_cache_bytes(scheduler, **size)
+    assert len(caches) == 1 and caches[0].nbytes == counted > 0
+    baseline = pipe.kv_cache_bytes(None, **size)
+    assert counted <= baseline
+    if method == "lazyvar":  # its group of the last scales is the last pass: none of it is kept
+        assert counted < baseline
+    wide = pipe.kv_cache_bytes(scheduler, kv_channels=4 * pipe.transformer.config.embed_dim, dtype=torch.bfloat16, **size)
+    assert wide == 2 * counted  # 4x the channels, half the bytes per element
+    assert pipe.kv_cache_bytes(scheduler, batch_size=3, cfg=False, **size) == 3 * counted // 2
+    with pytest.raises(ValueError, match="batch_size"):
+        pipe.kv_cache_bytes(scheduler, batch_size=0, **size)

@@ -25,6 +25,11 @@ Counting convention:
   Each sync is recorded with its source line: the innermost frame inside ``diffusers_var_accel`` (else the innermost
   frame outside torch and this module).
 
+**Memory.** Each record also carries ``kv_cache_bytes``: what the call's self-attention KV cache allocates at the
+model's *real* width (Infinity-2B 2048, HART-0.7B 1536 channels) in the counted dtype, for the counted size, batch and
+CFG (:meth:`~diffusers_var_accel.pipelines.acceleration_mixin.VARAccelerationMixin.kv_cache_bytes`, from the plan:
+the positions a later pass reads).
+
 **Limits.** Everything runs on the CPU, so a copy the code writes as ``.to(device)`` (a tensor built on the host, then
 moved; or ``.to("cpu")`` written with a device variable) is not an op there and is not seen; nor are the kernels a
 CUDA backend adds or fuses (cuDNN / cuBLAS may launch more than one kernel for an op, SDPA picks another kernel).
@@ -472,6 +477,19 @@ def build_launch_pipeline(model: str, config: LaunchConfig = LaunchConfig(), dty
     return pipe_cls(transformer=transformer.eval(), vae=vae.eval())
 
 
+def real_kv_cache_bytes(pipe, model: str, acceleration, config: LaunchConfig, dtype: torch.dtype) -> int:
+    """The bytes the KV cache of one call allocates at ``model``'s real width and depth (``pipe`` is its narrow,
+    maybe shallower stand-in: the same schedule and plan), in ``dtype``, for the counted call's size, batch and CFG."""
+    from ..models.transformer_hart import HART_CONFIGS
+    from ..models.transformer_infinity import INFINITY_CONFIGS
+
+    real = {**INFINITY_CONFIGS, **HART_CONFIGS}[model]
+    size = {} if pipe.model_family == "hart" else {"height": config.size, "width": config.size}
+    per_layer = pipe.kv_cache_bytes(acceleration, batch_size=config.batch_size, cfg=config.cfg,
+                                    kv_channels=int(real["embed_dim"]), dtype=dtype, **size) // len(pipe.transformer.blocks)
+    return per_layer * int(real["depth"])
+
+
 def _call_kwargs(pipe, config: LaunchConfig) -> Dict[str, Any]:
     tconf = pipe.transformer.config
     g = torch.Generator().manual_seed(0)
@@ -518,7 +536,8 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
                 record = {"model": model, "family": family, "method": method, "dtype": str(dtype).replace("torch.", ""),
                           "depth": len(pipe.transformer.blocks), "num_scales": scales, "batch_size": config.batch_size,
                           "cfg": config.cfg,
-                          "width": config.width, "first_call_syncs": first_call_syncs, **result}
+                          "width": config.width, "first_call_syncs": first_call_syncs,
+                          "kv_cache_bytes": real_kv_cache_bytes(pipe, model, schedulers[method], config, dtype), **result}
                 records.append(record)
                 if progress is not None:
                     progress(f"{model} {record['dtype']} {method}: {result['kernels']} kernels, {result['syncs']} syncs")
@@ -531,8 +550,8 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
 def format_table(records: Sequence[Dict[str, Any]]) -> str:
     """A markdown table: one row per (model, dtype, method); ``x fewer`` is the baseline's kernels over the method's."""
     lines = ["| model | dtype | method | kernels | x fewer | syncs | syncs (first call) | ATen ops | kernels / dense block "
-             "| decode kernels |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| decode kernels | KV cache GB (real width) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     base: Dict[Tuple[str, str], int] = {}
     for r in records:
         if r["method"] == "baseline":
@@ -544,7 +563,7 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
         label = f"{r['model']} ({r['depth']} blocks, {r['num_scales']} scales)"
         first = "-" if r.get("first_call_syncs") is None else f"{r['first_call_syncs']:,}"
         lines.append(f"| {label} | {r['dtype']} | {r['method']} | {r['kernels']:,} | {ratio} | {r['syncs']:,} | {first} | {r['ops']:,} | "
-                     f"{block} | {r['decode']['kernels']:,} |")
+                     f"{block} | {r['decode']['kernels']:,} | {r['kv_cache_bytes'] / 1e9:.2f} |")
     return "\n".join(lines)
 
 

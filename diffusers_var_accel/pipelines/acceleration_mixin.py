@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+
 from typing import Any, Callable, Optional, Type, Union
 
 from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
@@ -80,6 +82,40 @@ class VARAccelerationMixin:
                              f"{type(acceleration).__name__}")
         acceleration.check_model_family(self.model_family)
         return acceleration
+
+    def kv_cache_bytes(self, acceleration: Optional[Union[VARAccelScheduler, str]] = None, height: Optional[int] = None,
+                       width: Optional[int] = None, batch_size: int = 1, cfg: bool = True,
+                       kv_channels: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> int:
+        """Bytes the self-attention KV cache of one call allocates (counted from the plan, nothing is run).
+
+        The cache holds the positions of every pass that a later pass reads (not the last pass that runs, nor skipped
+        scales), for ``2 * batch_size`` rows under CFG, in every layer.
+
+        Args:
+            acceleration (`VARAccelScheduler` or `str`, *optional*): the method (a name as in ``enable_acceleration``);
+                `None`: the attached one, if any (the baseline without).
+            height (`int`, *optional*), width (`int`, *optional*): the image size (default: the pipeline's).
+            batch_size (`int`, defaults to 1): images per call.
+            cfg (`bool`, defaults to `True`): whether the call runs the unconditional rows too.
+            kv_channels (`int`, *optional*): key channels per position (heads x head dim); default the transformer's
+                width. Give the real model's width to size a real model from a narrow stand-in.
+            dtype (`torch.dtype`, *optional*): the attention dtype; default the transformer's weights' (half precision
+                runs under autocast in that dtype).
+        """
+        from ..next_scale.loop import cached_positions, identity_plans, kv_cache_nbytes
+
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        scheduler = self._acceleration_for_call(acceleration)
+        schedule, num_start_tokens = self._kv_cache_layout(height, width)
+        plans = identity_plans(schedule) if scheduler is None else scheduler.plan_scales(schedule)
+        positions = cached_positions(num_start_tokens, schedule, plans)
+        config = self.transformer.config
+        channels = kv_channels if kv_channels is not None else int(config.embed_dim)
+        if dtype is None:
+            dtype = next(self.transformer.parameters()).dtype
+        rows = batch_size * (2 if cfg else 1)
+        return kv_cache_nbytes(len(self.transformer.blocks), rows, positions, channels, dtype)
 
     def _enable_preset(self, scheduler_cls, overrides, method: Optional[str] = None) -> VARAccelScheduler:
         own = None if method is None else own_preset_name(self.preset_model, self.model_family, method)

@@ -305,6 +305,14 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """The one image side this model generates."""
         return self.transformer.config.patch_nums[-1] * self.vae_scale_factor
 
+    def _kv_cache_layout(self, height: Optional[int], width: Optional[int]):
+        """HART's one schedule and its start tokens (the text context), for :meth:`kv_cache_bytes`."""
+        side = self.default_size
+        if (height or side, width or side) != (side, side):
+            raise ValueError(f"height x width = {height}x{width} is not supported: this model makes {side}x{side} images only")
+        schedule = tuple((1, int(pn), int(pn)) for pn in self.transformer.config.patch_nums)
+        return schedule, int(self.transformer.config.context_tokens)
+
     # 1. text -----------------------------------------------------------------------------------------------------
     def encode_prompt(
         self,

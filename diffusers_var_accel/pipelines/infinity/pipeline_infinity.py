@@ -367,6 +367,13 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         schedule, template = schedule_for_size(height, width)
         return schedule, rope_grid_hw(template)
 
+    def _kv_cache_layout(self, height: Optional[int], width: Optional[int]):
+        """The schedule of a call of ``height x width`` and its start tokens (one per scale-0 token), for
+        :meth:`kv_cache_bytes`."""
+        default_h, default_w = self.default_size
+        schedule, _ = self.scale_schedule_for(height or default_h, width or default_w)
+        return schedule, int(schedule[0][-2]) * int(schedule[0][-1])
+
     @property
     def pixels_per_token(self) -> int:
         """Image pixels per token along each axis: the VAE's patch size times the token's latent patch (2 on the
