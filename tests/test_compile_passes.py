@@ -120,3 +120,60 @@ def test_sampling_modes_give_the_same_images(pipelines):
             pipe.set_sampling("device")
     with pytest.raises(ValueError, match="sampling must be one of \\['device', 'official'\\], got 'cuda'"):
         pipe.set_sampling("cuda")
+
+
+def test_passes_past_the_recompile_limit_raise_instead_of_running_eagerly(pipelines, monkeypatch):
+    """Dynamo runs a frame eagerly, silently, past its recompile limit; compiled passes make that an error (reproduced
+    with the limit lowered so that the embedded model's passes exceed it), and eager gives the setting back."""
+    from diffusers_var_accel.pipelines import pipeline_common
+
+    config = torch._dynamo.config
+    pipe, kwargs = pipelines["hart"]
+    monkeypatch.setattr(config, "cache_size_limit", 1)
+    monkeypatch.setattr(config, "fail_on_recompile_limit_hit", False)
+    monkeypatch.setattr(pipeline_common, "_GRAPH_CACHE_LIMITS", (("cache_size_limit", 2),))
+    pipe.compile_passes(backend="eager")
+    try:
+        assert config.fail_on_recompile_limit_hit is True
+        with pytest.raises(Exception, match="(?i)recompile|cache.?size|limit"):
+            _generate(pipe, kwargs)  # 14 passes of distinct shapes through one code object: 2 graphs allowed
+    finally:
+        pipe.disable_cuda_graphs()
+    assert config.fail_on_recompile_limit_hit is False and config.cache_size_limit == 1
+
+
+def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines):
+    """Under graphs, a pass that CUDA-graph trees skip runs without replay: the pipeline says so once and counts it
+    (simulated on the CPU: the compiled pass reports a skip the way inductor does)."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from diffusers_var_accel.next_scale.loop import run_family_blocks
+    from diffusers_var_accel.pipelines.pipeline_common import CompiledPassRunner
+
+    pipe, kwargs = pipelines["hart"]
+    calls = []
+
+    def skipping_pass(family, hidden, condition, context):
+        calls.append(1)
+        if len(calls) % 2:  # every other pass "skipped"
+            log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (simulated)")
+        return run_family_blocks(family, hidden, condition, context)
+
+    eager = _generate(pipe, kwargs)
+    pipe._pass_runner = CompiledPassRunner(skipping_pass, cuda_graphs=True)
+    try:
+        with pytest.warns(UserWarning, match="skipped a pass") as seen:
+            first = _generate(pipe, kwargs)
+        assert len([w for w in seen if "skipped a pass" in str(w.message)]) == 1
+        skipped = pipe.passes_without_graphs
+        assert skipped == (len(calls) + 1) // 2 > 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once per pipeline
+            _generate(pipe, kwargs)
+        assert pipe.passes_without_graphs > skipped
+        assert torch.equal(first, eager)
+    finally:
+        pipe._pass_runner = None
+    assert pipe.passes_without_graphs == 0
+    with pytest.raises(ValueError, match="strict must be True or False"):
+        pipe.enable_cuda_graphs(strict="yes")

@@ -410,16 +410,57 @@ _GRAPH_CACHE_LIMITS = (("cache_size_limit", PASS_GRAPH_CACHE_LIMIT), ("accumulat
 
 
 def _raise_graph_cache_limits() -> None:
-    """Raise dynamo's cache limits above the graphs of a few plans (one graph per pass), remembering the old values."""
+    """Raise dynamo's cache limits above the graphs of a few plans (one graph per pass), remembering the old values,
+    and make hitting them an error: past the limit dynamo would otherwise run the pass eagerly without a word."""
     import torch._dynamo
 
     config = torch._dynamo.config
     if _GRAPH_CACHE_STATE["pipelines"] == 0:
         _GRAPH_CACHE_STATE["saved"] = {name: getattr(config, name) for name, _ in _GRAPH_CACHE_LIMITS if hasattr(config, name)}
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            _GRAPH_CACHE_STATE["saved"]["fail_on_recompile_limit_hit"] = config.fail_on_recompile_limit_hit
     _GRAPH_CACHE_STATE["pipelines"] += 1
     for name, limit in _GRAPH_CACHE_LIMITS:
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), limit))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+
+
+def cudagraph_skips() -> int:
+    """How many times torch.compile's CUDA-graph trees have run a graph without capturing or replaying it (a skip:
+    mutated inputs, CPU tensors, dynamic shapes...) in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
+class CompiledPassRunner:
+    """The ``pass_runner`` of a pipeline whose passes are compiled: runs ``torch.compile(run_family_blocks)`` and
+    reports, instead of hiding, the passes that ran without CUDA graphs when graphs were asked for.
+
+    Attributes:
+        skipped_passes (`int`): passes run so far for which CUDA-graph trees reported a skip (only counted when
+            graphs are on).
+    """
+
+    def __init__(self, compiled: Callable, cuda_graphs: bool):
+        self.compiled, self.cuda_graphs = compiled, cuda_graphs
+        self.skipped_passes = 0
+        self._warned = False
+
+    def __call__(self, family, hidden_RLC, condition, context):
+        before = cudagraph_skips() if self.cuda_graphs else 0
+        out = self.compiled(family, hidden_RLC, condition, context)
+        if self.cuda_graphs and cudagraph_skips() > before:
+            self.skipped_passes += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn("enable_cuda_graphs(): CUDA-graph trees skipped a pass, which then ran without graphs (its "
+                              "time is not a graph replay's); TORCH_LOGS=cudagraphs prints why, and "
+                              "enable_cuda_graphs(strict=True) raises at the first skip. pipe.passes_without_graphs counts "
+                              "them", UserWarning, stacklevel=2)
+        return out
 
 
 def _restore_graph_cache_limits() -> None:
@@ -467,17 +508,28 @@ class NextScalePipelineMixin:
         if self._pass_runner is None:
             _raise_graph_cache_limits()
         options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
-        self._pass_runner = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
+        compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
+        self._pass_runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
 
-    def enable_cuda_graphs(self) -> bool:
+    def enable_cuda_graphs(self, strict: bool = False) -> bool:
         """Capture every transformer pass as a CUDA graph and replay it from then on (``torch.compile`` with
         ``mode="reduce-overhead"``, ``fullgraph=True``: one graph per size, batch, acceleration plan and pass, captured
         on its first run). Call it after moving the pipeline to the GPU.
+
+        Nothing falls back silently: a pass that would need more graphs than dynamo's raised cache limit raises; a
+        pass that CUDA-graph trees skip (it then runs compiled but without graphs) warns once per pipeline and is
+        counted in :attr:`passes_without_graphs`, or raises with ``strict=True``.
+
+        Args:
+            strict (`bool`, defaults to `False`): raise at the first skipped graph (inductor's
+                ``triton.cudagraph_or_error``, process-wide while graphs are on) instead of warning.
 
         Returns:
             `bool`: whether graphs are on. On a device other than CUDA nothing changes: a warning says so and the
             passes stay eager (``compile_passes`` compiles them without graphs on any device).
         """
+        if not isinstance(strict, bool):
+            raise ValueError(f"strict must be True or False, got {strict!r}")
         device = self._pass_device()
         if device.type != "cuda":
             warnings.warn(f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
@@ -485,11 +537,28 @@ class NextScalePipelineMixin:
                           stacklevel=2)
             return False
         self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
+        if strict:
+            import torch._inductor.config as inductor_config
+
+            self._strict_graphs_saved = inductor_config.triton.cudagraph_or_error
+            inductor_config.triton.cudagraph_or_error = True
         return True
+
+    @property
+    def passes_without_graphs(self) -> int:
+        """Passes that ran without CUDA graphs since ``enable_cuda_graphs()`` (skipped by CUDA-graph trees); 0 when
+        graphs are off."""
+        runner = self._pass_runner
+        return runner.skipped_passes if isinstance(runner, CompiledPassRunner) else 0
 
     def disable_cuda_graphs(self) -> None:
         """Run every pass eagerly again (undoes ``enable_cuda_graphs`` and ``compile_passes``). The dynamo cache size
         limits go back to their values before the first compiled pipeline once no pipeline compiles its passes."""
+        saved = self.__dict__.pop("_strict_graphs_saved", None)
+        if saved is not None:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.triton.cudagraph_or_error = saved
         if self._pass_runner is not None:
             self._pass_runner = None
             _restore_graph_cache_limits()
