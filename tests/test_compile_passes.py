@@ -177,3 +177,24 @@ def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines)
     assert pipe.passes_without_graphs == 0
     with pytest.raises(ValueError, match="strict must be True or False"):
         pipe.enable_cuda_graphs(strict="yes")
+
+
+def test_lazyvar_with_depthvar_compiles_on_the_mask_free_attention_path(pipelines, monkeypatch):
+    """LazyVAR+DepthVAR with one mask-free attention call per scale (flash, cuDNN, ``grouped_attention="per_scale"``):
+    the nested depth routes carry their per-scale token counts, so no pass reads the scale ids on the host and every
+    pass compiles as one graph with ``fullgraph=True``, equal to eager."""
+    from diffusers_var_accel.models.attention_processor import VARAttnProcessor
+
+    monkeypatch.setattr(VARAttnProcessor, "grouped_attention", "per_scale")
+    pipe, kwargs = pipelines["infinity"]
+    pipe.enable_acceleration("lazyvar+depthvar")
+    try:
+        eager = _generate(pipe, kwargs)
+        pipe.compile_passes(backend="eager", fullgraph=True)
+        counters.clear()
+        compiled = _generate(pipe, kwargs)
+        assert not counters["graph_break"]
+        assert torch.equal(compiled, eager)
+    finally:
+        pipe.disable_cuda_graphs()
+        pipe.disable_acceleration()

@@ -360,7 +360,10 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
             offset += count
         for l in range(num_layers):
             index = per_layer[l][0] if len(per_layer[l]) == 1 else torch.cat(per_layer[l], dim=1)
-            route = TokenRoute(index=index, fill=LayerProxy(source.deltas[l], source.hw, hws))
+            # tokens per scale from shapes (the rank plans fix them): a grouped pass attends scale by scale without
+            # reading the index on the host
+            counts = tuple(int(part.shape[1]) for part in per_layer[l]) if len(per_layer[l]) > 1 else None
+            route = TokenRoute(index=index, fill=LayerProxy(source.deltas[l], source.hw, hws), scale_counts=counts)
             routes.routes[(l, "block")] = route.within(outer) if outer is not None else route
         return routes
 
