@@ -26,8 +26,9 @@ Infinity-2B and HART-0.7B, then their graph rows (baseline, LazyVAR, then the ot
 500 s), and what was not run is listed. **Every row is guarded**: a row that fails (out of memory, a capture error)
 is reported with its error and the others go on; an interrupt keeps the finished rounds of the block in progress.
 The table is printed after every block and at the end; the JSON file is rewritten after every block. The ``ran``
-column says how a row ran: ``eager``, ``graphs`` (no CUDA-graph skip counted by torch.compile's cudagraph trees),
-``graphs: N skips`` (passes that ran without replay), or ``eager (no CUDA)``.
+column says how a row ran: ``eager``; ``graphs (N replays)`` (direct capture: every timed pass replayed);
+``graphs: N captured`` (timed calls that captured passes: not a replay's time); ``graphs: N skips`` (``torch.compile``
+route: passes CUDA-graph trees ran without replay); ``graphs`` (compiled, no skip counted); or ``eager (no CUDA)``.
 
 Usage (an estimated 4-7 minutes on one H200; the graph capture time depends on ``enable_cuda_graphs``)::
 
@@ -135,12 +136,20 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
     sampled: Dict[str, Optional[str]] = {}
     interrupted = False
 
-    def guarded(row: Dict[str, Any]) -> Optional[Tuple[float, Optional[str]]]:
+    captures: Dict[str, List[int]] = {r["label"]: [0, 0] for r in rows}  # passes (captured, replayed), timed calls
+
+    def guarded(row: Dict[str, Any], timed: bool = False) -> Optional[Tuple[float, Optional[str]]]:
         """One call of ``row``; a failure marks the row failed (the others go on), and the CUDA-graph skips
-        counted during the call are added to the row's."""
+        counted during the call are added to the row's (and, for a timed call, the passes captured / replayed)."""
         before = _cudagraph_skips()
+        graphs = getattr(pipe, "pass_graphs", None)
+        counts = (graphs.captured_passes, graphs.replayed_passes) if graphs is not None else None
         try:
-            return run(row)
+            result = run(row)
+            if timed and counts is not None:
+                captures[row["label"]][0] += graphs.captured_passes - counts[0]
+                captures[row["label"]][1] += graphs.replayed_passes - counts[1]
+            return result
         except Exception as err:  # noqa: BLE001 - an OOM or a capture error must not lose the other rows
             failed[row["label"]] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
             if device.startswith("cuda"):
@@ -162,7 +171,7 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
                     continue
                 if device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
-                result = guarded(row)
+                result = guarded(row, timed=True)
                 if result is None:
                     continue
                 seconds, sampled[row["label"]] = result
@@ -182,6 +191,7 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
             continue
         records.append({**row, "min_s": min(t), "median_s": statistics.median(t), "max_s": max(t), "peak_gib": peak[row["label"]],
                         "repeats": len(t), "sampled_with": sampled.get(row["label"]), "cudagraph_skips": skips[row["label"]],
+                        "passes_captured": captures[row["label"]][0], "passes_replayed": captures[row["label"]][1],
                         **({"note": failed[row["label"]]} if row["label"] in failed else {})})
     if interrupted:
         raise BlockInterrupted(records)
@@ -227,7 +237,12 @@ def how_it_ran(block: Dict[str, Any], record: Dict[str, Any]) -> str:
     if record.get("note", "").startswith("no CUDA"):
         return "eager (no CUDA)"
     skips = record.get("cudagraph_skips") or 0
-    return "graphs" if not skips else f"graphs: {skips} skips"
+    if skips:
+        return f"graphs: {skips} skips"
+    captured, replayed = record.get("passes_captured") or 0, record.get("passes_replayed") or 0
+    if captured:  # a timed call captured passes: its time is not a replay's
+        return f"graphs: {captured} captured"
+    return f"graphs ({replayed} replays)" if replayed else "graphs"
 
 
 def add_speedups(blocks: List[Dict[str, Any]]) -> None:

@@ -129,17 +129,20 @@ def test_passes_past_the_recompile_limit_raise_instead_of_running_eagerly(pipeli
 
     config = torch._dynamo.config
     pipe, kwargs = pipelines["hart"]
-    monkeypatch.setattr(config, "cache_size_limit", 1)
-    monkeypatch.setattr(config, "fail_on_recompile_limit_hit", False)
+    saved = config.cache_size_limit, config.fail_on_recompile_limit_hit  # dynamo's config: not monkeypatch-able
     monkeypatch.setattr(pipeline_common, "_GRAPH_CACHE_LIMITS", (("cache_size_limit", 2),))
-    pipe.compile_passes(backend="eager")
     try:
-        assert config.fail_on_recompile_limit_hit is True
-        with pytest.raises(Exception, match="(?i)recompile|cache.?size|limit"):
-            _generate(pipe, kwargs)  # 14 passes of distinct shapes through one code object: 2 graphs allowed
+        config.cache_size_limit, config.fail_on_recompile_limit_hit = 1, False
+        pipe.compile_passes(backend="eager")
+        try:
+            assert config.fail_on_recompile_limit_hit is True
+            with pytest.raises(Exception, match="(?i)recompile|cache.?size|limit"):
+                _generate(pipe, kwargs)  # 14 passes of distinct shapes through one code object: 2 graphs allowed
+        finally:
+            pipe.disable_cuda_graphs()
+        assert config.fail_on_recompile_limit_hit is False and config.cache_size_limit == 1
     finally:
-        pipe.disable_cuda_graphs()
-    assert config.fail_on_recompile_limit_hit is False and config.cache_size_limit == 1
+        config.cache_size_limit, config.fail_on_recompile_limit_hit = saved
 
 
 def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines):

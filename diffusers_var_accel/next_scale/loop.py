@@ -64,7 +64,9 @@ def run_next_scale_loop(
         on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).
         should_stop: polled between passes; when it returns True the loop ends early (interrupt).
         pass_runner: runs the blocks of one pass, ``pass_runner(family, hidden_RLC, condition, context)``, instead of
-            ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`).
+            ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`,
+            or :class:`~.graphs.PassGraphs`). A runner with a ``kv_cache(key, num_layers, max_length)`` method
+            provides the call's KV cache (one per schedule, batch, rows, family and plan, reused across calls).
 
     Returns:
         The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
@@ -78,9 +80,14 @@ def run_next_scale_loop(
     scale_schedule = tuple(tuple(s) for s in scale_schedule)
     plans = scheduler.plan_scales(scale_schedule) if scheduler is not None else identity_plans(scale_schedule)
     validate_plans(plans, num_scales)
-    state = NextScaleState(scale_schedule, batch_size, layout.cache_rows,
-                           ScaleKVCache(family.num_layers, max_length=cached_positions(
-                               family.num_start_tokens(scale_schedule), scale_schedule, plans)))
+    max_length = cached_positions(family.num_start_tokens(scale_schedule), scale_schedule, plans)
+    workspace_cache = getattr(pass_runner, "kv_cache", None)
+    if workspace_cache is not None:  # a runner replaying captured passes keeps one cache per plan (fixed addresses)
+        kv_cache = workspace_cache((family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans)),
+                                   family.num_layers, max_length)
+    else:
+        kv_cache = ScaleKVCache(family.num_layers, max_length=max_length)
+    state = NextScaleState(scale_schedule, batch_size, layout.cache_rows, kv_cache)
     state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
     state.plans = tuple(plans)
     last_run = last_block_pass(plans)

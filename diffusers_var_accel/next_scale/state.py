@@ -52,6 +52,8 @@ class ScaleModelFamily:
         return hidden_RL0C
 
     def run_blocks(self, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+        """The transformer blocks of one pass. Reads the call's tensors from its arguments only (never from the
+        family's own attributes): a captured pass (:class:`~.graphs.PassGraphs`) treats the arguments as its inputs."""
         raise NotImplementedError
 
     def select_condition_rows(self, condition, rows: slice):

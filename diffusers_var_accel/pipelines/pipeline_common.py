@@ -505,37 +505,64 @@ class NextScalePipelineMixin:
 
         from ..next_scale.loop import run_family_blocks
 
-        if self._pass_runner is None:
+        if not self.__dict__.get("_graph_limits_raised", False):
+            self.disable_cuda_graphs()  # captured graphs (if any) are dropped
             _raise_graph_cache_limits()
+            self._graph_limits_raised = True
         options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
         compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
         self._pass_runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
 
-    def enable_cuda_graphs(self, strict: bool = False) -> bool:
-        """Capture every transformer pass as a CUDA graph and replay it from then on (``torch.compile`` with
-        ``mode="reduce-overhead"``, ``fullgraph=True``: one graph per size, batch, acceleration plan and pass, captured
-        on its first run). Call it after moving the pipeline to the GPU.
+    def enable_cuda_graphs(self, capture: str = "cuda", strict: bool = False, max_workspaces: int = 4) -> bool:
+        """Capture every transformer pass as a graph on its first run and replay it from then on (one graph per size,
+        batch, acceleration plan and pass). Call it after moving the pipeline to the GPU.
 
-        Nothing falls back silently: a pass that would need more graphs than dynamo's raised cache limit raises; a
-        pass that CUDA-graph trees skip (it then runs compiled but without graphs) warns once per pipeline and is
-        counted in :attr:`passes_without_graphs`, or raises with ``strict=True``.
+        ``capture="cuda"`` (the default) captures the eager pass directly as a ``torch.cuda.CUDAGraph``
+        (:class:`~diffusers_var_accel.next_scale.graphs.PassGraphs`): no compiler, so a pass is ready after one warm-up
+        run and one capture (seconds, where compiling each 32-block pass took minutes). The KV cache of each plan
+        is allocated once, outside any graph, and reused by every call of that plan; the first call's tensors that a
+        pass reads become its static inputs. ``pipe.disable_cuda_graphs()`` frees them. ``capture="compile"`` is the
+        earlier route, ``torch.compile(mode="reduce-overhead", fullgraph=True)`` per pass (inductor also fuses the
+        element-wise ops; minutes of compile per pass). ``capture="trace"`` is the CPU stand-in of ``"cuda"`` that
+        the tests run: each pass traced once into an FX graph and replayed without its Python, on any device.
+
+        Nothing falls back silently: with ``"compile"`` a pass that would need more graphs than dynamo's raised
+        cache limit raises, and a pass that CUDA-graph trees skip (it then runs compiled but without graphs) warns
+        once per pipeline and is counted in :attr:`passes_without_graphs`, or raises with ``strict=True``. Direct
+        capture either captures a pass or raises.
 
         Args:
-            strict (`bool`, defaults to `False`): raise at the first skipped graph (inductor's
+            capture (`str`, defaults to `"cuda"`): ``"cuda"``, ``"compile"`` or ``"trace"``.
+            strict (`bool`, defaults to `False`): with ``"compile"``, raise at the first skipped graph (inductor's
                 ``triton.cudagraph_or_error``, process-wide while graphs are on) instead of warning.
+            max_workspaces (`int`, defaults to 4): with ``"cuda"`` / ``"trace"``, how many plans (schedule x batch x
+                method) keep their KV cache and graphs; the least recently used is dropped.
 
         Returns:
-            `bool`: whether graphs are on. On a device other than CUDA nothing changes: a warning says so and the
-            passes stay eager (``compile_passes`` compiles them without graphs on any device).
+            `bool`: whether graphs are on. ``"cuda"`` and ``"compile"`` on a device other than CUDA change nothing: a
+            warning says so and the passes stay eager (``compile_passes`` compiles them without graphs on any
+            device; ``capture="trace"`` runs anywhere).
         """
+        from ..next_scale.graphs import PassGraphs
+
+        if capture not in ("cuda", "compile", "trace"):
+            raise ValueError(f"capture must be 'cuda', 'compile' or 'trace', got {capture!r}")
         if not isinstance(strict, bool):
             raise ValueError(f"strict must be True or False, got {strict!r}")
+        if capture == "trace":
+            self.disable_cuda_graphs()
+            self._pass_runner = PassGraphs("trace", max_workspaces)
+            return True
         device = self._pass_device()
         if device.type != "cuda":
             warnings.warn(f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
                           "on a CUDA GPU (move the pipeline with .to('cuda') first); passes stay eager", UserWarning,
                           stacklevel=2)
             return False
+        if capture == "cuda":
+            self.disable_cuda_graphs()
+            self._pass_runner = PassGraphs("cuda", max_workspaces)
+            return True
         self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
         if strict:
             import torch._inductor.config as inductor_config
@@ -559,14 +586,22 @@ class NextScalePipelineMixin:
             import torch._inductor.config as inductor_config
 
             inductor_config.triton.cudagraph_or_error = saved
-        if self._pass_runner is not None:
-            self._pass_runner = None
+        if self.__dict__.pop("_graph_limits_raised", False):
             _restore_graph_cache_limits()
+        self._pass_runner = None
 
     @property
     def passes_compiled(self) -> bool:
-        """Whether the transformer passes run compiled (``compile_passes`` / ``enable_cuda_graphs``)."""
+        """Whether the transformer passes run compiled or captured (``compile_passes`` / ``enable_cuda_graphs``)."""
         return self._pass_runner is not None
+
+    @property
+    def pass_graphs(self):
+        """The :class:`~diffusers_var_accel.next_scale.graphs.PassGraphs` replaying captured passes (its
+        ``captured_passes`` / ``replayed_passes`` say how the passes ran), or ``None``."""
+        from ..next_scale.graphs import PassGraphs
+
+        return self._pass_runner if isinstance(self._pass_runner, PassGraphs) else None
 
     def _pass_device(self) -> torch.device:
         transformer = getattr(self, "transformer", None)
