@@ -27,7 +27,8 @@ class VARForwardContext:
     Args:
         kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
         rope_cos_sin (`torch.Tensor`): ``(2, 1 or R, 1, L, d)`` cosines and sines of the RoPE angles of this pass's
-            tokens (Infinity: ``d = c/2``, shared by all rows; HART: ``d = c``, one table per row).
+            tokens (Infinity: ``d = c/2``, shared by all rows; HART: ``d = c``, one table per row); ``None`` in the
+            context of a routed cross-attention or FFN sublayer, where no self-attention runs.
         token_scale_ids (`torch.Tensor`, *optional*): ``(L,)`` scale index of every token when several scales are
             decoded in one pass; self-attention then applies the block-causal mask (a token sees the cache, and the
             tokens of its own and earlier scales). ``None`` for a single scale (all keys visible).
@@ -56,7 +57,7 @@ class VARForwardContext:
     """
 
     kv_cache: Optional[ScaleKVCache]
-    rope_cos_sin: torch.Tensor
+    rope_cos_sin: Optional[torch.Tensor]
     token_scale_ids: Optional[torch.Tensor] = None
     routes: Optional[PassRoutes] = None
     record_attention_layers: Set[int] = field(default_factory=set)
@@ -70,11 +71,17 @@ class VARForwardContext:
     call_cache: Optional[Dict[Hashable, Any]] = None
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None) -> "VARForwardContext":
+    def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None,
+                   self_attention: bool = True) -> "VARForwardContext":
         """The context of the tokens ``index`` selects among this context's tokens: their RoPE table, scale ids and
         pass positions (and, when the caller knows them, ``scale_lengths``); the KV cache, recorded maps, records and
-        call cache are shared."""
+        call cache are shared. ``self_attention=False`` (a cross-attention or FFN sublayer's tokens): no
+        self-attention runs in it, so the RoPE table and scale ids are not gathered (``rope_cos_sin`` is ``None``):
+        two index kernels less per routed sublayer."""
         positions = index_RK if self.positions is None else torch.gather(self.positions, 1, index_RK)
+        if not self_attention:
+            return replace(self, rope_cos_sin=None, token_scale_ids=None, positions=positions,
+                           scale_lengths=scale_lengths, pass_cache={})
         return replace(self, rope_cos_sin=gather_rope(self.rope_cos_sin, index_RK),
                        token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions,
                        scale_lengths=scale_lengths, pass_cache={})

@@ -122,12 +122,14 @@ def _select(route: TokenRoute, x_RLC: torch.Tensor) -> torch.Tensor:
     return route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
 
 
-def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute) -> VARForwardContext:
+def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute,
+                    self_attention: bool = True) -> VARForwardContext:
     """The context of gathered tokens; their sublayers run dense (routes act at the level they were declared).
 
     A route that keeps a fixed number of tokens per scale (``route.scale_counts``) says so, and a grouped pass then
-    attends scale by scale without a mask and without reading the index."""
-    return replace(context.for_tokens(index_RK, route.scale_counts), routes=None)
+    attends scale by scale without a mask and without reading the index. A cross-attention or FFN sublayer's tokens
+    (``self_attention=False``) get no RoPE table or scale ids."""
+    return replace(context.for_tokens(index_RK, route.scale_counts, self_attention), routes=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -219,7 +221,7 @@ def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: Sublay
             update_RLC = _update_canvas(route.fill, x_RLC, context)
         else:
             x_RKC = gather_tokens(x_RLC, index_RK)
-            computed = compute(x_RKC, _tokens_context(context, index_RK, route))
+            computed = compute(x_RKC, _tokens_context(context, index_RK, route, self_attention=kind == "self_attn"))
             if isinstance(computed, GatedUpdate) and isinstance(route.fill, PassThrough) and not recorded:
                 # the other tokens' update is zero: the kept tokens take x + value * gate exactly as on the dense path
                 return scatter_tokens(x_RLC, index_RK, torch.addcmul(x_RKC, computed.value, computed.gate))
