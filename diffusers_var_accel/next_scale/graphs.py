@@ -158,6 +158,17 @@ def _restore_effects(effects: _Effects, context) -> None:
     context.kv_cache._attended = list(effects.cache_attended)
 
 
+def _uncached_autocast():
+    """The CUDA autocast in force, without its weight-cast cache: a cast cached outside the capture would be freed
+    when the caller's autocast region ends, under a graph that still reads it (PyTorch's rule for graph capture)."""
+    import contextlib
+
+    if not torch.is_autocast_enabled("cuda"):
+        return contextlib.nullcontext()
+    torch.clear_autocast_cache()
+    return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+
+
 @dataclasses.dataclass
 class _PassGraph:
     signature: Tuple[Hashable, ...]
@@ -266,7 +277,7 @@ class PassGraphs:
         if self.mode == "cuda":
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), _uncached_autocast():
                 body(warm)
             torch.cuda.current_stream().wait_stream(stream)
         else:
@@ -277,7 +288,7 @@ class PassGraphs:
         if workspace.pool is None:
             workspace.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=workspace.pool):
+        with _uncached_autocast(), torch.cuda.graph(graph, pool=workspace.pool):
             output = body()
         graph.replay()  # the capture recorded the kernels without running them
         return _PassGraph(signature, list(inputs), output, _collect_effects(context, before), torch.no_grad()(graph.replay))
