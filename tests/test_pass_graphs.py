@@ -137,3 +137,21 @@ def test_every_registered_method_is_replayed_here():
     from diffusers_var_accel.schedulers.registry import method_names
 
     assert {m for m, _ in CASES} == set(method_names()) >= {"fastvar", "lazyvar", "depthvar", "arvar"}
+
+
+def test_moved_weights_are_captured_again(pipes):
+    """Graphs read the weights by address: after the weights move (offloading, ``.to()``), every pass is captured
+    again instead of replaying on freed memory, and the images still equal eager."""
+    pipe, family = pipes("hart"), "hart"
+    eager = images(pipe, family, None)
+    pipe.enable_cuda_graphs(capture="trace")
+    try:
+        graphs = pipe.pass_graphs
+        images(pipe, family, None)
+        captured = graphs.captured_passes
+        pipe.transformer.to(torch.float64).to(torch.float32)  # the same values in new storage
+        assert torch.equal(images(pipe, family, None), eager)
+        assert graphs.captured_passes == 2 * captured
+        assert torch.equal(images(pipe, family, None), eager) and graphs.captured_passes == 2 * captured
+    finally:
+        pipe.disable_cuda_graphs()

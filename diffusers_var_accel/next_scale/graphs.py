@@ -14,7 +14,8 @@ schedule, batch, CFG rows, model family and plan) it keeps
   left them.
 
 A pass whose inputs differ in structure from the captured one (another shape, another route layout) is captured
-again. Capture modes:
+again, and so is every pass once the transformer's weights have moved (CPU offload, ``.to()``): graphs read weights by
+address. Capture modes:
 
 * ``"cuda"``: ``torch.cuda.CUDAGraph`` (warm-up on a side stream, capture into the workspace's memory pool, replay).
 * ``"trace"``: the CPU stand-in used by the tests: the pass traced once into an FX graph of ATen ops
@@ -216,6 +217,7 @@ class PassGraphs:
         self.captured_passes = self.replayed_passes = 0
         self._current: Optional[_Workspace] = None
         self._pass_index = 0
+        self._weights: Tuple[int, ...] = ()
 
     # -- the loop's hooks ---------------------------------------------------------------------------------------------
     def kv_cache(self, key: Hashable, num_layers: int, max_length: int) -> ScaleKVCache:
@@ -244,7 +246,10 @@ class PassGraphs:
         # (the ScaleModelFamily contract); its transformer's weights are the graph's constants
         walk.add((type(family).__qualname__, hidden_RLC, condition, context))
         cache = context.kv_cache
-        signature = (tuple(walk.signature), cache.stores, tuple(cache._lengths))
+        if index == 0:  # where the weights live, once per call: a graph reads them by address (offloading moves them)
+            transformer = getattr(family, "transformer", None)
+            self._weights = () if transformer is None else tuple(p.data_ptr() for p in transformer.parameters())
+        signature = (tuple(walk.signature), cache.stores, tuple(cache._lengths), self._weights)
         graph = workspace.graphs.get(index)
         if graph is not None and graph.signature == signature:
             for static, new in zip(graph.inputs, walk.tensors):
