@@ -238,6 +238,17 @@ def bench_run(embedded_pipe, tmp_path_factory):
     return results, out / "run", prompts
 
 
+def embedded_kv_bytes(results):
+    """The baseline's cache, from the shapes: 2 CFG rows, every scale but the last, K and V, every layer, fp32."""
+    from diffusers_var_accel import InfinityPipeline
+
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    schedule = pipe.scale_schedule_for(64, 64)[0]
+    positions = sum(h * w for _, h, w in schedule[:-1])
+    config = pipe.transformer.config
+    return 2 * len(pipe.transformer.blocks) * 2 * positions * config.embed_dim * 4
+
+
 def test_bench_writes_the_json_table_plots_and_geneval_layout(bench_run):
     results, out, prompts = bench_run
     saved = _strict_json(out / "results.json")
@@ -258,6 +269,11 @@ def test_bench_writes_the_json_table_plots_and_geneval_layout(bench_run):
     assert run["geneval_layout"] and run["num_items"] == 4 and run["seeds"] == [0, 1] and run["num_processes"] == 1
     assert run["model"] == "embedded" and all(run["sampling"][k] == v for k, v in EMBEDDED_SAMPLING.items())  # its settings
     assert (run["height"], run["width"]) == (64, 64)
+    # the KV cache of one call, counted from the plan: the embedded model runs with CFG (guidance 2), LazyVAR's
+    # group keeps fewer positions than the baseline
+    kv = {m: results["methods"][m]["kv_cache_bytes"] for m in ("baseline", "lazyvar")}
+    assert kv["baseline"] == embedded_kv_bytes(results) and 0 < kv["lazyvar"] < kv["baseline"]
+    assert "KV cache MB" in table
 
 
 def test_bench_fidelity_matches_the_saved_images(bench_run):

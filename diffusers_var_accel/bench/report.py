@@ -22,7 +22,7 @@ def format_table(results: Dict[str, Any]) -> str:
     mem_head = {"cuda_max_memory_allocated": "peak GPU GiB", "peak_rss": "peak RSS GiB"}.get(memory_kind, "peak memory")
     has_scorer = any(r["scorer"]["accuracy"] is not None for r in results["methods"].values())
     head = ["method", "s / image (median)", "min – max s", "speed-up", "transformer GFLOPs", "VAE GFLOPs", "FLOPs ratio",
-            mem_head, "PSNR dB", "SSIM", "LPIPS", "FID*"] + (["scorer acc."] if has_scorer else [])
+            mem_head, "KV cache MB", "PSNR dB", "SSIM", "LPIPS", "FID*"] + (["scorer acc."] if has_scorer else [])
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for name, r in results["methods"].items():
         t, f, fid = r["seconds_per_image"], r["flops"], r["fidelity"]
@@ -35,6 +35,7 @@ def format_table(results: Dict[str, Any]) -> str:
             _fmt(f["vae_gflops"], ".3f"),
             _fmt(f["ratio"], ".2f") + ("x" if f["ratio"] is not None else ""),
             _fmt(r["peak_memory"]["peak_gib"], ".3f"),
+            _fmt(None if r.get("kv_cache_bytes") is None else r["kv_cache_bytes"] / 1e6, ".2f"),
             _fmt(fid["psnr_mean"], ".2f"),
             _fmt(fid["ssim_mean"], ".4f"),
             _fmt(fid["lpips_mean"], ".4f"),

@@ -556,6 +556,9 @@ def run_bench(
     summaries.sort(key=lambda s: s["process"])
 
     # 8. Aggregate
+    guidance = {k: call_kwargs[k] for k in ("guidance_scale", "cfg_list") if k in call_kwargs}
+    kv_cache_bytes = {m: pipe.kv_cache_bytes(schedulers[m], height=call_kwargs.get("height"), width=call_kwargs.get("width"),
+                                             batch_size=batch_size, cfg=pipe.guided_call(**guidance)) for m in method_list}
     results = _aggregate(all_records, summaries, method_list, folders, per_scale, flops, extractor is not None,
                          lpips_distance is not None, skipped, meter.kind)
     results["run"] = {
@@ -569,6 +572,8 @@ def run_bench(
         "peak_memory_kind": meter.kind, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
     results["run"]["height"], results["run"]["width"] = summaries[0]["image_size"]
+    for m in method_list:  # counted from the plan (pipe.kv_cache_bytes), for one call of the benchmark's batch
+        results["methods"][m]["kv_cache_bytes"] = kv_cache_bytes[m]
     results["run"]["scale_schedule"] = per_scale[_BASELINE]["scale_shapes"] if per_scale[_BASELINE] else None
     results["items"] = [{k: v for k, v in rec.items() if k != "features"} for rec in all_records]
 

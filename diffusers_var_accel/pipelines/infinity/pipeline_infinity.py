@@ -367,6 +367,12 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         schedule, template = schedule_for_size(height, width)
         return schedule, rope_grid_hw(template)
 
+    @staticmethod
+    def guided_call(guidance_scale: float = 4.0, cfg_list: Optional[Sequence[float]] = None) -> bool:
+        """Whether a call with these guidance arguments runs the unconditional CFG rows (a scale not 1)."""
+        scales = cfg_list if cfg_list is not None else [guidance_scale]
+        return any(float(g) != 1 for g in scales)
+
     def _kv_cache_layout(self, height: Optional[int], width: Optional[int]):
         """The schedule of a call of ``height x width`` and its start tokens (one per scale-0 token), for
         :meth:`kv_cache_bytes`."""
