@@ -428,3 +428,23 @@ def test_kv_cache_bytes_is_what_the_call_allocates(pipes, family, method, monkey
     assert pipe.kv_cache_bytes(scheduler, batch_size=3, cfg=False, **size) == 3 * counted // 2
     with pytest.raises(ValueError, match="batch_size"):
         pipe.kv_cache_bytes(scheduler, batch_size=0, **size)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_key_mean_in_query_blocks_equals_the_full_map(masked):
+    """ARVAR's saliency (the attention each key receives, mean over heads and queries) reduced block by block of
+    queries equals the full map's mean within fp32 rounding, as does the output; one block is the full computation
+    bit for bit."""
+    from diffusers_var_accel.models.attention_processor import _explicit_attention, attention_with_key_mean
+
+    g = torch.Generator().manual_seed(0)
+    R, H, L, S, c = 2, 3, 37, 50, 8
+    q, k, v = (torch.randn(R, H, n, c, generator=g) for n in (L, S, S))
+    mask = (torch.rand(L, S, generator=g) > 0.3) | torch.eye(L, S, dtype=torch.bool) if masked else None
+    out_full, probs = _explicit_attention(q, k, v, 0.5, mask)
+    out, key_mean = attention_with_key_mean(q, k, v, 0.5, mask)
+    assert torch.equal(out, out_full) and torch.equal(key_mean, probs.float().mean(dim=(1, 2)))
+    for max_elements in (R * H * S * 5, R * H * S, 1):  # 8 blocks, one query per block (twice: below the minimum)
+        out_b, key_mean_b = attention_with_key_mean(q, k, v, 0.5, mask, max_elements=max_elements)
+        torch.testing.assert_close(out_b, out_full, atol=1e-6, rtol=0)
+        torch.testing.assert_close(key_mean_b, key_mean, atol=1e-7, rtol=0)

@@ -174,6 +174,38 @@ def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[
     return torch.matmul(probs, v_RHSc), probs
 
 
+#: The most probabilities ``R x H x queries x S`` one block of :func:`attention_with_key_mean` holds (16 Mi elements:
+#: 64 MiB in fp32; the scores and probabilities of a block take a few times that); a larger map goes block by block.
+KEY_MEAN_BLOCK_ELEMENTS = 1 << 24
+
+
+def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor],
+                            max_elements: int = KEY_MEAN_BLOCK_ELEMENTS):
+    """Softmax attention and the attention each key receives, averaged over heads and queries ``(R, S)`` (fp32).
+
+    When the ``(R, H, L, S)`` probabilities fit in ``max_elements`` this is :func:`_explicit_attention` and one mean
+    (the same kernels and bits as before); beyond, the queries are taken in blocks whose probabilities fit, each
+    block's column sums are accumulated in fp32 and divided once by ``H L``: the full map never exists (ARVAR's
+    saliency at Infinity-2B's 40² scale: 840 MB of fp32 probabilities per recorded layer in one piece). Softmax is
+    per query, so every probability is the same; the sums and the output GEMM of a block round within fp32 of the
+    single call."""
+    R, H, L, _ = q_RHLc.shape
+    S = k_RHSc.shape[-2]
+    rows = max(1, max_elements // max(1, R * H * S))
+    if rows >= L:
+        out, probs = _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale, mask_LS)
+        return out, probs.float().mean(dim=(1, 2))
+    outs, total = [], None
+    for start in range(0, L, rows):
+        end = min(start + rows, L)
+        mask = None if mask_LS is None else mask_LS[..., start:end, :]
+        out, probs = _explicit_attention(q_RHLc[:, :, start:end], k_RHSc, v_RHSc, scale, mask)
+        outs.append(out)
+        part = probs.float().sum(dim=(1, 2))
+        total = part if total is None else total + part
+    return torch.cat(outs, dim=2), total / (H * L)
+
+
 class VARAttnProcessor:
     """Dense attention of Infinity's self- and cross-attention modules.
 
@@ -369,13 +401,16 @@ class VARAttnProcessor:
             else:
                 k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
             k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
-        if record:
+        if record and context.attention_map == "full":
             out, probs = _explicit_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
                                              attn.softmax_scale, mask)
-            # reduce at once unless the full map is asked for: 32 layers of full maps at 1M pixels take gigabytes
-            context.attention_maps[attn.layer_idx] = (
-                probs if context.attention_map == "full" else probs.float().mean(dim=(1, 2))
-            )
+            context.attention_maps[attn.layer_idx] = probs
+            out = out.transpose(1, 2)
+        elif record:
+            # reduced as it is computed: 32 layers of full maps at 1M pixels take gigabytes, and one map hundreds of MB
+            out, key_mean = attention_with_key_mean(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                                    attn.softmax_scale, mask)
+            context.attention_maps[attn.layer_idx] = key_mean
             out = out.transpose(1, 2)
         elif per_scale and lengths is not None:
             out = self._attend_scale_prefixes(q, k_all, v_all, cache_length, lengths, attn.softmax_scale,
