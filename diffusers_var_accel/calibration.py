@@ -292,6 +292,20 @@ def _check_budget(name: str, value: Optional[float]) -> Optional[float]:
     return float(value)
 
 
+def model_name(pipe) -> str:
+    """The name a calibration record gives the model: a packaged model's own name (``"embedded"``, not the folder it
+    was installed to on this machine), else what the pipeline was loaded from (a folder as given, a Hub id)."""
+    from .pipelines.preset_models import packaged_model_presets
+
+    name = str(getattr(pipe, "name_or_path", "") or "")
+    if name:
+        try:
+            return packaged_model_presets().get(Path(name).resolve(), name)
+        except OSError:
+            pass
+    return name
+
+
 def calibrate(
     pipe,
     method: str,
@@ -424,7 +438,7 @@ def calibrate(
 
     chosen = choose(tried, target_flops_ratio, target_speedup, select)
     result: Dict[str, Any] = dict(
-        method=method, members=names, model=str(getattr(pipe, "name_or_path", "")), model_family=family,
+        method=method, members=names, model=model_name(pipe), model_family=family,
         preset_model=getattr(pipe, "preset_model", None), num_layers=layers,
         budget=dict(target_flops_ratio=target_flops_ratio, target_speedup=target_speedup), select=select,
         prompts=prompts, seeds=seeds, sampling=sampling, baseline=dict(flops=baseline_flops,

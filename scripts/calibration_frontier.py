@@ -25,6 +25,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def portable_source(folder) -> str:
+    """A calibration folder as the record names it: relative to the working directory when inside it, else its last
+    two path components (the machine's own prefix means nothing on another machine)."""
+    path = Path(folder).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(Path(*path.parts[-2:]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("calibrations", nargs="*", help="folders written by var-accel calibrate (calibration.json)")
@@ -61,7 +71,7 @@ def main(argv=None) -> int:
                                            method=record["method"], settings=t["settings"], budgets=[],
                                            calibration=dict(flops_ratio=t["flops_ratio"], ssim=t["ssim_mean"],
                                                             psnr=t["psnr_mean"], accuracy=t.get("accuracy")),
-                                           source=str(folder))
+                                           source=portable_source(folder))
             continue
         for budget in budgets:
             chosen = choose(record["tried"], budget, None, record.get("select", "ssim"))
@@ -79,7 +89,7 @@ def main(argv=None) -> int:
                                    calibration=dict(flops_ratio=chosen["flops_ratio"], ssim=chosen["ssim_mean"],
                                                     psnr=chosen["psnr_mean"], accuracy=chosen.get("accuracy"),
                                                     prompts=len(record["prompts"]), seeds=record["seeds"]),
-                                   source=str(folder))
+                                   source=portable_source(folder))
     for spec in args.extra:
         settings[spec] = dict(scheduler=load_acceleration(spec, "infinity"), source=spec)
 

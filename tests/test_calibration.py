@@ -97,6 +97,7 @@ def test_the_files_are_written_and_load(pipe, result, tmp_path):
     assert (tmp_path / FRONTIER_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads((tmp_path / CALIBRATION_FILE).read_text())
     assert record["method"] == "lazyvar" and record["budget"] == {"target_flops_ratio": 1.5, "target_speedup": None}
+    assert record["model"] == "embedded"  # the packaged model by its name, not this machine's install folder
     assert record["chosen"]["settings"] == result["chosen"]["settings"]
     assert {"flops_ratio", "psnr_mean", "ssim_mean", "accuracy", "speedup"} <= set(record["chosen"])
     assert len(record["tried"]) == len(TINY_GRID) and all("flops_ratio" in t and "ssim_mean" in t for t in record["tried"])
@@ -258,7 +259,7 @@ def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
 
     folder = PRESETS_DIR / "embedded" / method
     record = json.loads((folder / CALIBRATION_FILE).read_text())
-    assert record["method"] == method and record["model_family"] == "infinity"
+    assert record["method"] == method and record["model_family"] == "infinity" and record["model"] == "embedded"
     chosen = record["chosen"]
     assert chosen["flops_ratio"] >= record["budget"]["target_flops_ratio"]
     again = choose(record["tried"], record["budget"]["target_flops_ratio"], record["budget"]["target_speedup"], record["select"])
