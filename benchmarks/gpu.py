@@ -54,6 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 from benchmarks.latency import build_pipeline, pipeline_inputs
+from diffusers_var_accel.pipelines.pipeline_common import cudagraph_skips
 from diffusers_var_accel.schedulers.registry import default_method_specs
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 
@@ -141,7 +142,7 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
     def guarded(row: Dict[str, Any], timed: bool = False) -> Optional[Tuple[float, Optional[str]]]:
         """One call of ``row``; a failure marks the row failed (the others go on), and the CUDA-graph skips
         counted during the call are added to the row's (and, for a timed call, the passes captured / replayed)."""
-        before = _cudagraph_skips()
+        before = cudagraph_skips()
         graphs = getattr(pipe, "pass_graphs", None)
         counts = (graphs.captured_passes, graphs.replayed_passes) if graphs is not None else None
         try:
@@ -156,7 +157,7 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
                 torch.cuda.empty_cache()
             return None
         finally:
-            skips[row["label"]] += _cudagraph_skips() - before
+            skips[row["label"]] += cudagraph_skips() - before
 
     try:
         for row in rows:
@@ -204,15 +205,6 @@ class BlockInterrupted(KeyboardInterrupt):
     def __init__(self, records: List[Dict[str, Any]]):
         super().__init__("interrupted")
         self.records = records
-
-
-def _cudagraph_skips() -> int:
-    """CUDA-graph skips counted by torch.compile's cudagraph trees so far (each: a graph that ran without replay)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # pragma: no cover - very old torch
-        return 0
-    return int(counters["inductor"].get("cudagraph_skips", 0))
 
 
 #: Graph rows start with these (after the baseline): capture is costly and the time may run out.

@@ -448,3 +448,14 @@ def test_attention_key_mean_in_query_blocks_equals_the_full_map(masked):
         out_b, key_mean_b = attention_with_key_mean(q, k, v, 0.5, mask, max_elements=max_elements)
         torch.testing.assert_close(out_b, out_full, atol=1e-6, rtol=0)
         torch.testing.assert_close(key_mean_b, key_mean, atol=1e-7, rtol=0)
+
+
+def test_guided_call_follows_each_familys_no_guidance_value(pipes):
+    """Infinity runs no CFG rows at guidance 1 (every scale), HART at weight 0; the default call runs them."""
+    infinity, hart = pipes("infinity"), pipes("hart")
+    assert infinity.guided_call() and not infinity.guided_call(1.0) and infinity.guided_call(1.0, cfg_list=[1.0, 2.0])
+    assert not infinity.guided_call(3.0, cfg_list=[1.0, 1.0])
+    assert hart.guided_call() and not hart.guided_call(0.0) and hart.guided_call(1.0)
+    assert infinity.call_default("guidance_scale") == 4.0 and hart.call_default("guidance_scale") == 4.5
+    with pytest.raises(ValueError, match="no argument 'guidance'"):
+        hart.call_default("guidance")

@@ -8,10 +8,9 @@ removed when it is unregistered.
 from __future__ import annotations
 
 import inspect
+from typing import Any, Callable, Optional, Type, Union
 
 import torch
-
-from typing import Any, Callable, Optional, Type, Union
 
 from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
 from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration, own_preset_name, preset_scheduler

@@ -590,6 +590,15 @@ class NextScalePipelineMixin:
             _restore_graph_cache_limits()
         self._pass_runner = None
 
+    def call_default(self, argument: str) -> Any:
+        """The default value of the pipeline call's ``argument`` (read from ``__call__``'s signature)."""
+        import inspect
+
+        parameter = inspect.signature(type(self).__call__).parameters.get(argument)
+        if parameter is None or parameter.default is inspect.Parameter.empty:
+            raise ValueError(f"{type(self).__name__}.__call__ has no argument {argument!r} with a default")
+        return parameter.default
+
     @property
     def passes_compiled(self) -> bool:
         """Whether the transformer passes run compiled or captured (``compile_passes`` / ``enable_cuda_graphs``)."""

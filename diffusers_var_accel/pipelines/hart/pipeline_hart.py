@@ -305,9 +305,11 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """The one image side this model generates."""
         return self.transformer.config.patch_nums[-1] * self.vae_scale_factor
 
-    @staticmethod
-    def guided_call(guidance_scale: float = 4.5) -> bool:
-        """Whether a call with this guidance weight runs the unconditional CFG rows (HART's weight ``t``: 0 = none)."""
+    def guided_call(self, guidance_scale: Optional[float] = None) -> bool:
+        """Whether a call with this guidance weight (`None`: the call's default) runs the unconditional CFG rows
+        (HART's weight ``t``: 0 = none)."""
+        if guidance_scale is None:
+            guidance_scale = self.call_default("guidance_scale")
         return float(guidance_scale) != 0
 
     def _kv_cache_layout(self, height: Optional[int], width: Optional[int]):

@@ -367,9 +367,11 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         schedule, template = schedule_for_size(height, width)
         return schedule, rope_grid_hw(template)
 
-    @staticmethod
-    def guided_call(guidance_scale: float = 4.0, cfg_list: Optional[Sequence[float]] = None) -> bool:
-        """Whether a call with these guidance arguments runs the unconditional CFG rows (a scale not 1)."""
+    def guided_call(self, guidance_scale: Optional[float] = None, cfg_list: Optional[Sequence[float]] = None) -> bool:
+        """Whether a call with these guidance arguments (`None`: the call's default) runs the unconditional CFG rows
+        (a scale not 1)."""
+        if guidance_scale is None:
+            guidance_scale = self.call_default("guidance_scale")
         scales = cfg_list if cfg_list is not None else [guidance_scale]
         return any(float(g) != 1 for g in scales)
 
