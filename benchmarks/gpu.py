@@ -188,7 +188,7 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
             why = failed.get(row["label"]) or ("time budget spent" if row in skipped else
                                                "interrupted" if interrupted else "no timed round")
             records.append({**row, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
-                            "skipped": why, "ran": None})
+                            "skipped": why})
             continue
         records.append({**row, "min_s": min(t), "median_s": statistics.median(t), "max_s": max(t), "peak_gib": peak[row["label"]],
                         "repeats": len(t), "sampled_with": sampled.get(row["label"]), "cudagraph_skips": skips[row["label"]],
