@@ -95,3 +95,24 @@ def test_layer_routed_as_block_and_sublayer_is_refused(pipe):
                                     (0, "ffn"): TokenRoute(index=_kept(state, n))})
     with pytest.raises(ValueError, match="layer 0 has a block route and sublayer routes"):
         _latents(pipe, both)
+
+
+def test_a_routed_block_on_a_half_precision_stream_promotes_as_the_dense_path():
+    """Under bf16 weights the stream enters block 0 in bf16 and leaves it in fp32 (the fp32 residual updates). A
+    routed block scatters its tokens into a canvas of that promoted dtype, so routing every token of every block
+    (a route per block, not a span) is bit for bit the dense pass; a canvas in the input's dtype rounded the
+    computed tokens to bf16 at every layer."""
+    from diffusers_var_accel.bench.launches import LaunchConfig, build_launch_pipeline
+
+    bf16 = build_launch_pipeline("infinity-2b", LaunchConfig(depth=3, size=256), torch.bfloat16)
+    bf16.set_progress_bar_config(disable=True)
+    depth = bf16.transformer.config.depth
+    every = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=torch.arange(n).expand(state.batch_size, -1).clone())
+                                     for l in range(depth)})
+    embeds = torch.randn(1, 8, bf16.transformer.config.text_channels, generator=torch.Generator().manual_seed(2))
+
+    def run(scheduler):
+        return bf16(prompt_embeds=embeds, height=256, width=256, generator=torch.Generator().manual_seed(0),
+                    acceleration=scheduler, output_type="latent").images
+
+    assert torch.equal(run(every), run(None))

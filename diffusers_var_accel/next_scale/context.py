@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from dataclasses import replace
-from typing import Any, Callable, Dict, Hashable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Hashable, Optional, Set, Tuple
 
 import torch
 
@@ -130,6 +130,24 @@ class PassRecords:
     block_outputs: Dict[int, torch.Tensor] = field(default_factory=dict)
     block_deltas: Dict[int, torch.Tensor] = field(default_factory=dict)
     sublayer_updates: Dict[Tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    #: ``(n, R, L, C)``: the recorded block deltas, in layer order, written into one buffer (``block_deltas`` holds
+    #: its slices) when every one has the first one's shape and dtype; ``None`` otherwise. A reader may reduce over
+    #: all layers in a few kernels instead of a few per layer.
+    block_delta_stack: Optional[torch.Tensor] = None
+
+    def record_block_delta(self, layers: FrozenSet[int], layer: int, out_RLC: torch.Tensor, x_RLC: torch.Tensor) -> None:
+        """Keep ``out - x`` of ``layer``, one of the recorded ``layers``: into :attr:`block_delta_stack` (allocated
+        at the first recorded layer for all of them; the same values as ``out - x``, one kernel)."""
+        order = sorted(layers)
+        dtype = torch.promote_types(out_RLC.dtype, x_RLC.dtype)
+        if self.block_delta_stack is None and not self.block_deltas:
+            self.block_delta_stack = out_RLC.new_empty((len(order), *out_RLC.shape), dtype=dtype)
+        stack = self.block_delta_stack
+        if stack is not None and stack.shape[1:] == out_RLC.shape and stack.dtype == dtype:
+            self.block_deltas[layer] = torch.sub(out_RLC, x_RLC, out=stack[order.index(layer)])
+        else:  # another shape or dtype: no stack for this pass
+            self.block_delta_stack = None
+            self.block_deltas[layer] = out_RLC - x_RLC
 
 
 def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:

@@ -97,23 +97,27 @@ def _earlier_scale(fill: EarlierScale, rows: int, context: VARForwardContext, dt
     return _at_positions(interpolate_tokens(source, fill.source_hw, context.scale_hws[0], fill.mode, fill.in_float32), context)
 
 
-def _block_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
-    """A block's output at the positions its route does not compute."""
+def _block_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: torch.dtype) -> torch.Tensor:
+    """A block's output at the positions its route does not compute, in ``dtype`` (the dtype the block's output
+    stream has: a half-precision input promotes to the fp32 stream of the dense path, as the block's own residual
+    additions do, so the computed tokens are never rounded to the input's dtype)."""
     if isinstance(fill, PassThrough):
-        return x_RLC
+        return x_RLC.to(dtype)
     if isinstance(fill, EarlierScale):
-        return _earlier_scale(fill, x_RLC.shape[0], context, x_RLC.dtype)
+        return _earlier_scale(fill, x_RLC.shape[0], context, dtype)
     if isinstance(fill, LayerProxy):
-        return x_RLC + _at_positions(_layer_proxy(fill, x_RLC.shape[0], x_RLC.dtype), context)
+        return x_RLC + _at_positions(_layer_proxy(fill, x_RLC.shape[0], dtype), context)
     raise TypeError(f"unknown fill {fill!r} of a block route")
 
 
-def _update_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
-    """A sublayer's update at the positions its route does not compute."""
+def _update_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A sublayer's update at the positions its route does not compute (a zero update in ``dtype``, default
+    ``x``'s)."""
     if isinstance(fill, PassThrough):
-        return torch.zeros_like(x_RLC)
+        return torch.zeros_like(x_RLC, dtype=dtype)
     if isinstance(fill, EarlierScale):
-        return _earlier_scale(fill, x_RLC.shape[0], context, None)
+        return _earlier_scale(fill, x_RLC.shape[0], context,
+                              None if dtype is None else torch.promote_types(fill.source.dtype, dtype))
     raise TypeError(f"a sublayer route fills with PassThrough or EarlierScale, got {fill!r}")
 
 
@@ -139,11 +143,11 @@ def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardCont
     if route is None:
         return block(x_RLC, condition, context)
     index_RK = _select(route, x_RLC)
-    canvas = _block_canvas(route.fill, x_RLC, context)
     if index_RK.shape[1] == 0:  # nothing computed: every position takes the fill
-        return canvas
+        return _block_canvas(route.fill, x_RLC, context, x_RLC.dtype)
     x_RKC = gather_tokens(x_RLC, index_RK)
     out_RKC = _routed_block(block, x_RKC, condition, _tokens_context(context, index_RK, route), route.inner)
+    canvas = _block_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, out_RKC.dtype))
     return scatter_tokens(canvas, index_RK, out_RKC)
 
 
@@ -180,7 +184,7 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
         if layer in record.block_outputs:
             context.records.block_outputs[layer] = out_RLC
         if layer in record.block_deltas:
-            context.records.block_deltas[layer] = out_RLC - x_RLC
+            context.records.record_block_delta(record.block_deltas, layer, out_RLC, x_RLC)
         x_RLC = out_RLC
         layer += 1
     return x_RLC
@@ -224,8 +228,13 @@ def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: Sublay
             computed = compute(x_RKC, _tokens_context(context, index_RK, route, self_attention=kind == "self_attn"))
             if isinstance(computed, GatedUpdate) and isinstance(route.fill, PassThrough) and not recorded:
                 # the other tokens' update is zero: the kept tokens take x + value * gate exactly as on the dense path
-                return scatter_tokens(x_RLC, index_RK, torch.addcmul(x_RKC, computed.value, computed.gate))
-            update_RLC = scatter_tokens(_update_canvas(route.fill, x_RLC, context), index_RK, resolve_update(computed))
+                # (in the dtype the dense path's stream has after this sublayer: a half-precision input promotes)
+                out_RKC = torch.addcmul(x_RKC, computed.value, computed.gate)
+                return scatter_tokens(x_RLC.to(out_RKC.dtype), index_RK, out_RKC)
+            computed_RKC = resolve_update(computed)
+            # the update in the dtype the dense path adds (an fp32 update is not rounded to a bf16 stream's dtype)
+            canvas = _update_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, computed_RKC.dtype))
+            update_RLC = scatter_tokens(canvas, index_RK, computed_RKC)
     if recorded:
         context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
     return x_RLC + update_RLC
