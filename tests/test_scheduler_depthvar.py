@@ -173,6 +173,45 @@ def test_plan_maps_ranks_to_positions_and_rotation_moves_the_deep_positions():
     assert (deep_rotated & ~deep_plain).sum() >= N // 5  # positions shallow at one scale run deep at the next
 
 
+def test_one_sort_for_every_layer_equals_a_sort_per_layer_and_rows_are_laid_out_once():
+    """plan_depth sorts every layer's tokens in one call (keys ``l N + token``): the same tokens as sorting each layer
+    on its own; ``index_rows`` lays a per-image plan out for the CFG rows once: each layer's rows are its image's
+    tokens (conditional rows first), every layer's tensor contiguous."""
+    from diffusers_var_accel.schedulers.scheduling_depthvar import rank_depth_plan
+
+    N, L, budget = 24 * 24, 8, 0.3
+    ranking = torch.rand(3, N, generator=gen(4))
+    plan = plan_depth(ranking, (24, 24), L, budget, 0.25, 1, True)
+    order = ranking.argsort(dim=1, stable=True)
+    ranks = rank_depth_plan(N, L, budget, 0.25, 1, True)
+    for l in range(L):
+        assert torch.equal(plan.layer_index[l], order[:, ranks.ranks[l]].sort(dim=1).values)
+    rows = plan.index_rows(6)
+    for l in range(L):
+        assert rows[l].is_contiguous() and torch.equal(rows[l], plan.layer_index[l].repeat(2, 1))
+    assert all(torch.equal(plan.index_rows(3)[l], plan.layer_index[l]) for l in range(L))
+    with pytest.raises(ValueError, match="cannot lay out 3 images"):
+        plan.index_rows(4)
+
+
+def test_the_summed_change_of_stacked_deltas_is_that_of_the_layers():
+    """Eq. (1) over stacked deltas (a few kernels per 8 layers) gives the bits of the per-layer form (a mean per
+    layer, one sum over the layers), for any number of layers (chunks of 8 and a remainder) and dtype; and the value
+    of the layer-by-layer sum, within fp32 rounding."""
+    from diffusers_var_accel.schedulers.scheduling_depthvar import summed_change
+
+    for n in (1, 5, 8, 19, 32):
+        for dtype in (torch.float32, torch.bfloat16):
+            deltas = torch.randn(n, 2, 37, 24, generator=gen(n)).to(dtype)
+            stacked = summed_change(deltas)
+            assert stacked.dtype == torch.float32 and stacked.shape == (2, 37)
+            assert torch.equal(stacked, summed_change(list(deltas)))
+            chained = deltas[0].float().abs().mean(-1)
+            for l in range(1, n):
+                chained = chained + deltas[l].float().abs().mean(-1)
+            torch.testing.assert_close(stacked, chained, rtol=1e-6, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the method on the tiny model
 # ---------------------------------------------------------------------------------------------------------------------

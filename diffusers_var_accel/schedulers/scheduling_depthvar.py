@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import functools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.configuration_utils import register_to_config
@@ -42,6 +42,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 
 from ..next_scale.maps import place_values, resize_map, unpermute, values_at
 from ..next_scale.plan import LayerProxy, PassRoutes, RecordRequest, TokenRoute
+from ..next_scale.rows import match_rows
 from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
 
@@ -86,21 +87,45 @@ def layer_masks(scores: torch.Tensor, num_layers: int, offsets: Optional[torch.T
 
 @dataclass(frozen=True)
 class ScaleDepth:
-    """The depth plan of one dynamic scale: ``scores`` / ``depth`` ``(B, h, w)``, tokens per layer ``{l: (B, K)}``."""
+    """The depth plan of one dynamic scale: ``scores`` / ``depth`` ``(B, h, w)``, tokens per layer ``{l: (B, K_l)}``
+    (ascending; views of one ``(B, sum K_l)`` tensor, layer by layer, when :func:`plan_depth` made it)."""
 
     scores: torch.Tensor
     depth: torch.Tensor
     layer_index: Dict[int, torch.Tensor]
+    #: ``(B, sum K_l)``: every layer's tokens, layer after layer (``layer_index`` are its slices); ``None``: not kept.
+    flat_index: Optional[torch.Tensor] = None
+
+    def index_rows(self, rows: int) -> Dict[int, torch.Tensor]:
+        """``{l: (rows, K_l)}``, each image's tokens repeated for its CFG rows (conditional rows first), every layer's
+        tensor contiguous: one copy for all layers (a gather by a cached permutation) instead of one per layer."""
+        B = next(iter(self.layer_index.values())).shape[0]
+        if self.flat_index is None or (rows == B == 1):
+            return {l: match_rows(index, rows) for l, index in self.layer_index.items()}
+        if rows % B:
+            raise ValueError(f"cannot lay out {B} images' depth plans as {rows} rows (conditional rows first)")
+        counts = tuple(int(index.shape[1]) for index in self.layer_index.values())
+        perm = _layer_major_permutation(counts, B, rows, self.flat_index.device)
+        flat = self.flat_index.reshape(-1)[perm]
+        out, start = {}, 0
+        for l, count in zip(self.layer_index, counts):
+            out[l] = flat[start:start + rows * count].view(rows, count)
+            start += rows * count
+        return out
 
 
 @dataclass(frozen=True)
 class RankDepthPlan:
     """The data-independent part of Eqs. (2)-(3) for ``N`` ranks, on one device: the score and depth of every rank
-    ``(N,)`` and, per layer, the ranks that run it ``{l: (K_l,)}`` in increasing order."""
+    ``(N,)`` and, per layer, the ranks that run it ``{l: (K_l,)}`` in increasing order; ``flat_ranks`` is every
+    layer's ranks one layer after another ``(sum K_l,)``, and ``layer_keys`` ``l * N`` at each of its entries (a key
+    that sorts every layer's tokens in one call)."""
 
     scores: torch.Tensor
     depth: torch.Tensor
     ranks: Dict[int, torch.Tensor]
+    flat_ranks: torch.Tensor
+    layer_keys: torch.Tensor
 
 
 @functools.lru_cache(maxsize=256)
@@ -110,10 +135,27 @@ def _rank_depth_plan_host(N: int, num_layers: int, budget: float, phase: float, 
     scores = scheduling_function(rho, budget, phase, min(1.0, min_depth / num_layers))  # layer_masks checks min_depth
     offsets = torch.arange(N) % num_layers if cyclic_layer_offsets else None
     mask = layer_masks(scores, num_layers, offsets, min_depth)  # (N, L), by rank
-    return RankDepthPlan(scores.float(), mask.sum(-1), {l: mask[:, l].nonzero()[:, 0] for l in range(num_layers)})
+    ranks = {l: mask[:, l].nonzero()[:, 0] for l in range(num_layers)}
+    keys = torch.cat([torch.full((len(r),), l * N, dtype=torch.long) for l, r in ranks.items()])
+    return RankDepthPlan(scores.float(), mask.sum(-1), ranks, torch.cat(list(ranks.values())), keys)
 
 
-_DEVICE_PLANS: "collections.OrderedDict[tuple, RankDepthPlan]" = collections.OrderedDict()
+_DEVICE_PLANS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+
+
+def _on_device(key: tuple, host, device: torch.device, move_all):
+    """``host`` (a plan of host tensors) on ``device``, copied once per key and kept (the last 256)."""
+    if device.type == "cpu":
+        return host
+    dkey = key + (str(device),)
+    if dkey not in _DEVICE_PLANS:
+        def move(t):  # pinned host memory: the copy is queued without waiting for the device
+            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+        _DEVICE_PLANS[dkey] = move_all(move)
+        while len(_DEVICE_PLANS) > 256:
+            _DEVICE_PLANS.popitem(last=False)
+    _DEVICE_PLANS.move_to_end(dkey)
+    return _DEVICE_PLANS[dkey]
 
 
 def rank_depth_plan(N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool,
@@ -121,25 +163,36 @@ def rank_depth_plan(N: int, num_layers: int, budget: float, phase: float, min_de
     """The rank-space depth plan (it depends on the setting and the token count only, never on the data), computed
     once on the host per setting and kept on ``device``: a generation that meets a setting again reads nothing back
     from the device (no ``nonzero`` per layer) and uploads nothing (the copies are cached too)."""
-    key = (N, num_layers, float(budget), float(phase), min_depth, bool(cyclic_layer_offsets))
-    host = _rank_depth_plan_host(*key)
+    key = ("ranks", N, num_layers, float(budget), float(phase), min_depth, bool(cyclic_layer_offsets))
+    host = _rank_depth_plan_host(*key[1:])
     device = torch.device("cpu") if device is None else torch.device(device)
-    if device.type == "cpu":
-        return host
-    dkey = key + (str(device),)
-    if dkey not in _DEVICE_PLANS:
-        def move(t):  # pinned host memory: the copy is queued without waiting for the device
-            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
-        _DEVICE_PLANS[dkey] = RankDepthPlan(move(host.scores), move(host.depth), {l: move(r) for l, r in host.ranks.items()})
-        while len(_DEVICE_PLANS) > 256:
-            _DEVICE_PLANS.popitem(last=False)
-    _DEVICE_PLANS.move_to_end(dkey)
-    return _DEVICE_PLANS[dkey]
+    return _on_device(key, host, device, lambda move: RankDepthPlan(
+        move(host.scores), move(host.depth), {l: move(r) for l, r in host.ranks.items()}, move(host.flat_ranks),
+        move(host.layer_keys)))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_major_permutation_host(counts: Tuple[int, ...], B: int, rows: int) -> torch.Tensor:
+    # entry (l, r, k) of the output reads entry (r mod B, offset_l + k) of the (B, sum K) input
+    total, parts, offset = sum(counts), [], 0
+    for count in counts:
+        image = torch.arange(rows).remainder(B).view(rows, 1)
+        parts.append((image * total + offset + torch.arange(count).view(1, count)).reshape(-1))
+        offset += count
+    return torch.cat(parts)
+
+
+def _layer_major_permutation(counts: Tuple[int, ...], B: int, rows: int, device: torch.device) -> torch.Tensor:
+    host = _layer_major_permutation_host(counts, B, rows)
+    return _on_device(("rows", counts, B, rows), host, device, lambda move: move(host))
 
 
 def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, budget: float, phase: float,
                min_depth: int, cyclic_layer_offsets: bool) -> ScaleDepth:
-    """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space."""
+    """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space.
+
+    Every layer's tokens are sorted in one call: the token ids of all layers, one layer after another, keyed by
+    ``l * N + token`` (distinct keys, so one sort orders each layer's tokens and keeps the layers in place)."""
     B, N = ranking_BN.shape
     order_BN = ranking_BN.argsort(dim=1, stable=True)  # rank -> token
     device = order_BN.device
@@ -148,8 +201,13 @@ def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, b
     def by_token(values_N):  # a value per rank -> a (B, h, w) map
         return unpermute(values_N.expand(B, N), order_BN).view(B, *hw)
 
-    layer_index = {l: order_BN[:, ranks.ranks[l]].sort(dim=1).values for l in range(num_layers)}
-    return ScaleDepth(by_token(ranks.scores), by_token(ranks.depth), layer_index)
+    flat = (order_BN[:, ranks.flat_ranks] + ranks.layer_keys).sort(dim=1).values - ranks.layer_keys
+    layer_index, start = {}, 0
+    for l in range(num_layers):
+        count = int(ranks.ranks[l].shape[0])
+        layer_index[l] = flat[:, start:start + count]
+        start += count
+    return ScaleDepth(by_token(ranks.scores), by_token(ranks.depth), layer_index, flat)
 
 
 @dataclass
@@ -337,6 +395,8 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         schedule, source = state.scale_schedule, call.source
         hws = tuple((int(schedule[k][-2]), int(schedule[k][-1])) for k in plan.scale_indices)
         per_layer: Dict[int, List[torch.Tensor]] = {l: [] for l in range(num_layers)}
+        # the rows the pass runs (a per-image plan is laid out for them once, not by the executor per layer)
+        rows = state.layout.for_pass(plan.cfg_halve).run_rows if state.layout is not None else state.rows
         offset = 0
         for k, hw in zip(plan.scale_indices, hws):
             depth = call.plans.get(k)
@@ -349,11 +409,14 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
                 full = torch.ones(state.batch_size, hw[0] * hw[1], device=depth.scores.device)
                 call.plans[k] = ScaleDepth(place_values(full, kept[k], depth.scores).view(state.batch_size, *hw),
                                            depth.depth, depth.layer_index)
+            single = depth is not None and outer is None and len(hws) == 1
+            by_layer = depth.index_rows(rows) if single else None
             for l in range(num_layers):
                 if depth is None:  # a scale of the pass at full depth
                     index = torch.arange(offset, offset + count, device=source.change.device).expand(state.batch_size, -1)
                 else:
-                    index = depth.layer_index[l] + offset
+                    index = depth.layer_index[l] if by_layer is None else by_layer[l]
+                    index = index + offset if offset else index
                 per_layer[l].append(index)
             if depth is not None and self.config.code_blending:
                 routes.code_weights[k] = call.plans[k].scores  # Eq. (5)
@@ -371,12 +434,33 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         deltas = state.records.block_deltas
         if not deltas:
             return
-        change = None
-        for l in sorted(deltas):  # Eq. (1), summed over the layers in order
-            layer_change = deltas[l].float().abs().mean(dim=-1)
-            change = layer_change if change is None else change + layer_change
+        stack = state.records.block_delta_stack  # the deltas in one buffer (the executor's), when they fit one
+        change = summed_change(stack if stack is not None and stack.shape[0] == len(deltas)
+                               else [deltas[l] for l in sorted(deltas)])
         k = plan.scale_indices[0]
         self.call_state(state).source = DepthSource(k, tuple(int(v) for v in state.scale_schedule[k][-2:]), dict(deltas), change)
+
+
+#: Layers of recorded deltas taken at once by :func:`summed_change` (a fixed count, so that the number of kernels
+#: does not depend on the width; its fp32 copy of ``|delta|`` is at most this many layers).
+CHANGE_LAYERS_PER_CHUNK = 8
+
+
+def summed_change(deltas_nRLC: Union[torch.Tensor, Sequence[torch.Tensor]]) -> torch.Tensor:
+    """Eq. (1): ``sum_l mean_c |delta_l|`` ``(R, L)`` in fp32, of the layer deltas in layer order: stacked
+    ``(n, R, L, C)`` (two kernels per :data:`CHANGE_LAYERS_PER_CHUNK` layers and one sum) or a list of ``(R, L, C)``
+    (a mean per layer). Both give the same bits: each layer's mean, then one sum over the layers (torch's reduction
+    order, not a chain of additions)."""
+    if isinstance(deltas_nRLC, torch.Tensor):
+        n = deltas_nRLC.shape[0]
+        means = torch.empty(deltas_nRLC.shape[:-1], dtype=torch.float32, device=deltas_nRLC.device)
+        for start in range(0, n, CHANGE_LAYERS_PER_CHUNK):
+            end = min(start + CHANGE_LAYERS_PER_CHUNK, n)
+            torch.mean(deltas_nRLC[start:end].float().abs(), dim=-1, out=means[start:end])
+    else:
+        n = len(deltas_nRLC)
+        means = torch.stack([delta.float().abs().mean(dim=-1) for delta in deltas_nRLC])
+    return means[0] if n == 1 else means.sum(0)
 
 
 def _is_int(value) -> bool:
