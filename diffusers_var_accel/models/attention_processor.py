@@ -167,7 +167,9 @@ def _cosine_qk(attn, qk_RL2Hc: torch.Tensor, context: Optional[VARForwardContext
 
 def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor]):
     """Softmax attention that also returns the probabilities ``(R, H, L, S)`` (only for scales that read them)."""
-    scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2)) * scale
+    scores = torch.matmul(q_RHLc, k_RHSc.transpose(-1, -2))
+    if scale != 1.0:  # Infinity's softmax scale is 1 (q carries it): a multiply by 1 would be an exact copy
+        scores = scores * scale
     if mask_LS is not None:
         scores = scores.masked_fill(~mask_LS, float("-inf"))
     probs = scores.softmax(dim=-1)
@@ -311,10 +313,14 @@ class VARAttnProcessor:
         scale_ids: Optional[torch.Tensor] = None,
         encoder_hidden_states: Optional[torch.Tensor] = None,
         encoder_attention_mask: Optional[torch.Tensor] = None,
+        encoder_rows: Optional[slice] = None,
     ) -> torch.Tensor:
         if encoder_hidden_states is None:
+            if encoder_rows is not None:
+                raise ValueError("encoder_rows selects rows of the text of a cross-attention; self-attention has none")
             return self._self_attention(attn, hidden_states, context, rope_cos_sin, scale_ids)
-        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context)
+        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context,
+                                     encoder_rows)
 
     # -- self-attention -------------------------------------------------------------------------------------------
     def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor,
@@ -423,7 +429,10 @@ class VARAttnProcessor:
         return attn.proj(out.reshape(R, L, C))
 
     # -- cross-attention ------------------------------------------------------------------------------------------
-    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None):
+    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None,
+                         text_rows: Optional[slice] = None):
+        """``text_rows``: the rows of the text (keys, values, mask) the image rows attend to; ``None``: all. The
+        keys/values are computed for every text row once per call, so a pass on fewer rows takes a view of them."""
         R, L, C = hidden_states_RLC.shape
         T = text_RTC.shape[1]
 
@@ -433,6 +442,9 @@ class VARAttnProcessor:
 
         layer = getattr(attn, "layer_idx", None)
         k, v = text_kv() if layer is None else _call_cached(context, ("cross_kv", layer, text_RTC.shape[0]), text_kv)
+        if text_rows is not None:
+            k, v = k[text_rows], v[text_rows]
+            text_mask_R11T = None if text_mask_R11T is None else text_mask_R11T[text_rows]
         q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
         out = self._attend(q, k, v, text_mask_R11T, attn.scale, self._attention_backend)
         return attn.proj(out.reshape(R, L, C))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -193,10 +193,13 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
         self.set_processor(VARAttnProcessor())
 
     def forward(self, hidden_states_RLC, encoder_hidden_states, encoder_attention_mask=None,
-                context: Optional[VARForwardContext] = None):
+                context: Optional[VARForwardContext] = None, encoder_rows: Optional[slice] = None):
+        """``encoder_rows``: the rows of ``encoder_hidden_states`` (and its mask) the image rows attend to, when the
+        text is given for more rows than run (``None``: one text row per image row)."""
+        kwargs = {} if encoder_rows is None else {"encoder_rows": encoder_rows}
         return self.processor(
             self, hidden_states_RLC, context=context, encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
+            encoder_attention_mask=encoder_attention_mask, **kwargs,
         )
 
 
@@ -250,10 +253,23 @@ class InfinityCondition:
     ada_R16C: torch.Tensor
     text_RTC: torch.Tensor
     text_mask_R11T: Optional[torch.Tensor]
+    #: ``(condition, rows)`` when this condition is a row selection of another (a CFG-halved pass runs the call's
+    #: conditional rows): its per-call constants are the selection of the other's, which earlier passes computed.
+    selected_from: Optional[Tuple["InfinityCondition", slice]] = field(default=None, repr=False, compare=False)
 
     def select_rows(self, rows: slice) -> "InfinityCondition":
         mask = None if self.text_mask_R11T is None else self.text_mask_R11T[rows]
-        return InfinityCondition(self.cond_RC[rows], self.ada_R16C[rows], self.text_RTC[rows], mask)
+        source, within = self, rows
+        if self.selected_from is not None:  # a selection of a selection: rows of the first source
+            source, outer = self.selected_from
+            picked = range(source.ada_R16C.shape[0])[outer][rows]
+            within = slice(picked.start, picked.stop, picked.step)
+        return InfinityCondition(self.cond_RC[rows], self.ada_R16C[rows], self.text_RTC[rows], mask, (source, within))
+
+    def constant_source(self) -> Tuple["InfinityCondition", Optional[slice]]:
+        """The condition whose per-call constants this one's are (itself, or the one it selects rows of) and the
+        rows to take of them (``None``: all)."""
+        return (self, None) if self.selected_from is None else self.selected_from
 
 
 class InfinityBlock(TokenRoutedBlock):
@@ -275,9 +291,13 @@ class InfinityBlock(TokenRoutedBlock):
 
     def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext):
         """The three sublayers on the tokens ``x`` that ``context`` describes."""
-        rows = condition.ada_R16C.shape[0]
-        gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = context.cached(
-            ("ada", self.layer_idx, rows), lambda: self._modulation(condition))
+        # the AdaLN terms of the call's rows, once per call; a CFG-halved pass takes its rows of them (the terms are
+        # row-wise: the same values, and no kernel)
+        source, rows = condition.constant_source()
+        modulation = context.cached(("ada", self.layer_idx, source.ada_R16C.shape[0]), lambda: self._modulation(source))
+        if rows is not None:
+            modulation = tuple(t[rows] for t in modulation)
+        gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = modulation
         norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
         ca_weight, ca_bias = context.cached(("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float()))
         eps = self.norm_eps
@@ -292,7 +312,8 @@ class InfinityBlock(TokenRoutedBlock):
 
         def cross_attn(x_sub, ctx):
             x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
-            out = self.ca(x_norm, condition.text_RTC, condition.text_mask_R11T, ctx)
+            # the text keys/values of the call's rows (a per-call constant); a halved pass attends to its rows of them
+            out = self.ca(x_norm, source.text_RTC, source.text_mask_R11T, ctx, encoder_rows=rows)
             # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record
             # at this level; ``x + out`` promotes to the same values) or scattered (which casts), the cast would be
             # one more kernel per block, so it is left to the addition.

@@ -245,9 +245,13 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
                                f"sources {m_source} / {n_source} did not run in full (skipped or routed by another scheduler?)")
         hw, ratio, mode = tuple(state.scale_schedule[k][-2:]), scales.prune_ratios[k], self.config.upsample_mode
         source_hw = tuple(state.scale_schedule[n_source][-2:])
+        # Eq. (2) of every pruned layer at once (rows are independent: the same tokens as layer by layer, in a
+        # few kernels instead of a few per layer)
+        maps = torch.stack([saliency[layer] for layer in layers])  # (n, R, h, w)
+        kept_all = retrospect_tokens(maps.flatten(0, 1), hw, ratio, mode).view(len(layers), maps.shape[1], -1)
         routes = {}
-        for layer in layers:
-            kept = call.kept[(k, layer)] = retrospect_tokens(saliency[layer], hw, ratio, mode)
+        for i, layer in enumerate(layers):
+            kept = call.kept[(k, layer)] = kept_all[i]
             canvas = EarlierScale(outputs[layer], source_hw, mode=mode, in_float32=True)
             routes[(layer, "block")] = TokenRoute(index=kept, fill=canvas)
         return PassRoutes(routes=routes)
