@@ -230,3 +230,16 @@ def test_a_dense_infinity_block_runs_the_fused_kernels(dtype, budget):
     ops = result["dense_block_kernel_ops"]
     assert result["kernels_per_dense_block"] <= budget, ops
     assert ops.get("addcmul", 0) >= 4 and "add_" not in ops, ops  # two modulations and two gated residuals
+
+
+@pytest.mark.parametrize("method, per_layer, per_scale", [("depthvar", 8, 12), ("arvar", 13, 10)])
+def test_a_routed_layer_costs_a_bounded_number_of_kernels_over_the_dense_layer(method, per_layer, per_scale):
+    """A regression guard on the routing overhead at the Infinity-2B schedule (1024², 4 DepthVAR dynamic scales, one
+    ARVAR pruned scale with its attention source): the kernels a method adds over the baseline stay within a bound
+    per routed (scale, layer) plus a few per routed scale (today 168 of 176 and 54 of 62 at depth 4). A per-layer
+    sort, cast, repeat or recomputed per-call constant that comes back exceeds it."""
+    config = LaunchConfig(depth=4)
+    base, accelerated = count_launches(["infinity-2b"], ["baseline", method], config=config)
+    routed_scales = 4 if method == "depthvar" else 1
+    extra = accelerated["kernels"] - base["kernels"]
+    assert 0 < extra <= (per_layer * config.depth + per_scale) * routed_scales, (extra, accelerated["kernel_ops"])

@@ -389,3 +389,26 @@ def test_pruning_inside_a_group_raises(pipe):
     composed = ComposedScheduler([LazyVARScheduler.from_preset("infinity"), ARVARScheduler()])
     with pytest.raises(ValueError, match="must run alone"):
         _latents(pipe, acceleration=composed)
+
+
+def test_a_halved_pass_takes_its_rows_of_the_calls_constants():
+    """A CFG-halved pass runs the conditional rows of the call's condition: the condition says so
+    (``constant_source``), a selection of a selection names rows of the first, and a cross-attention given the
+    call's text and those rows equals the one given the selected text (the keys/values are row-wise)."""
+    from diffusers_var_accel.models.transformer_infinity import InfinityCondition
+    from diffusers_var_accel.next_scale.context import VARForwardContext
+
+    torch.manual_seed(0)
+    transformer = InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, scale_schedule=None)
+    full = transformer.encode_condition(torch.randn(4, 5, 16), torch.tensor([[1] * 5, [1] * 3 + [0] * 2] * 2))
+    assert full.constant_source() == (full, None)
+    half = full.select_rows(slice(0, 2))
+    source, rows = half.constant_source()
+    assert source is full and rows == slice(0, 2)
+    assert half.select_rows(slice(1, 2)).constant_source()[1] == slice(1, 2, 1)
+    ca = transformer.blocks[0].ca
+    x = torch.randn(2, 7, 32)
+    context = VARForwardContext(kv_cache=None, rope_cos_sin=None, call_cache={})
+    given_rows = ca(x, full.text_RTC, full.text_mask_R11T, context, encoder_rows=rows)
+    assert ("cross_kv", 0, 4) in context.call_cache  # computed once for the call's rows
+    assert torch.equal(given_rows, ca(x, half.text_RTC, half.text_mask_R11T, VARForwardContext(kv_cache=None, rope_cos_sin=None)))
