@@ -57,18 +57,25 @@ def test_every_pass_compiles_once_and_matches_eager(pipelines, model, method):
             passes.append(tuple(context.scale_hws))
             return compiled_runner(family, hidden, condition, context)
 
+        counting_runner.kv_cache = compiled_runner.kv_cache  # the runner's KV workspaces (fixed addresses)
         pipe._pass_runner = counting_runner
         counters.clear()
         first = _generate(pipe, kwargs)
         graphs = counters["stats"]["unique_graphs"]
-        assert passes and graphs == len(passes)  # one graph per pass, none split (fullgraph would raise anyway)
+        # one graph per pass but the first (run eagerly: it allocates the KV buffers outside any graph), none split
+        # (fullgraph would raise anyway)
+        assert passes and graphs == len(passes) - 1 and compiled_runner.eager_first_passes == 1
         assert not counters["graph_break"]
         assert torch.equal(first, eager)
+        buffers = [b.data_ptr() for b in compiled_runner._caches[next(iter(compiled_runner._caches))].buffers()]
         passes.clear()
         second = _generate(pipe, kwargs)
-        assert len(passes) == graphs
+        assert len(passes) == graphs + 1 and compiled_runner.eager_first_passes == 2
         assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled on the second call
         assert torch.equal(second, eager)
+        cache = compiled_runner._caches[next(iter(compiled_runner._caches))]
+        assert [b.data_ptr() for b in cache.buffers()] == buffers  # the same KV buffers, call after call
+        assert all(getattr(b, "_dynamo_static_input_type", None) == "unguarded" for b in cache.buffers())
     finally:
         pipe.disable_cuda_graphs()
         pipe.disable_acceleration()
@@ -201,3 +208,32 @@ def test_lazyvar_with_depthvar_compiles_on_the_mask_free_attention_path(pipeline
     finally:
         pipe.disable_cuda_graphs()
         pipe.disable_acceleration()
+
+
+@pytest.mark.parametrize("model", ["infinity", "hart"])
+def test_regional_compilation_compiles_each_token_count_once_for_every_block(pipelines, model):
+    """``compile_repeated_blocks()`` (diffusers' regional compilation): the feed-forward networks are compiled once
+    per input shape, one graph shared by every block (not a graph per block or per pass), give the eager result,
+    and a second call compiles nothing; ``disable_cuda_graphs()`` gives the eager modules back."""
+    pipe, kwargs = pipelines[model]
+    regions = [m for m in pipe.transformer.modules() if type(m).__name__ in pipe.transformer._repeated_blocks]
+    assert len(regions) == len(pipe.transformer.blocks)
+    shapes = set()
+    hooks = [m.register_forward_pre_hook(lambda m, args: shapes.add(tuple(args[0].shape))) for m in regions]
+    try:
+        eager = _generate(pipe, kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    try:
+        pipe.compile_repeated_blocks(backend="eager")
+        assert pipe.compiled_regions == len(regions)
+        counters.clear()
+        first = _generate(pipe, kwargs)
+        assert counters["stats"]["unique_graphs"] == len(shapes)  # one per token count, whatever the depth
+        assert torch.equal(first, eager)
+        second = _generate(pipe, kwargs)
+        assert counters["stats"]["unique_graphs"] == len(shapes) and torch.equal(second, eager)
+    finally:
+        pipe.disable_cuda_graphs()
+    assert pipe.compiled_regions == 0

@@ -234,6 +234,9 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
 
     _supports_gradient_checkpointing = False
     _no_split_modules = ["HARTBlock"]
+    # regional compilation: the gated MLPs, pure functions of their tokens (a block's layer index keys its KV-cache
+    # slot, so whole blocks would compile once per block and shape)
+    _repeated_blocks = ["HARTFeedForward"]
     _keep_in_fp32_modules = []
 
     @register_to_config

@@ -389,7 +389,11 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
 
     _supports_gradient_checkpointing = False
     _no_split_modules = ["InfinityBlock"]
-    _repeated_blocks = ["InfinityBlock"]
+    # regional compilation (``compile_repeated_blocks``) compiles these once per token count, shared by every block:
+    # the feed-forward networks are pure functions of their tokens. A whole ``InfinityBlock`` is not: its layer index
+    # keys its KV-cache slot and per-call constants, so dynamo would compile one graph per block and shape (past its
+    # recompile limit at 32 blocks).
+    _repeated_blocks = ["InfinityFeedForward"]
     _skip_layerwise_casting_patterns = ["norm", "lvl_embed", "pos_start", "cfg_uncond"]
 
     @register_to_config

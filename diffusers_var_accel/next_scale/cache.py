@@ -179,6 +179,20 @@ class ScaleKVCache:
                 self.key_cache[i] = self.key_cache[i][indices]
                 self.value_cache[i] = self.value_cache[i][indices]
 
+    @property
+    def allocated(self) -> bool:
+        """Whether every layer's buffers exist (preallocated mode, after the first pass that stores)."""
+        return self.preallocated and all(k is not None for k in self._key_buffers)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no layer holds a position yet (the call's first pass has not stored)."""
+        return not any(self._lengths)
+
+    def buffers(self) -> List[torch.Tensor]:
+        """The key and value buffers allocated so far (preallocated mode), layer by layer."""
+        return [t for pair in zip(self._key_buffers, self._value_buffers) for t in pair if t is not None]
+
     def reset(self) -> None:
         """Forget every cached position (preallocated buffers are kept and rewritten from position 0)."""
         self.key_cache = [None] * self.num_layers

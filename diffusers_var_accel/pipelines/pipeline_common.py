@@ -4,6 +4,7 @@ the call's arguments (one helper per kind of argument, so both pipelines refuse 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import numbers
@@ -14,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
 
+from ..next_scale.cache import ScaleKVCache
 from ..schedulers.presets import close_names
 
 GeneratorArg = Union[None, torch.Generator, Sequence[torch.Generator]]
@@ -439,17 +441,55 @@ class CompiledPassRunner:
     """The ``pass_runner`` of a pipeline whose passes are compiled: runs ``torch.compile(run_family_blocks)`` and
     reports, instead of hiding, the passes that ran without CUDA graphs when graphs were asked for.
 
+    The KV cache lives here, one per (schedule, batch, rows, family, plan), as in
+    :class:`~diffusers_var_accel.next_scale.graphs.PassGraphs`: the loop asks :meth:`kv_cache` for it, and a call with
+    the same key gets the same buffers back (reset), so compiled passes and their CUDA graphs see the same addresses
+    call after call. The buffers are allocated by the first pass of a call (the start token alone: the smallest
+    pass), which therefore runs **eagerly** in every call, never inside a graph (CUDA-graph trees would own buffers
+    born there and skip every later pass that writes them for "mutated inputs"); they are then marked static
+    addresses (``torch._dynamo.mark_static_address``) for the compiled passes.
+
     Attributes:
         skipped_passes (`int`): passes run so far for which CUDA-graph trees reported a skip (only counted when
             graphs are on).
+        eager_first_passes (`int`): first passes run eagerly (one per call).
     """
 
-    def __init__(self, compiled: Callable, cuda_graphs: bool):
+    def __init__(self, compiled: Callable, cuda_graphs: bool, max_workspaces: int = 4):
         self.compiled, self.cuda_graphs = compiled, cuda_graphs
-        self.skipped_passes = 0
+        self.max_workspaces = max_workspaces
+        self.skipped_passes = self.eager_first_passes = 0
         self._warned = False
+        self._caches: "collections.OrderedDict[Any, ScaleKVCache]" = collections.OrderedDict()
+
+    def kv_cache(self, key, num_layers: int, max_length: int) -> ScaleKVCache:
+        """The KV cache of a call whose schedule, batch, rows, family and plan make ``key``: the one of the last call
+        with that key, reset (its buffers kept), or a new one (the least recently used beyond ``max_workspaces``
+        is dropped)."""
+        key = (key, num_layers, max_length)
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = ScaleKVCache(num_layers, max_length=max_length)
+            while len(self._caches) > self.max_workspaces:
+                self._caches.popitem(last=False)
+        self._caches.move_to_end(key)
+        cache.reset()
+        return cache
 
     def __call__(self, family, hidden_RLC, condition, context):
+        import torch._dynamo
+
+        from ..next_scale.loop import run_family_blocks
+
+        cache = context.kv_cache
+        if cache is not None and cache.preallocated and cache.empty and cache.stores:
+            allocated = cache.allocated
+            out = run_family_blocks(family, hidden_RLC, condition, context)  # allocates the buffers, outside graphs
+            self.eager_first_passes += 1
+            if not allocated:
+                for buffer in cache.buffers():
+                    torch._dynamo.mark_static_address(buffer, guard=False)
+            return out
         before = cudagraph_skips() if self.cuda_graphs else 0
         out = self.compiled(family, hidden_RLC, condition, context)
         if self.cuda_graphs and cudagraph_skips() > before:
@@ -512,6 +552,34 @@ class NextScalePipelineMixin:
         options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
         compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
         self._pass_runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
+
+    def compile_repeated_blocks(self, backend: Union[str, Callable] = "inductor", fullgraph: bool = True,
+                                mode: Optional[str] = None, **options: Any) -> None:
+        """Regional compilation (diffusers' ``compile_repeated_blocks``): compile the transformer's repeated,
+        shape-only regions (``transformer._repeated_blocks``: the feed-forward networks, about two thirds of a
+        block's FLOPs) once per token count, one compiled graph shared by every block, instead of one graph per pass.
+        Everything else runs eagerly (attention, KV cache, routes, head, sampling).
+
+        A schedule has one token count per scale (plus the routed counts of an acceleration plan), so dynamo's cache
+        limits are raised as for :meth:`compile_passes`, and hitting them raises instead of running eagerly.
+        ``disable_cuda_graphs()`` goes back to eager modules.
+
+        Args:
+            backend (`str` or callable, defaults to `"inductor"`): the ``torch.compile`` backend.
+            fullgraph (`bool`, defaults to `True`): a graph break is an error.
+            mode (`str`, *optional*): the ``torch.compile`` mode.
+            **options: passed on to ``torch.compile``.
+        """
+        if not self.__dict__.get("_graph_limits_raised", False):
+            _raise_graph_cache_limits()
+            self._graph_limits_raised = True
+        options.setdefault("dynamic", False)
+        self.transformer.compile_repeated_blocks(backend=backend, fullgraph=fullgraph, mode=mode, **options)
+
+    @property
+    def compiled_regions(self) -> int:
+        """Modules of the transformer compiled by :meth:`compile_repeated_blocks` (0: none)."""
+        return sum(getattr(m, "_compiled_call_impl", None) is not None for m in self.transformer.modules())
 
     def enable_cuda_graphs(self, capture: str = "cuda", strict: bool = False, max_workspaces: int = 4) -> bool:
         """Capture every transformer pass as a graph on its first run and replay it from then on (one graph per size,
@@ -579,7 +647,8 @@ class NextScalePipelineMixin:
         return runner.skipped_passes if isinstance(runner, CompiledPassRunner) else 0
 
     def disable_cuda_graphs(self) -> None:
-        """Run every pass eagerly again (undoes ``enable_cuda_graphs`` and ``compile_passes``). The dynamo cache size
+        """Run every pass eagerly again (undoes ``enable_cuda_graphs``, ``compile_passes`` and
+        ``compile_repeated_blocks``). The dynamo cache size
         limits go back to their values before the first compiled pipeline once no pipeline compiles its passes."""
         saved = self.__dict__.pop("_strict_graphs_saved", None)
         if saved is not None:
@@ -589,6 +658,9 @@ class NextScalePipelineMixin:
         if self.__dict__.pop("_graph_limits_raised", False):
             _restore_graph_cache_limits()
         self._pass_runner = None
+        for module in self.transformer.modules():  # regions of compile_repeated_blocks
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                module._compiled_call_impl = None
 
     def call_default(self, argument: str) -> Any:
         """The default value of the pipeline call's ``argument`` (read from ``__call__``'s signature)."""
