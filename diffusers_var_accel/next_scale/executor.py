@@ -208,36 +208,49 @@ def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes
 # ---------------------------------------------------------------------------------------------------------------------
 def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: SublayerFn, context: VARForwardContext) -> torch.Tensor:
     """``x + compute(x)``, or, under a route for ``(layer_idx, kind)``, ``x`` plus the update of the route's tokens
-    filled in with the route's fill; the full update is recorded when the pass asks for it. A
-    :class:`GatedUpdate` is added with one ``addcmul`` on the dense path (the product is not rounded to the update's
-    dtype first: within float rounding of ``x + value * gate`` computed in two steps, as routed tokens are)."""
+    filled in with the route's fill; the full update is recorded when the pass asks for it.
+
+    A :class:`GatedUpdate` is added to the stream with one ``addcmul`` (``x + value * gate``, the product not rounded
+    first) wherever its tokens are computed: on the dense path, on a recorded layer (the record is the product, the
+    stream the same ``addcmul`` as without the record) and on a route's computed tokens whatever the fill, so a
+    route or record that keeps every token gives the dense path's bits."""
     routes = context.routes
     route = routes.routes.get((layer_idx, kind)) if routes is not None else None
     recorded = routes is not None and (layer_idx, kind) in routes.record.sublayer_updates
     if route is None:
         update = compute(x_RLC, context)
-        if isinstance(update, GatedUpdate) and not recorded:
+        if isinstance(update, GatedUpdate):
+            if recorded:
+                context.records.sublayer_updates[(layer_idx, kind)] = update.resolve()
             return torch.addcmul(x_RLC, update.value, update.gate)  # x + value * gate, one kernel
-        update_RLC = resolve_update(update)
-    else:
-        index_RK = _select(route, x_RLC)
-        if not index_RK.shape[1]:
-            update_RLC = _update_canvas(route.fill, x_RLC, context)
-        else:
-            x_RKC = gather_tokens(x_RLC, index_RK)
-            computed = compute(x_RKC, _tokens_context(context, index_RK, route, self_attention=kind == "self_attn"))
-            if isinstance(computed, GatedUpdate) and isinstance(route.fill, PassThrough) and not recorded:
-                # the other tokens' update is zero: the kept tokens take x + value * gate exactly as on the dense path
-                # (in the dtype the dense path's stream has after this sublayer: a half-precision input promotes)
-                out_RKC = torch.addcmul(x_RKC, computed.value, computed.gate)
-                return scatter_tokens(x_RLC.to(out_RKC.dtype), index_RK, out_RKC)
-            computed_RKC = resolve_update(computed)
-            # the update in the dtype the dense path adds (an fp32 update is not rounded to a bf16 stream's dtype)
-            canvas = _update_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, computed_RKC.dtype))
-            update_RLC = scatter_tokens(canvas, index_RK, computed_RKC)
+        if recorded:
+            context.records.sublayer_updates[(layer_idx, kind)] = update
+        return x_RLC + update
+    index_RK = _select(route, x_RLC)
+    if not index_RK.shape[1]:
+        update_RLC = _update_canvas(route.fill, x_RLC, context)
+        if recorded:
+            context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
+        return x_RLC + update_RLC
+    x_RKC = gather_tokens(x_RLC, index_RK)
+    computed = compute(x_RKC, _tokens_context(context, index_RK, route, self_attention=kind == "self_attn"))
+    if not isinstance(computed, GatedUpdate):
+        # x + update at every position: the computed tokens get x + their update, as on the dense path (the update
+        # in the dtype the dense path adds: an fp32 update is not rounded to a bf16 stream's dtype)
+        canvas = _update_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, computed.dtype))
+        update_RLC = scatter_tokens(canvas, index_RK, computed)
+        if recorded:
+            context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
+        return x_RLC + update_RLC
+    # the kept tokens take x + value * gate in one addcmul as on the dense path (in the dtype the dense stream has
+    # after this sublayer: a half-precision input promotes); the others x + their fill
+    out_RKC = torch.addcmul(x_RKC, computed.value, computed.gate)
+    if isinstance(route.fill, PassThrough) and not recorded:  # the other tokens' update is zero
+        return scatter_tokens(x_RLC.to(out_RKC.dtype), index_RK, out_RKC)
+    canvas = _update_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, out_RKC.dtype))
     if recorded:
-        context.records.sublayer_updates[(layer_idx, kind)] = update_RLC
-    return x_RLC + update_RLC
+        context.records.sublayer_updates[(layer_idx, kind)] = scatter_tokens(canvas, index_RK, computed.resolve())
+    return scatter_tokens(x_RLC + canvas, index_RK, out_RKC)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
