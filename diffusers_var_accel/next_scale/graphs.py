@@ -122,9 +122,12 @@ class _Effects:
     call_cache: Dict[Hashable, Any]
     cache_lengths: List[int]
     cache_attended: List[int]
+    delta_stack: Optional[torch.Tensor] = None  # the records' one buffer of block deltas (PassRecords.block_delta_stack)
 
     def tensors(self) -> List[torch.Tensor]:
         out = [t for _, _, t in self.records] + list(self.attention_maps.values())
+        if self.delta_stack is not None:
+            out.append(self.delta_stack)
         for value in self.call_cache.values():
             out.extend(_tensors_of(value))
         return out
@@ -141,17 +144,20 @@ def _tensors_of(value) -> List[torch.Tensor]:
 def _collect_effects(context, call_cache_before: set) -> _Effects:
     records = []
     for f in dataclasses.fields(context.records):
-        for key, tensor in getattr(context.records, f.name).items():
-            records.append((f.name, key, tensor))
+        entries = getattr(context.records, f.name)
+        if isinstance(entries, dict):
+            records.extend((f.name, key, tensor) for key, tensor in entries.items())
     call_cache = context.call_cache or {}
     new_entries = {k: v for k, v in call_cache.items() if k not in call_cache_before}
     cache = context.kv_cache
-    return _Effects(records, dict(context.attention_maps), new_entries, list(cache._lengths), list(cache._attended))
+    return _Effects(records, dict(context.attention_maps), new_entries, list(cache._lengths), list(cache._attended),
+                    context.records.block_delta_stack)
 
 
 def _restore_effects(effects: _Effects, context) -> None:
     for name, key, tensor in effects.records:
         getattr(context.records, name)[key] = tensor
+    context.records.block_delta_stack = effects.delta_stack
     context.attention_maps.update(effects.attention_maps)
     if context.call_cache is not None:
         context.call_cache.update(effects.call_cache)
