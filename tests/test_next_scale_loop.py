@@ -192,6 +192,38 @@ def test_cfg_halving_equals_guidance_one_at_that_scale(models):
     assert torch.equal(halved.f_hat, reference.f_hat)
 
 
+@pytest.mark.parametrize("last", [1, 3])
+def test_unconditional_only_passes_equal_guidance_zero_there(models, last):
+    """A pass that runs only the unconditional rows (null text, their AdaLN and head condition, their own KV history)
+    samples the unconditional model, which Infinity's ``cfg c + (1 - cfg) u`` gives at cfg 0 with both rows: the
+    same logits up to batched-GEMM rounding and the same tokens, at every such scale (each row attends only to its
+    own history, so the conditional rows the reference still runs do not matter)."""
+    plans = [ScalePlan((i,)) for i in range(S - last)] + [ScalePlan((i,), cfg_uncond_only=True) for i in range(S - last, S)]
+    uncond = _run(models, _PlanScheduler(plans=plans))
+    reference = _run(models, cfg_list=[3.0] * (S - last) + [0.0] * last)
+    for k in range(S):
+        if k < S - last:
+            assert torch.equal(uncond.logits[k], reference.logits[k])
+        else:
+            assert uncond.logits[k].shape[0] == 2  # the unconditional rows only went through the blocks and head
+            torch.testing.assert_close(uncond.logits[k], reference.logits[k][2:], atol=3e-5, rtol=0)
+        assert torch.equal(uncond.tokens[k], reference.tokens[k])
+    assert torch.equal(uncond.f_hat, reference.f_hat)
+    # the conditional rows' logits differ there: it is the other half that ran
+    assert not torch.allclose(uncond.logits[S - 1], reference.logits[S - 1][:2], atol=1e-3)
+
+
+def test_branch_rules_are_exclusive_and_unconditional_only_ends_the_passes():
+    from diffusers_var_accel.next_scale.plan import validate_plans
+
+    with pytest.raises(ValueError, match="two branch rules"):
+        ScalePlan((3,), cfg_halve=True, cfg_uncond_only=True)
+    plans = [ScalePlan((0,)), ScalePlan((1,), cfg_uncond_only=True), ScalePlan((2,))]
+    with pytest.raises(ValueError, match=r"plan \(2,\) runs both CFG rows after the unconditional-only plan \(1,\)"):
+        validate_plans(plans, 3)
+    validate_plans([ScalePlan((0,)), ScalePlan((1,), cfg_uncond_only=True), ScalePlan((2,), skip=True)], 3)  # a skip may follow
+
+
 def test_recorded_attention_maps_are_probabilities(models):
     plans = [ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset(), attention_map="full")
              for i in range(S)]
@@ -319,6 +351,11 @@ def test_the_last_pass_attends_to_its_own_keys_without_keeping_them():
         k_all, v_all = cache.update(k2, v2, 0, cache_rows=2)  # CFG halving: one row of two runs
         assert torch.equal(k_all, torch.cat((k1[:1], k2), dim=2)) and torch.equal(v_all, torch.cat((v1[:1], v2), dim=2))
         assert cache.get_seq_length(0) == 4 and torch.equal(cache.get(0)[0], k1)
+        # the unconditional row only: its own history, then its keys
+        k_all, _ = cache.update(k2, v2, 0, cache_rows=2, row_start=1)
+        assert torch.equal(k_all, torch.cat((k1[1:], k2), dim=2))
+        with pytest.raises(ValueError, match="row_start 3 does not start a block of 1 rows of a cache of 2 rows"):
+            cache.update(k2, v2, 0, cache_rows=2, row_start=3)
 
 
 def test_scale_id_table_is_every_scale_filled_and_shared_by_calls(models):

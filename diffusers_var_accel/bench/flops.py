@@ -218,8 +218,8 @@ class _CurrentPassKV:
     def __init__(self, cache):
         self.cache = cache
 
-    def update(self, key_RHLc, value_RHLc, layer_idx, cache_rows=None):
-        self.cache.update(key_RHLc, value_RHLc, layer_idx, cache_rows=cache_rows)
+    def update(self, key_RHLc, value_RHLc, layer_idx, cache_rows=None, row_start=0):
+        self.cache.update(key_RHLc, value_RHLc, layer_idx, cache_rows=cache_rows, row_start=row_start)
         return key_RHLc, value_RHLc
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -233,8 +233,8 @@ class _PrefixPlusCurrentPassKV(_CurrentPassKV):
         super().__init__(cache)
         self.prefix = prefix
 
-    def update(self, key_RHLc, value_RHLc, layer_idx, cache_rows=None):
-        k_all, v_all = self.cache.update(key_RHLc, value_RHLc, layer_idx, cache_rows=cache_rows)
+    def update(self, key_RHLc, value_RHLc, layer_idx, cache_rows=None, row_start=0):
+        k_all, v_all = self.cache.update(key_RHLc, value_RHLc, layer_idx, cache_rows=cache_rows, row_start=row_start)
         before = k_all.shape[-2] - key_RHLc.shape[-2]  # keys cached by earlier passes
         keep = min(self.prefix, before)
         if keep == 0:

@@ -403,7 +403,7 @@ class VARAttnProcessor:
             if context.cache_rows is not None and context.cache_rows != R:
                 # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
                 k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx,
-                                            cache_rows=context.cache_rows)
+                                            cache_rows=context.cache_rows, row_start=context.cache_row_start)
             else:
                 k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
             k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)

@@ -53,7 +53,7 @@ class ScaleKVCache:
         return self.max_length is not None
 
     def update(self, key_RHLc: torch.Tensor, value_RHLc: torch.Tensor, layer_idx: int,
-               cache_rows: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               cache_rows: Optional[int] = None, row_start: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append this scale's keys/values of layer ``layer_idx`` and return everything cached for its rows (while
         :attr:`stores` is False: return the cached positions and the given ones, keeping nothing).
 
@@ -62,20 +62,24 @@ class ScaleKVCache:
             value_RHLc: ``(R, H, L, c)`` values of this pass (any strides).
             layer_idx: the layer.
             cache_rows: rows the cache holds when fewer run (CFG halving): the ``R`` given rows stand in for every
-                block of ``R`` cached rows; the first ``R`` rows are returned.
+                block of ``R`` cached rows; the ``R`` rows from ``row_start`` are returned.
+            row_start: the first cached row of the given rows (``R`` = the unconditional rows of a pass that runs
+                only them, under ``cache_rows``): their own history is returned with them.
         """
         rows = key_RHLc.shape[0]
         if cache_rows is not None and cache_rows != rows:
             if cache_rows % rows:
                 raise ValueError(f"{rows} rows of keys cannot fill a cache of {cache_rows} rows (not a multiple)")
-        keys, values = self._update(key_RHLc, value_RHLc, layer_idx, cache_rows)
+        if row_start and (cache_rows is None or row_start % rows or row_start + rows > cache_rows):
+            raise ValueError(f"row_start {row_start} does not start a block of {rows} rows of a cache of {cache_rows} rows")
+        keys, values = self._update(key_RHLc, value_RHLc, layer_idx, cache_rows, row_start)
         self._attended[layer_idx] = keys.shape[2]
         return keys, values
 
-    def _update(self, key_RHLc, value_RHLc, layer_idx: int, cache_rows: Optional[int]):
+    def _update(self, key_RHLc, value_RHLc, layer_idx: int, cache_rows: Optional[int], row_start: int = 0):
         rows = key_RHLc.shape[0]
         if not self.stores:
-            return self._with_cached(key_RHLc, value_RHLc, layer_idx)
+            return self._with_cached(key_RHLc, value_RHLc, layer_idx, row_start)
         if not self.preallocated:
             if cache_rows is not None and cache_rows != rows:
                 repeats = cache_rows // rows
@@ -85,10 +89,11 @@ class ScaleKVCache:
             else:
                 self.key_cache[layer_idx] = torch.cat((self.key_cache[layer_idx], key_RHLc), dim=2)
                 self.value_cache[layer_idx] = torch.cat((self.value_cache[layer_idx], value_RHLc), dim=2)
-            return self.key_cache[layer_idx][:rows], self.value_cache[layer_idx][:rows]
-        return self._write(key_RHLc, value_RHLc, layer_idx, cache_rows or rows)
+            kept = slice(row_start, row_start + rows)
+            return self.key_cache[layer_idx][kept], self.value_cache[layer_idx][kept]
+        return self._write(key_RHLc, value_RHLc, layer_idx, cache_rows or rows, row_start)
 
-    def _write(self, key_RHLc, value_RHLc, layer_idx: int, cache_rows: int):
+    def _write(self, key_RHLc, value_RHLc, layer_idx: int, cache_rows: int, row_start: int = 0):
         R, H, L, c = key_RHLc.shape
         keys = self._key_buffers[layer_idx]
         if keys is None:
@@ -117,9 +122,9 @@ class ScaleKVCache:
             keys.view(repeats, R, *keys.shape[1:])[:, :, :, start:end].copy_(key_RHLc)
             values.view(repeats, R, *values.shape[1:])[:, :, :, start:end].copy_(value_RHLc)
         self._lengths[layer_idx] = end
-        return keys[:R, :, :end], values[:R, :, :end]
+        return keys[row_start:row_start + R, :, :end], values[row_start:row_start + R, :, :end]
 
-    def _with_cached(self, key_RHLc, value_RHLc, layer_idx: int):
+    def _with_cached(self, key_RHLc, value_RHLc, layer_idx: int, row_start: int = 0):
         """The cached positions of the given rows followed by the given keys/values, which are not kept."""
         keys, values = self.get(layer_idx)
         if keys is None:
@@ -130,7 +135,8 @@ class ScaleKVCache:
                 f"layer {layer_idx}: keys of {key_RHLc.shape[1]} heads, dim {key_RHLc.shape[3]}, {key_RHLc.dtype} do not "
                 f"fit the cached ones of {keys.shape[1]} heads, dim {keys.shape[3]}, {keys.dtype}"
             )
-        return torch.cat((keys[:rows], key_RHLc), dim=2), torch.cat((values[:rows], value_RHLc), dim=2)
+        kept = slice(row_start, row_start + rows)
+        return torch.cat((keys[kept], key_RHLc), dim=2), torch.cat((values[kept], value_RHLc), dim=2)
 
     @property
     def nbytes(self) -> int:

@@ -40,6 +40,8 @@ class VARForwardContext:
             and queries; ``"full"`` stores the ``(R, H, L, S)`` probabilities.
         cache_rows (`int`, *optional*): rows held by the KV cache when the blocks run fewer rows (CFG halving: only
             the conditional half runs, and its keys/values are copied to the unconditional rows of the cache).
+        cache_row_start (`int`): the first cached row of the rows the blocks run (``B`` when only the unconditional
+            half runs: they attend to their own history).
         scale_hws (`tuple`): ``(h, w)`` of every scale of the pass, in order.
         positions (`torch.Tensor`, *optional*): ``(R, K)`` positions, among the pass's tokens, of the tokens this
             context describes; ``None`` = all of them, in order.
@@ -69,6 +71,7 @@ class VARForwardContext:
     records: "PassRecords" = field(default_factory=lambda: PassRecords())
     scale_lengths: Optional[Tuple[int, ...]] = None
     call_cache: Optional[Dict[Hashable, Any]] = None
+    cache_row_start: int = 0
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None,

@@ -106,13 +106,14 @@ def run_next_scale_loop(
                     on_scale_end(si, state)
             continue
         routes = scheduler.route_pass(state, plan) if scheduler is not None else None
-        pass_layout = layout.for_pass(plan.cfg_halve)
+        pass_layout = layout.for_plan(plan)
         hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, routes, pass_layout, pass_runner)
         offset = 0
         for si, length in zip(plan.scale_indices, lengths):
             h_scale = hidden_RLC[:, offset:offset + length]
             offset += length
-            # Under CFG halving the unconditional rows are copies of the conditional ones: guidance has no effect.
+            # A halved pass runs one half: its logits are that half's (CFG halving: the conditional rows stand in for
+            # both, guidance has no effect; unconditional-only: the unconditional model's logits).
             cfg = 1.0 if pass_layout.halved else guidance_scales[si]
             logits, state.logits[si] = family.guided_logits(h_scale, pass_condition, si, cfg, temperatures[si], batch_size)
             if teacher_tokens is not None and si < len(teacher_tokens):
@@ -152,7 +153,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
     scale_hws = tuple((int(schedule[si][-2]), int(schedule[si][-1])) for si in plan.scale_indices)
     lengths = [h * w for h, w in scale_hws]
     input_lengths = list(lengths)
-    cond_rows = family.select_condition_rows(condition, slice(0, state.batch_size)) if layout.halved else condition
+    cond_rows = family.select_condition_rows(condition, layout.run_slice) if layout.halved else condition
     parts = []
     if plan.scale_indices[0] == 0:
         start_RLC = family.start_tokens(cond_rows)
@@ -184,6 +185,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
         record_attention_layers=set(plan.record_attention_layers),
         attention_map=plan.attention_map,
         cache_rows=layout.cache_rows if layout.halved else None,
+        cache_row_start=layout.run_slice.start if layout.halved else 0,
         scale_hws=scale_hws,
         records=records,
     )

@@ -46,6 +46,11 @@ class ScalePlan:
         skip (`bool`, defaults to `False`): run no transformer pass and add no codes for these scales.
         cfg_halve (`bool`, defaults to `False`): under CFG, run only the conditional rows through the blocks; their
             output stands in for the unconditional rows (the guidance difference at these scales is zero).
+        cfg_uncond_only (`bool`, defaults to `False`): under CFG, run only the **unconditional** rows (null text,
+            unconditional AdaLN and head condition, their own KV history) and sample from their logits: guidance
+            switched off towards the unconditional model (StageVAR's "cfg = 0" scales). Their keys stand in for the
+            conditional rows' in the cache, so once a pass is unconditional-only every later pass that runs the
+            blocks must be too (:func:`validate_plans`). Exclusive with ``cfg_halve``.
         record_attention_layers (`frozenset[int]`): self-attention layers whose probabilities are computed
             explicitly and handed to ``after_scale`` (in ``state.records.attention[layer]``).
         attention_map (`str`, defaults to `"key_mean"`): what is kept of a recorded map: ``"key_mean"`` the attention
@@ -58,10 +63,14 @@ class ScalePlan:
     cfg_halve: bool = False
     record_attention_layers: FrozenSet[int] = field(default_factory=frozenset)
     attention_map: str = "key_mean"
+    cfg_uncond_only: bool = False
 
     def __post_init__(self):
         if self.attention_map not in ATTENTION_MAP_KINDS:
             raise ValueError(f"attention_map must be one of {ATTENTION_MAP_KINDS}, got {self.attention_map!r}")
+        if self.cfg_halve and self.cfg_uncond_only:
+            raise ValueError(f"scales {tuple(self.scale_indices)}: cfg_halve (conditional rows only) and cfg_uncond_only "
+                             "(unconditional rows only) are two branch rules; a pass takes one")
 
 
 def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
@@ -82,6 +91,12 @@ def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
         if 0 in idx and len(idx) > 1:
             raise ValueError(f"plan {idx} groups scale 0 with later scales; scale 0 (the start token) runs alone")
         expected += len(idx)
+    running = [plan for plan in plans if not plan.skip]
+    for earlier, later in zip(running, running[1:]):
+        if earlier.cfg_uncond_only and not later.cfg_uncond_only:
+            raise ValueError(f"plan {tuple(later.scale_indices)} runs both CFG rows after the unconditional-only plan "
+                             f"{tuple(earlier.scale_indices)}; unconditional-only passes must end the passes that run "
+                             "(their keys stand in for the conditional rows')")
     if expected != num_scales:
         raise ValueError(f"plans cover scales 0..{expected - 1} but the schedule has {num_scales} scales")
 

@@ -396,7 +396,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         hws = tuple((int(schedule[k][-2]), int(schedule[k][-1])) for k in plan.scale_indices)
         per_layer: Dict[int, List[torch.Tensor]] = {l: [] for l in range(num_layers)}
         # the rows the pass runs (a per-image plan is laid out for them once, not by the executor per layer)
-        rows = state.layout.for_pass(plan.cfg_halve).run_rows if state.layout is not None else state.rows
+        rows = state.layout.for_plan(plan).run_rows if state.layout is not None else state.rows
         offset = 0
         for k, hw in zip(plan.scale_indices, hws):
             depth = call.plans.get(k)

@@ -341,6 +341,7 @@ class ComposedScheduler(VARAccelScheduler):
                 plan,
                 skip=any(x.skip for x in overlapping),
                 cfg_halve=any(x.cfg_halve for x in overlapping),
+                cfg_uncond_only=any(x.cfg_uncond_only for x in overlapping),
                 record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
                 attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
             ))
