@@ -116,3 +116,48 @@ def test_a_routed_block_on_a_half_precision_stream_promotes_as_the_dense_path():
                     acceleration=scheduler, output_type="latent").images
 
     assert torch.equal(run(every), run(None))
+
+
+def test_a_mixing_span_with_the_identity_projection_is_the_dense_pass(pipe):
+    """A mixing route (StageVAR's) whose projection is the identity (r = N) and whose positions are the tokens in
+    order runs the span on the tokens themselves, with their own RoPE positions: bit for bit the dense pass (the
+    fp32 product by the identity is exact); its canvas is overwritten everywhere."""
+    from diffusers_var_accel.next_scale.plan import EarlierScale, MixingRoute
+
+    depth = pipe.transformer.config.depth
+
+    class _Identity(VARAccelScheduler):
+        def route_pass(self, state, plan):
+            if plan.scale_indices[0] != state.num_scales - 1:
+                return None
+            _, h, w = state.scale_schedule[-1]
+
+            def mixer(x):
+                R, N, _ = x.shape
+                return torch.arange(N).expand(R, N), torch.eye(N).expand(R, N, N)
+
+            canvas = EarlierScale(torch.zeros(state.rows, 1, pipe.transformer.config.embed_dim), (1, 1))
+            return PassRoutes(mixing={0: MixingRoute(depth // 2, mixer, canvas), depth // 2: MixingRoute(depth, mixer, canvas)})
+
+    assert torch.equal(_latents(pipe, _Identity()), _latents(pipe))
+
+
+def test_a_mixing_span_refuses_routes_inside_it(pipe):
+    from diffusers_var_accel.next_scale.plan import EarlierScale, MixingRoute
+
+    depth = pipe.transformer.config.depth
+
+    def make(state, n):
+        mixer = lambda x: (torch.arange(4).expand(x.shape[0], 4), torch.rand(x.shape[0], x.shape[1], 4))  # noqa: E731
+        canvas = EarlierScale(torch.zeros(state.rows, 1, pipe.transformer.config.embed_dim), (1, 1))
+        return {"mixing": {0: MixingRoute(depth, mixer, canvas)}, "routes": {(1, "ffn"): TokenRoute(index=_kept(state, n))}}
+
+    class _Both(VARAccelScheduler):
+        def route_pass(self, state, plan):
+            if plan.scale_indices[0] != state.num_scales - 1:
+                return None
+            _, h, w = state.scale_schedule[-1]
+            return PassRoutes(**make(state, h * w))
+
+    with pytest.raises(ValueError, match=r"layers \[1\] are in the mixing span 0..3"):
+        _latents(pipe, _Both())

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import VARForwardContext, gather_tokens, scatter_tokens
-from .plan import FILL_MODES, EarlierScale, LayerProxy, PassThrough, TokenRoute
+from .plan import FILL_MODES, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
 from .rows import match_rows
 
 class GatedUpdate(NamedTuple):
@@ -160,13 +160,28 @@ def _spans(route: Optional[TokenRoute], other: Optional[TokenRoute]) -> bool:
 def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
     """Run ``blocks`` over the pass's tokens as ``context.routes`` says (every token, every block without routes)."""
     routes = context.routes
-    if routes is None or not (routes.routes or routes.record):
+    if routes is None or not (routes.routes or routes.record or routes.mixing):
         for block in blocks:
             x_RLC = block(x_RLC, condition, context)
         return x_RLC
     record = routes.record
     layer, num_layers = 0, len(blocks)
     while layer < num_layers:
+        mixing = routes.mixing.get(layer)
+        if mixing is not None:
+            span = range(layer, mixing.end_layer)
+            if mixing.end_layer <= layer or mixing.end_layer > num_layers:
+                raise ValueError(f"the mixing span from layer {layer} ends at {mixing.end_layer}; allowed: {layer + 1}..{num_layers}")
+            clash = [l for l in span if any((l, kind) in routes.routes for kind in SPAN_KINDS)
+                     or l in record.block_deltas or (l != span[-1] and l in record.block_outputs)]
+            if clash:
+                raise ValueError(f"layers {clash} are in the mixing span {layer}..{mixing.end_layer - 1} and also routed or "
+                                 "recorded inside it; a span's blocks run on mixtures, not tokens")
+            x_RLC = _run_mixing(blocks[layer:mixing.end_layer], x_RLC, condition, context, mixing)
+            if span[-1] in record.block_outputs:
+                context.records.block_outputs[span[-1]] = x_RLC
+            layer = mixing.end_layer
+            continue
         route = routes.routes.get((layer, "block"))
         if route is not None and any((layer, kind) in routes.routes for kind in ("self_attn", "cross_attn", "ffn")):
             raise ValueError(f"layer {layer} has a block route and sublayer routes; a layer is routed at one level")
@@ -188,6 +203,27 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
         x_RLC = out_RLC
         layer += 1
     return x_RLC
+
+
+SPAN_KINDS = ("block", "self_attn", "cross_attn", "ffn")
+
+
+def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: MixingRoute) -> torch.Tensor:
+    """A span of blocks on ``r`` mixtures ``P^T X`` of the tokens, written back at the mixer's positions onto the
+    fill's canvas (:class:`~.plan.MixingRoute`)."""
+    positions_Rr, projection_RLr = route.mixer(x_RLC)
+    R, L, _ = x_RLC.shape
+    r = positions_Rr.shape[1]
+    if projection_RLr.shape != (R, L, r):
+        raise ValueError(f"a mixer's projection must be (rows, tokens, r) = {(R, L, r)}, got {tuple(projection_RLr.shape)}")
+    with torch.autocast(x_RLC.device.type, enabled=False):  # the projection in fp32, as StageVAR's code
+        y_RrC = torch.bmm(projection_RLr.float().transpose(1, 2), x_RLC.float()).to(x_RLC.dtype)
+    first = torch.arange(r, device=x_RLC.device).expand(R, r)  # the mixtures take the first r positions' RoPE
+    tokens_context = replace(context.for_tokens(first, None), routes=None)
+    for block in blocks:
+        y_RrC = block(y_RrC, condition, tokens_context)
+    canvas = _block_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, y_RrC.dtype))
+    return scatter_tokens(canvas, positions_Rr, y_RrC)
 
 
 def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes, route: TokenRoute) -> torch.Tensor:

@@ -214,6 +214,33 @@ class TokenRoute:
         return TokenRoute(outer.index, outer.selector, outer.fill, self, outer.scale_counts)
 
 
+#: ``mixer(x_RLC) -> (positions (R, r), projection (R, L, r))``: evaluated by the executor on the residual stream
+#: entering a mixing span (the draws may depend on it, as StageVAR's write positions do).
+TokenMixer = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True, eq=False)
+class MixingRoute:
+    """A span of blocks run on ``r`` mixtures of the pass's tokens instead of the tokens (StageVAR's random
+    projection), written back at ``r`` positions onto a canvas.
+
+    Before the span the executor computes ``Y = P^T X`` (``P`` the mixer's projection ``(R, L, r)``, in fp32 without
+    autocast), runs the span's blocks on ``Y`` with the RoPE positions and context of the pass's first ``r`` tokens
+    (raster order; their keys and values enter the KV cache), and returns the canvas (the fill, at every position)
+    with the ``k``-th output written at the ``k``-th of the mixer's positions. Which mixture lands where is the
+    method's choice (the positions need not be sorted, only distinct).
+
+    Args:
+        end_layer: the span is the layers from the route's key up to ``end_layer`` (excluded).
+        mixer: :data:`TokenMixer`, called on the stream entering the span.
+        fill: the canvas (:class:`EarlierScale`: an earlier scale's output of the span, interpolated).
+    """
+
+    end_layer: int
+    mixer: TokenMixer
+    fill: "Fill"
+
+
 @dataclass(frozen=True)
 class RecordRequest:
     """What one pass keeps for later scales (``state.records`` of ``after_scale``).
@@ -251,16 +278,19 @@ class PassRoutes:
             of the others are zero (LazyVAR), and heads that refine codes (HART's diffusion head) run only here.
         code_weights: ``{scale: (B, h, w)}`` weights of the scale's codes before they enter the summed latent
             (DepthVAR's code blending).
+        mixing: ``{first layer: MixingRoute}``: spans of blocks run on mixtures of the tokens (StageVAR).
     """
 
     routes: Dict[Tuple[int, str], TokenRoute] = field(default_factory=dict)
     record: RecordRequest = NO_RECORD
     residual_tokens: Dict[int, torch.Tensor] = field(default_factory=dict)
     code_weights: Dict[int, torch.Tensor] = field(default_factory=dict)
+    mixing: Dict[int, MixingRoute] = field(default_factory=dict)
 
     def routed_layers(self) -> FrozenSet[int]:
         """The layers any route touches."""
-        return frozenset(layer for layer, _ in self.routes)
+        spans = (layer for start, m in self.mixing.items() for layer in range(start, m.end_layer))
+        return frozenset(layer for layer, _ in self.routes) | frozenset(spans)
 
     def __bool__(self) -> bool:
-        return bool(self.routes or self.record or self.residual_tokens or self.code_weights)
+        return bool(self.routes or self.record or self.residual_tokens or self.code_weights or self.mixing)

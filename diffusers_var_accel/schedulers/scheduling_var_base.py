@@ -370,6 +370,10 @@ class ComposedScheduler(VARAccelScheduler):
             if not routes:
                 continue
             for key, route in routes.routes.items():
+                if (key[0], "mixing") in owner:
+                    raise ValueError(f"{names[i]} routes {key[1]} of layer {key[0]} at scales {list(plan.scale_indices)}, which "
+                                     f"{names[owner[(key[0], 'mixing')]]} runs on token mixtures there; a mixing span takes its "
+                                     "layers whole")
                 if key in merged.routes and not _nests(route, merged.routes[key]):
                     raise ValueError(f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
                                      f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
@@ -381,6 +385,17 @@ class ComposedScheduler(VARAccelScheduler):
                                      "sublayer, not both")
                 merged.routes[key] = route
                 owner[key] = i
+            for start, mixing in routes.mixing.items():
+                span = set(range(start, mixing.end_layer))
+                taken = sorted({k[0] for k in owner} & span) or sorted(
+                    l for s0, m0 in merged.mixing.items() for l in range(s0, m0.end_layer) if l in span)
+                if taken:
+                    raise ValueError(f"{names[i]} runs layers {start}..{mixing.end_layer - 1} on token mixtures at scales "
+                                     f"{list(plan.scale_indices)}, but another member routes layers {taken} there; a "
+                                     "mixing span takes its layers whole")
+                merged.mixing[start] = mixing
+                for layer in span:
+                    owner[(layer, "mixing")] = i
             rec = routes.record
             for what, layers in (("block output", rec.block_outputs), ("block delta", rec.block_deltas),
                                  ("sublayer update", frozenset(layer for layer, _ in rec.sublayer_updates))):
