@@ -89,6 +89,7 @@ def run_next_scale_loop(
         kv_cache = ScaleKVCache(family.num_layers, max_length=max_length)
     state = NextScaleState(scale_schedule, batch_size, layout.cache_rows, kv_cache)
     state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
+    state.generator = generator
     state.plans = tuple(plans)
     last_run = last_block_pass(plans)
 

@@ -134,6 +134,9 @@ class NextScaleState:
     pass_index: int = 0
     pass_routes: Optional[PassRoutes] = None
     method_states: Dict[int, Any] = field(default_factory=dict)
+    #: the call's token generator(s) (one, or one per image), as the loop was given them; methods that draw their own
+    #: randomness derive their seeds from it, never consume it
+    generator: Any = None
     #: per-call constants shared by every pass (``VARForwardContext.call_cache``): models and the loop fill it lazily,
     #: keyed by ``(name, layer_idx)``; gone when the call returns
     call_cache: Dict[Any, Any] = field(default_factory=dict)

@@ -1,0 +1,233 @@
+"""StageVAR (published as FasterVAR, arXiv 2512.16483, ICML 2026; not to be confused with FastVAR): stage-aware
+acceleration of the fidelity stage, as its public code does it (``shared/docs/stagevar-spec.md``).
+
+The semantic and structure stages (Infinity 1024²: the scales up to 32²) run untouched. In the fidelity stage:
+
+1. **Guidance off towards the unconditional model** ("cfg = 0" in the code): only the unconditional rows run (null
+   text, their AdaLN and head condition, their own KV history) and the scale is sampled from their logits (spec §2.1;
+   the loop's ``ScalePlan.cfg_uncond_only``).
+2. **Random-projection low-rank features** at the projected scales (spec §2.2): each chunk of blocks runs on ``r``
+   mixtures ``Y = Q^T X`` of the scale's tokens, ``Q ~ N(0, 1/r)`` of shape ``(N, r)``, with the RoPE positions of
+   the first ``r`` raster tokens; ``r_j = int(ratio_j N) + 1`` from a per-chunk table of energy ratios.
+3. **Representative-token restoration** (spec §2.3-2.4): the chunk's ``r`` outputs are written at ``r`` positions drawn
+   without replacement with probability ``||x_i||^2 / sum_k ||x_k||^2`` (``x`` the chunk's input; the ``k``-th
+   mixture at the ``k``-th drawn position) onto the area-upsampled output of the same chunk at the previous scale.
+4. The released Infinity code skips the last two scales (48², 64²; spec §2.7): ``skipped_scales``.
+
+Decisions where the spec lists an ambiguity (§6), stated here and in the docs:
+
+* Draws (§3, #9): the official code draws the positions and projections from the process's global generator, which
+  nothing seeds. Here they come from a generator of the call: ``projection_seed`` when given (the official draw order
+  on one CPU generator: per chunk, the positions then the projection; ``torch.manual_seed(s)`` before the official
+  call gives the same draws), else each image's generator's initial seed plus 12345 (InfinityStar's rule), one
+  generator per image, so each image of a batch is independent of the others.
+* Batch > 1 (#8): rows draw in order, each from its image's generator (the official code handles one image).
+* Non-square scales (#8): the canvas is interpolated to ``(h, w)``; the ranks count the scale's tokens.
+
+Shape legend: ``B`` images, ``R`` rows the pass runs, ``N`` tokens of the scale, ``C`` width, ``r`` mixtures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from diffusers.configuration_utils import register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
+#   loadable base class up in the module named in model_index.json)
+
+from ..next_scale.plan import EarlierScale, MixingRoute, PassRoutes, RecordRequest, ScalePlan
+from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
+
+#: The offset InfinityStar adds to the call's seed for its projection generator (``g_seed + 12345``).
+SEED_OFFSET = 12345
+
+
+def representative_probabilities(x_RNC: torch.Tensor) -> torch.Tensor:
+    """Spec §2.3: ``pi_i = ||x_i||^2 / sum_k ||x_k||^2`` per row, in fp32 ``(R, N)``."""
+    energy = x_RNC.float().square().sum(dim=-1)
+    return energy / energy.sum(dim=-1, keepdim=True)
+
+
+def stage_rank(ratio: float, num_tokens: int) -> int:
+    """Spec §2.2: ``r = int(ratio N) + 1``, at most ``N``."""
+    return min(num_tokens, int(ratio * num_tokens) + 1)
+
+
+class RepresentativeMixer:
+    """The draws of one chunk (spec §2.2-2.3), made on the stream entering it: per row, ``r`` write positions without
+    replacement by squared-norm probability, then the projection ``randn(N, r) / sqrt(r)``, from that row's
+    generator (in this order, as the official code)."""
+
+    def __init__(self, rank: int, generators: Sequence[torch.Generator]):
+        self.rank, self.generators = rank, list(generators)
+
+    def __call__(self, x_RNC: torch.Tensor):
+        R, N, _ = x_RNC.shape
+        if len(self.generators) != R:
+            raise ValueError(f"the mixer has {len(self.generators)} generators for {R} rows")
+        with torch.autocast(x_RNC.device.type, enabled=False):
+            probs = representative_probabilities(x_RNC)
+        positions, projections = [], []
+        for row, generator in enumerate(self.generators):
+            positions.append(torch.multinomial(probs[row:row + 1], self.rank, replacement=False, generator=generator))
+            q = torch.randn(1, N, self.rank, generator=generator, device=x_RNC.device, dtype=torch.float32)
+            projections.append(q * (1.0 / math.sqrt(self.rank)))
+        return torch.cat(positions), torch.cat(projections)
+
+
+@dataclass
+class StageVARCallState:
+    """What StageVAR keeps during one call: each chunk's output at the last scale that ran (the next projected
+    scale's canvas), and the projection generators of the call's rows."""
+
+    chunk_outputs: Dict[int, torch.Tensor] = field(default_factory=dict)
+    source: Optional[Tuple[int, Tuple[int, int], bool]] = None  # (scale, (h, w), unconditional rows only)
+    generators: Optional[List[torch.Generator]] = None
+
+
+class StageVARScheduler(VARAccelScheduler):
+    r"""StageVAR (FasterVAR): unconditional-only sampling in the fidelity stage, its chunks run on random mixtures of
+    the tokens and restored onto the previous scale's upsampled output, the last scales skipped (the released code).
+
+    Scale indices may be negative (``-1`` is the last scale). The released Infinity setting (1024², 13 scales): the
+    last three scales unconditional, the first of them (40²) projected with the ``alpha = 0.96`` ranks of the 8 block
+    chunks, the last two (48², 64²) skipped.
+
+    Args:
+        unconditional_scales (`tuple[int]`, defaults to `(-3, -2, -1)`): scales run on the unconditional rows only
+            (guidance off; they must end the scales that run).
+        projected_scales (`tuple[int]`, defaults to `(-3,)`): scales whose chunks run on token mixtures.
+        rank_ratios (`tuple[tuple[float]]`): per projected scale, one energy ratio per chunk (``r = int(ratio N) + 1``).
+        skipped_scales (`tuple[int]`, defaults to `(-2, -1)`): scales not run at all (no codes).
+        num_chunks (`int`, defaults to 8): consecutive chunks the blocks are split into (Infinity's ``block_chunks``).
+        projection_seed (`int`, *optional*): seed of one generator for every row's draws (the official draw order);
+            `None`: each image's own generator's initial seed plus 12345.
+        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+    """
+
+    call_state_class = StageVARCallState
+
+    @register_to_config
+    def __init__(
+        self,
+        unconditional_scales: Tuple[int, ...] = (-3, -2, -1),
+        projected_scales: Tuple[int, ...] = (-3,),
+        rank_ratios: Tuple[Tuple[float, ...], ...] = ((0.016776672694393688, 0.13648282097649195, 0.21039203774864412,
+                                                        0.2502819846292948, 0.2558836742766729, 0.1978790404611215,
+                                                        0.1570015822784809, 0.19090034471066883),),
+        skipped_scales: Tuple[int, ...] = (-2, -1),
+        num_chunks: int = 8,
+        projection_seed: Optional[int] = None,
+        model_family: Optional[str] = "infinity",
+    ):
+        super().__init__()
+        self._check_family_name(model_family)
+        for name, values in (("unconditional_scales", unconditional_scales), ("projected_scales", projected_scales),
+                             ("skipped_scales", skipped_scales)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or len(set(values)) != len(values):
+                raise ValueError(f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}")
+        if len(rank_ratios) != len(projected_scales):
+            raise ValueError(f"rank_ratios needs one list per projected scale ({len(projected_scales)}), got {len(rank_ratios)}")
+        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+            raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
+        for ratios in rank_ratios:
+            if len(ratios) != num_chunks or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in ratios):
+                raise ValueError(f"each rank_ratios entry must hold {num_chunks} ratios in [0, 1] (one per chunk), got {list(ratios)!r}")
+        if projection_seed is not None and (isinstance(projection_seed, bool) or not isinstance(projection_seed, int)):
+            raise ValueError(f"projection_seed must be an integer or None, got {projection_seed!r}")
+
+    # -- the setting on one schedule ---------------------------------------------------------------------------------
+    def _resolve(self, scale_schedule) -> Tuple[frozenset, Dict[int, Tuple[float, ...]], frozenset]:
+        n = len(scale_schedule)
+        c = self.config
+        unconditional = frozenset(resolve_scale_index(k, n, "unconditional_scales") for k in c.unconditional_scales)
+        projected = {resolve_scale_index(k, n, "projected_scales"): tuple(r) for k, r in zip(c.projected_scales, c.rank_ratios)}
+        skipped = frozenset(resolve_scale_index(k, n, "skipped_scales") for k in c.skipped_scales)
+        if 0 in skipped or 0 in projected:
+            raise ValueError("scale 0 (the start token) is never skipped or projected")
+        both = skipped & set(projected)
+        if both:
+            raise ValueError(f"scales {sorted(both)} are both skipped and projected")
+        return unconditional, projected, skipped
+
+    def chunks(self, num_layers: int) -> List[Tuple[int, int]]:
+        """``[(first layer, end layer)]`` of the consecutive chunks (Infinity's ``block_chunks``)."""
+        k = self.config.num_chunks
+        if num_layers % k:
+            raise ValueError(f"num_chunks={k} does not divide the model's {num_layers} layers")
+        size = num_layers // k
+        return [(j * size, (j + 1) * size) for j in range(k)]
+
+    def plan_scales(self, scale_schedule):
+        unconditional, _, skipped = self._resolve(scale_schedule)
+        return [ScalePlan((k,), skip=k in skipped, cfg_uncond_only=k in unconditional and k not in skipped)
+                for k in range(len(scale_schedule))]
+
+    def acted_scales(self, scale_schedule):
+        unconditional, projected, skipped = self._resolve(scale_schedule)
+        return unconditional | frozenset(projected) | skipped | frozenset(k - 1 for k in projected)
+
+    # -- per pass -------------------------------------------------------------------------------------------------------
+    def _generators(self, state, device: torch.device) -> List[torch.Generator]:
+        """One projection generator per image, on ``device`` (see the module docstring)."""
+        seeds = []
+        image_generators = state.generator if isinstance(state.generator, (list, tuple)) else [state.generator] * state.batch_size
+        for b in range(state.batch_size):
+            if self.config.projection_seed is not None:
+                seeds.append(self.config.projection_seed)
+            else:
+                g = image_generators[b]
+                seeds.append((g.initial_seed() if g is not None else 0) + SEED_OFFSET)
+        if self.config.projection_seed is not None:  # one generator: the official draw order over every row
+            return [torch.Generator(device).manual_seed(seeds[0])] * state.batch_size
+        return [torch.Generator(device).manual_seed(s) for s in seeds]
+
+    def route_pass(self, state, plan):
+        """The pass before a projected scale records each chunk's output; a projected scale runs each chunk on
+        mixtures (spec §2.2-2.4)."""
+        _, projected, _ = self._resolve(state.scale_schedule)
+        k = plan.scale_indices[0]
+        chunks = self.chunks(state.model.num_layers)
+        nxt = state.next_plan()
+        record = RecordRequest(block_outputs=frozenset(end - 1 for _, end in chunks)) if (
+            nxt is not None and nxt.scale_indices[0] in projected) else RecordRequest()
+        if k not in projected:
+            return PassRoutes(record=record) if record else None
+        if len(plan.scale_indices) > 1:
+            raise ValueError(f"StageVAR projects scale {k}, which is decoded in the group {list(plan.scale_indices)}")
+        call = self.call_state(state)
+        if call.source is None or call.source[0] != k - 1:
+            raise RuntimeError(f"StageVAR's canvas of scale {k} is the output of scale {k - 1}'s chunks, but that scale "
+                               "did not run (skipped or grouped?)")
+        _, source_hw, source_unconditional = call.source
+        if call.generators is None:  # made at the first projected scale, on the model's device, kept for the call
+            call.generators = self._generators(state, next(iter(call.chunk_outputs.values())).device)
+        h, w = (int(v) for v in state.scale_schedule[k][-2:])
+        B = state.batch_size
+        layout = state.layout.for_plan(plan)
+        # this pass's rows of the previous scale's chunk outputs (the unconditional half of a full pass, when only
+        # the unconditional rows run now)
+        if layout.halved and not source_unconditional:
+            rows = layout.run_slice
+        else:
+            rows = slice(0, None)
+        row_images = list(range(layout.run_rows)) if not layout.halved else list(range(B))
+        generators = [call.generators[i % B] for i in row_images]
+        routes = PassRoutes(record=record)
+        for j, (start, end) in enumerate(chunks):
+            rank = stage_rank(projected[k][j], h * w)
+            canvas = EarlierScale(call.chunk_outputs[end - 1][rows], source_hw, mode="area")
+            routes.mixing[start] = MixingRoute(end, RepresentativeMixer(rank, generators), canvas)
+        return routes
+
+    def after_scale(self, state, plan, hidden_states_RLC):
+        outputs = state.records.block_outputs
+        if not outputs:
+            return
+        k = plan.scale_indices[0]
+        call = self.call_state(state)
+        call.chunk_outputs = dict(outputs)
+        call.source = (k, tuple(int(v) for v in state.scale_schedule[k][-2:]), plan.cfg_uncond_only)

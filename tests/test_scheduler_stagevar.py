@@ -1,0 +1,81 @@
+"""StageVAR (FasterVAR) on the tiny Infinity model: the released setting's plans, a batch on a non-square size with
+images independent of each other, its draws reproducible from the call's seeds, and clear errors. Parity with the
+official code: tests/test_parity_stagevar.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffusers_var_accel import supported_sizes
+from diffusers_var_accel.schedulers.scheduling_stagevar import StageVARScheduler, representative_probabilities, stage_rank
+from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+WIDE = next(hw for hw, tb in supported_sizes().items() if tb == (0.5, "0.06M"))  # h:w = 1:2
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = build_tiny_infinity_pipeline(seed=0, depth=4)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def _stagevar(**overrides):
+    return StageVARScheduler(**{"num_chunks": 2, "rank_ratios": ((0.2, 0.35),), **overrides})
+
+
+def _images(pipe, scheduler, generators, prompts=("a red fox", "a blue bird")):
+    return pipe(list(prompts), height=WIDE[0], width=WIDE[1], generator=generators, acceleration=scheduler,
+                guidance_scale=3.0, output_type="pt").images
+
+
+def g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_released_plans_guidance_off_on_the_last_three_the_last_two_skipped():
+    plans = StageVARScheduler().plan_scales([(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)])
+    assert [p.cfg_uncond_only for p in plans] == [False] * 10 + [True, False, False]
+    assert [p.skip for p in plans] == [False] * 11 + [True, True]
+
+
+def test_a_batch_on_a_non_square_size_keeps_every_image_independent(pipe):
+    scheduler = _stagevar()
+    first = _images(pipe, scheduler, [g(1), g(2)])
+    other = _images(pipe, scheduler, [g(1), g(3)], prompts=("a red fox", "two green circles"))
+    assert torch.equal(first[0], other[0]) and not torch.equal(first[1], other[1])
+    assert not torch.equal(first, _images(pipe, None, [g(1), g(2)]))
+    assert torch.equal(first, _images(pipe, scheduler, [g(1), g(2)]))  # the draws follow the call's seeds
+
+
+def test_a_projection_seed_draws_the_same_mixtures_for_any_token_seed(pipe):
+    """``projection_seed``: one generator for every row's positions and projections (the official draw order)."""
+    scheduler = _stagevar(projection_seed=5)
+    assert torch.equal(_images(pipe, scheduler, [g(1), g(2)]), _images(pipe, scheduler, [g(1), g(2)]))
+    assert not torch.equal(_images(pipe, scheduler, [g(1), g(2)]), _images(pipe, _stagevar(projection_seed=6), [g(1), g(2)]))
+
+
+def test_ranks_and_probabilities():
+    assert stage_rank(0.016776672694393688, 1600) == 27 and stage_rank(1.0, 10) == 10
+    x = torch.tensor([[[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]]])
+    assert torch.equal(representative_probabilities(x), torch.tensor([[25 / 26, 0.0, 1 / 26]]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rank_ratios=((0.2,),)), "each rank_ratios entry must hold 2 ratios"),
+    (dict(rank_ratios=()), "rank_ratios needs one list per projected scale"),
+    (dict(num_chunks=0), "num_chunks must be a positive integer"),
+    (dict(projection_seed="7"), "projection_seed must be an integer"),
+    (dict(skipped_scales=(-3,)), "are both skipped and projected"),
+])
+def test_bad_settings_name_the_value(pipe, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        scheduler = _stagevar(**overrides)
+        _images(pipe, scheduler, [g(1), g(2)])
+
+
+def test_chunks_must_divide_the_depth(pipe):
+    with pytest.raises(ValueError, match="num_chunks=3 does not divide the model's 4 layers"):
+        _images(pipe, StageVARScheduler(num_chunks=3, rank_ratios=((0.2, 0.2, 0.2),)), [g(1), g(2)])
