@@ -79,3 +79,24 @@ def test_bad_settings_name_the_value(pipe, overrides, message):
 def test_chunks_must_divide_the_depth(pipe):
     with pytest.raises(ValueError, match="num_chunks=3 does not divide the model's 4 layers"):
         _images(pipe, StageVARScheduler(num_chunks=3, rank_ratios=((0.2, 0.2, 0.2),)), [g(1), g(2)])
+
+
+def test_flops_are_counted_on_meta_tensors_and_fall_as_the_plan_says():
+    """The released setting at the Infinity-2B structure (1024², CFG), counted on meta tensors (the mixer draws
+    nothing there): fewer FLOPs than the baseline, and the same as the baseline on the untouched scales."""
+    from diffusers_var_accel import schedule_for_size
+    from diffusers_var_accel.bench import flops as F
+    from diffusers_var_accel.models.autoencoder_bsq import InfinityBSQVAE
+    from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
+    from diffusers_var_accel.models.transformer_infinity import InfinityTransformer
+
+    spec = F.MODEL_SPECS["infinity-2b"]
+    schedule, template = schedule_for_size(1024, 1024)
+    counts = {}
+    for name, scheduler in (("baseline", None), ("stagevar", StageVARScheduler())):
+        transformer, vae = F.build_on_meta(InfinityTransformer, **spec.transformer), F.build_on_meta(InfinityBSQVAE, **spec.vae)
+        counts[name] = F.count_generation_flops(transformer, vae, schedule, rope_grid_hw(template), scheduler=scheduler)
+    base, stage = counts["baseline"], counts["stagevar"]
+    assert base["total_flops"] / stage["total_flops"] > 3.4  # 3.88x at the time of writing (docs/stagevar.md)
+    per_base, per_stage = [s["flops"] for s in base["per_scale"]], [s["flops"] for s in stage["per_scale"]]
+    assert per_stage[:10] == per_base[:10] and per_stage[10] < per_base[10] / 4 and per_stage[11:] == [0, 0]

@@ -24,6 +24,7 @@ earlier scale.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -208,6 +209,11 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
 SPAN_KINDS = ("block", "self_attn", "cross_attn", "ffn")
 
 
+def _without_autocast(device: torch.device):
+    """Autocast off on ``device`` (nothing to turn off on the meta device of a FLOP count)."""
+    return contextlib.nullcontext() if device.type == "meta" else torch.autocast(device.type, enabled=False)
+
+
 def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: MixingRoute) -> torch.Tensor:
     """A span of blocks on ``r`` mixtures ``P^T X`` of the tokens, written back at the mixer's positions onto the
     fill's canvas (:class:`~.plan.MixingRoute`)."""
@@ -216,7 +222,7 @@ def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardConte
     r = positions_Rr.shape[1]
     if projection_RLr.shape != (R, L, r):
         raise ValueError(f"a mixer's projection must be (rows, tokens, r) = {(R, L, r)}, got {tuple(projection_RLr.shape)}")
-    with torch.autocast(x_RLC.device.type, enabled=False):  # the projection in fp32, as StageVAR's code
+    with _without_autocast(x_RLC.device):  # the projection in fp32, as StageVAR's code
         y_RrC = torch.bmm(projection_RLr.float().transpose(1, 2), x_RLC.float()).to(x_RLC.dtype)
     first = torch.arange(r, device=x_RLC.device).expand(R, r)  # the mixtures take the first r positions' RoPE
     tokens_context = replace(context.for_tokens(first, None), routes=None)

@@ -68,8 +68,10 @@ class RepresentativeMixer:
         R, N, _ = x_RNC.shape
         if len(self.generators) != R:
             raise ValueError(f"the mixer has {len(self.generators)} generators for {R} rows")
-        with torch.autocast(x_RNC.device.type, enabled=False):
-            probs = representative_probabilities(x_RNC)
+        if x_RNC.is_meta:  # a shape-only run (FLOP counting): no values to draw from
+            return (torch.empty(R, self.rank, dtype=torch.long, device="meta"),
+                    torch.empty(R, N, self.rank, dtype=torch.float32, device="meta"))
+        probs = representative_probabilities(x_RNC)  # in fp32 (the official code turns autocast off)
         positions, projections = [], []
         for row, generator in enumerate(self.generators):
             positions.append(torch.multinomial(probs[row:row + 1], self.rank, replacement=False, generator=generator))
@@ -181,6 +183,8 @@ class StageVARScheduler(VARAccelScheduler):
             else:
                 g = image_generators[b]
                 seeds.append((g.initial_seed() if g is not None else 0) + SEED_OFFSET)
+        if device.type == "meta":  # a shape-only run draws nothing
+            device = torch.device("cpu")
         if self.config.projection_seed is not None:  # one generator: the official draw order over every row
             return [torch.Generator(device).manual_seed(seeds[0])] * state.batch_size
         return [torch.Generator(device).manual_seed(s) for s in seeds]
