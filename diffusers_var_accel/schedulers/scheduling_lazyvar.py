@@ -88,7 +88,8 @@ def lazyvar_keep_indices(
         scale_hws (`list[tuple[int, int]]`): ``(h, w)`` of the group's scales, smallest first.
         keep_ratios (`list[float]`): ``rho`` per scale.
         cumulative_index (`str`, *optional*, defaults to `"claimed"`): ``"claimed"`` (skip tokens over positions
-            kept by larger scales), ``"count"`` (skip the paper's count ``cum`` of the first tokens) or ``None``
+            kept by larger scales), ``"count"`` (skip a count ``cum`` of the first tokens: our reading of the paper's
+            cumulative index as a number, not its literal text) or ``None``
             (every scale keeps its own top ``n``: the paper's "without cumulative index").
 
     Returns:
@@ -164,8 +165,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
     13} (sides 32, 40, 48, 64 at 1M pixels) with keep ratios 20%, 10%, 5%, 1%. Counted from the end, the same group
     is the last four scales of every aspect ratio and pixel budget. ``"hart"``: the paper reports 32.09 TFLOPs for
     HART-0.7B (baseline 45.59) without giving its setting; the preset groups HART's last two scales (48, 64) with
-    keep ratios 40% and 15%, the setting whose FLOPs saving (13.2 TFLOPs) matches the paper's (13.5) under the counting
-    convention that reproduces the FastVAR paper's HART saving exactly (linear layers only, ``docs/flops.md``).
+    keep ratios 50% and 35%, the setting whose FLOPs saving (13.48 TFLOPs) matches the paper's (13.50) under the
+    counting convention that reproduces the FastVAR paper's HART saving exactly (linear layers only, ``docs/flops.md``).
     Infinity's ratios on HART's last four scales would save 21.7 TFLOPs, 1.6x the paper's. HART's residual diffusion
     head runs only on the last scale's kept tokens; pruned positions get a zero residual, diffusion part included.
 
@@ -175,7 +176,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         keep_ratios (`tuple[float]`, *optional*, defaults to `(0.20, 0.10, 0.05, 0.01)`): ``rho`` per scale of the
             group, in [0, 1]; ``n = ceil(rho * h * w)`` tokens are computed.
         cumulative_index (`str`, *optional*, defaults to `"claimed"`): how a group's scales avoid the positions of
-            larger scales: ``"claimed"``, ``"count"`` (the paper's count) or ``None`` (no cumulative index). Only a
+            larger scales: ``"claimed"``, ``"count"`` (a count of the first tokens, our reading of the paper's) or
+            ``None`` (no cumulative index). Only a
             parallel group uses it.
         parallel_decoding (`bool`, *optional*, defaults to `True`): decode the group in one pass (PGD).
         token_scores (`str`, *optional*, defaults to `"update_index"`): what ranks the tokens: the update index, or
