@@ -371,3 +371,37 @@ def test_scale_id_table_is_every_scale_filled_and_shared_by_calls(models):
     for size in range(2, 2 + loop_module._SCALE_ID_TABLES_SIZE + 2):  # only a few recent schedules are kept
         loop_module._scale_id_table(((1, 1), (size, size)), torch.device("cpu"))
     assert len(loop_module._SCALE_ID_TABLES) <= loop_module._SCALE_ID_TABLES_SIZE
+
+
+def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
+    """The same rule on HART: its guidance ``(1 + t) c - t u`` gives the unconditional logits at t = -1 (the loop's
+    guidance scale 0), which is what an unconditional-only pass samples (same tokens; logits within batched-GEMM
+    rounding); HART's diffusion head is off so that only the tokens carry the images."""
+    from conftest import tiny_hart_patch_nums
+    from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTScaleFamily
+    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+
+    pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(), tokenizer_ch_mult=(1,))
+    transformer = pipe.transformer
+    text, positions = pipe.encode_prompt(["a red fox", "two green circles"], torch.device("cpu"))
+    null, null_positions = transformer.null_context(2)
+    with torch.no_grad():
+        condition = transformer.encode_condition(torch.cat((text, null)), torch.cat((positions, null_positions)))
+    family = HARTScaleFamily(transformer, pipe.vae, 1, None, False, None, use_diffusion_head=False)
+    n, last = family.num_scales, 2
+
+    def run(scheduler, guidance):
+        with torch.no_grad():
+            return run_next_scale_loop(family, condition, family.scale_schedule, 2, guidance, [1.0] * n,
+                                       torch.Generator().manual_seed(0), scheduler)
+
+    plans = [ScalePlan((i,)) for i in range(n - last)] + [ScalePlan((i,), cfg_uncond_only=True) for i in range(n - last, n)]
+    uncond = run(_PlanScheduler(plans=plans), [4.5] * n)
+    reference = run(None, [4.5] * (n - last) + [0.0] * last)
+    for k in range(n):
+        assert torch.equal(uncond.tokens[k], reference.tokens[k])
+        if k >= n - last:
+            torch.testing.assert_close(uncond.logits[k], reference.logits[k][2:], atol=3e-5, rtol=0)
+    assert torch.equal(uncond.f_hat, reference.f_hat)
+    guided = run(None, [4.5] * n)  # guidance kept there: other tokens (the rule changes what is sampled)
+    assert any(not torch.equal(uncond.tokens[k], guided.tokens[k]) for k in range(n - last, n))
