@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 import torch
+from safetensors.torch import load_file
+
+
+def load_fixture(folder: Path, what: str, env_var: str):
+    """A golden fixture folder's ``(manifest, inputs, reference)``; a missing or incomplete folder fails loudly,
+    naming ``what`` it should hold and the variable ``env_var`` that points the tests at another one."""
+    if not (folder / "manifest.json").is_file():
+        pytest.fail(f"{what} fixture folder missing or incomplete: {folder} (set {env_var})")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return manifest, load_file(folder / "inputs.safetensors"), load_file(folder / "reference.safetensors")
 
 
 def padded_text(inputs, name: str = "text"):

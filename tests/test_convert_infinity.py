@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from diffusers_var_accel import InfinityPipeline
 from diffusers_var_accel.pipelines.infinity.convert import convert_infinity_original
 from diffusers_var_accel.utils.tiny import build_tiny_t5
 
-from fixture_utils import official_call_kwargs, padded_text
+from fixture_utils import load_fixture, official_call_kwargs, padded_text
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "convert_infinity_original.py"
@@ -32,10 +31,7 @@ RUN = "greedy_cfg"
 
 @pytest.fixture(scope="module")
 def fixture():
-    if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"Infinity fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY_FIXTURE)")
-    manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
-    return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
+    return load_fixture(FIXTURE_DIR, "Infinity", "VAR_ACCEL_INFINITY_FIXTURE")
 
 
 @pytest.fixture(scope="module")

@@ -7,26 +7,21 @@ Tolerances are FIXTURE.md's. A missing folder fails loudly.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 
-from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, official_call_kwargs, padded_text
+from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, load_fixture, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "infinity"))
 
 
 def _fixture():
-    if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"Infinity fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY_FIXTURE)")
-    manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
-    return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
+    return load_fixture(FIXTURE_DIR, "Infinity", "VAR_ACCEL_INFINITY_FIXTURE")
 
 
 MANIFEST, INPUTS, REF = _fixture() if (FIXTURE_DIR / "manifest.json").is_file() else (None, None, None)

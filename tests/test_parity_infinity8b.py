@@ -10,28 +10,23 @@ samples, records and routes tokens in the token layout; the summed codes and the
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 from diffusers_var_accel.models.transformer_infinity import latent_bits_to_tokens, tokens_to_latent_bits
 
-from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, official_call_kwargs, padded_text
+from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, load_fixture, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY8B_FIXTURE", Path(__file__).parent / "fixtures" / "infinity8b"))
 
 
 def _fixture():
-    if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"Infinity-8B fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY8B_FIXTURE)")
-    manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
-    return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
+    return load_fixture(FIXTURE_DIR, "Infinity-8B", "VAR_ACCEL_INFINITY8B_FIXTURE")
 
 
 MANIFEST, INPUTS, REF = _fixture() if (FIXTURE_DIR / "manifest.json").is_file() else (None, None, None)

@@ -16,26 +16,21 @@ states; the head logits and bits of the projected scale; the summed codes and th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 
-from fixture_utils import official_call_kwargs, padded_text
+from fixture_utils import load_fixture, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_STAGEVAR_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar"))
 
 
 def _fixture():
-    if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"StageVAR fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_STAGEVAR_FIXTURE)")
-    manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
-    return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
+    return load_fixture(FIXTURE_DIR, "StageVAR", "VAR_ACCEL_STAGEVAR_FIXTURE")
 
 
 @pytest.fixture(scope="module")

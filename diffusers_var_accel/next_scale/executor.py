@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import VARForwardContext, gather_tokens, scatter_tokens
-from .plan import FILL_MODES, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
+from .plan import FILL_MODES, SUBLAYER_KINDS, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
 from .rows import match_rows
 
 class GatedUpdate(NamedTuple):
@@ -173,7 +173,7 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
             span = range(layer, mixing.end_layer)
             if mixing.end_layer <= layer or mixing.end_layer > num_layers:
                 raise ValueError(f"the mixing span from layer {layer} ends at {mixing.end_layer}; allowed: {layer + 1}..{num_layers}")
-            clash = [l for l in span if any((l, kind) in routes.routes for kind in SPAN_KINDS)
+            clash = [l for l in span if any((l, kind) in routes.routes for kind in SUBLAYER_KINDS)
                      or l in record.block_deltas or (l != span[-1] and l in record.block_outputs)]
             if clash:
                 raise ValueError(f"layers {clash} are in the mixing span {layer}..{mixing.end_layer - 1} and also routed or "
@@ -204,9 +204,6 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
         x_RLC = out_RLC
         layer += 1
     return x_RLC
-
-
-SPAN_KINDS = ("block", "self_attn", "cross_attn", "ffn")
 
 
 def _without_autocast(device: torch.device):

@@ -175,19 +175,12 @@ class StageVARScheduler(VARAccelScheduler):
     # -- per pass -------------------------------------------------------------------------------------------------------
     def _generators(self, state, device: torch.device) -> List[torch.Generator]:
         """One projection generator per image, on ``device`` (see the module docstring)."""
-        seeds = []
-        image_generators = state.generator if isinstance(state.generator, (list, tuple)) else [state.generator] * state.batch_size
-        for b in range(state.batch_size):
-            if self.config.projection_seed is not None:
-                seeds.append(self.config.projection_seed)
-            else:
-                g = image_generators[b]
-                seeds.append((g.initial_seed() if g is not None else 0) + SEED_OFFSET)
         if device.type == "meta":  # a shape-only run draws nothing
             device = torch.device("cpu")
         if self.config.projection_seed is not None:  # one generator: the official draw order over every row
-            return [torch.Generator(device).manual_seed(seeds[0])] * state.batch_size
-        return [torch.Generator(device).manual_seed(s) for s in seeds]
+            return [torch.Generator(device).manual_seed(self.config.projection_seed)] * state.batch_size
+        given = state.generator if isinstance(state.generator, (list, tuple)) else [state.generator] * state.batch_size
+        return [torch.Generator(device).manual_seed((g.initial_seed() if g is not None else 0) + SEED_OFFSET) for g in given]
 
     def route_pass(self, state, plan):
         """The pass before a projected scale records each chunk's output; a projected scale runs each chunk on
@@ -218,8 +211,7 @@ class StageVARScheduler(VARAccelScheduler):
             rows = layout.run_slice
         else:
             rows = slice(0, None)
-        row_images = list(range(layout.run_rows)) if not layout.halved else list(range(B))
-        generators = [call.generators[i % B] for i in row_images]
+        generators = [call.generators[row % B] for row in range(layout.run_rows)]  # each row draws from its image's
         routes = PassRoutes(record=record)
         for j, (start, end) in enumerate(chunks):
             rank = stage_rank(projected[k][j], h * w)
