@@ -142,6 +142,49 @@ def test_a_mixing_span_with_the_identity_projection_is_the_dense_pass(pipe):
     assert torch.equal(_latents(pipe, _Identity()), _latents(pipe))
 
 
+@pytest.mark.parametrize("family", ["infinity", "hart"])
+def test_mixtures_at_their_drawn_positions_take_those_positions(pipes, family):
+    """``rope_positions="drawn"`` (StageVAR's HART code): a projection that picks token ``perm[k]`` as the ``k``-th
+    mixture, written back at ``perm[k]``, runs each token at its own position: the dense pass up to the order of the
+    attention sums. At the first ``r`` positions (``"first"``, the Infinity code) the same tokens run at the wrong
+    positions, and the image changes."""
+    from diffusers_var_accel.next_scale.plan import EarlierScale, MixingRoute
+
+    model = pipes(family)
+    depth, width = model.transformer.config.depth, model.transformer.config.embed_dim
+
+    class _Permuted(VARAccelScheduler):
+        def __init__(self, rope_positions):
+            super().__init__()
+            self.rope_positions = rope_positions
+
+        def route_pass(self, state, plan):
+            if plan.scale_indices[0] != state.num_scales - 1:
+                return None
+
+            def mixer(x):
+                R, N, _ = x.shape
+                perm = torch.randperm(N, generator=torch.Generator().manual_seed(4))
+                return perm.expand(R, N), torch.eye(N)[perm].T.expand(R, N, N)  # column k is one-hot at perm[k]
+
+            canvas = EarlierScale(torch.zeros(state.rows, 1, width), (1, 1))
+            return PassRoutes(mixing={0: MixingRoute(depth, mixer, canvas, rope_positions=self.rope_positions)})
+
+    def run(scheduler):
+        kwargs = {"height": 256, "width": 256} if family == "infinity" else {}
+        return model("a fox", generator=torch.Generator().manual_seed(0), acceleration=scheduler, guidance_scale=3.0,
+                     output_type="latent", **kwargs).images
+
+    dense = run(None)
+    # HART's latent passes the last scale's features through its diffusion head and soft codebook mixtures, which
+    # amplify the summation-order rounding (docs/hart.md: ~1e-4); Infinity's codes do not
+    tolerance = 1e-5 if family == "infinity" else 2e-4
+    torch.testing.assert_close(run(_Permuted("drawn")), dense, atol=tolerance, rtol=tolerance)
+    assert (run(_Permuted("first")) - dense).abs().max() > 100 * tolerance
+    with pytest.raises(ValueError, match="rope_positions must be one of \\['first', 'drawn'\\], got 'last'"):
+        MixingRoute(depth, lambda x: x, EarlierScale(torch.zeros(1, 1, width), (1, 1)), rope_positions="last")
+
+
 def test_a_mixing_span_refuses_routes_inside_it(pipe):
     from diffusers_var_accel.next_scale.plan import EarlierScale, MixingRoute
 

@@ -221,8 +221,11 @@ def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardConte
         raise ValueError(f"a mixer's projection must be (rows, tokens, r) = {(R, L, r)}, got {tuple(projection_RLr.shape)}")
     with _without_autocast(x_RLC.device):  # the projection in fp32, as StageVAR's code
         y_RrC = torch.bmm(projection_RLr.float().transpose(1, 2), x_RLC.float()).to(x_RLC.dtype)
-    first = torch.arange(r, device=x_RLC.device).expand(R, r)  # the mixtures take the first r positions' RoPE
-    tokens_context = replace(context.for_tokens(first, None), routes=None)
+    if route.rope_positions == "first":  # the mixtures take the first r positions' RoPE
+        taken_Rr = torch.arange(r, device=x_RLC.device).expand(R, r)
+    else:  # the k-th mixture the k-th write position's
+        taken_Rr = positions_Rr
+    tokens_context = replace(context.for_tokens(taken_Rr, None), routes=None)
     for block in blocks:
         y_RrC = block(y_RrC, condition, tokens_context)
     canvas = _block_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, y_RrC.dtype))

@@ -225,20 +225,32 @@ class MixingRoute:
     projection), written back at ``r`` positions onto a canvas.
 
     Before the span the executor computes ``Y = P^T X`` (``P`` the mixer's projection ``(R, L, r)``, in fp32 without
-    autocast), runs the span's blocks on ``Y`` with the RoPE positions and context of the pass's first ``r`` tokens
-    (raster order; their keys and values enter the KV cache), and returns the canvas (the fill, at every position)
-    with the ``k``-th output written at the ``k``-th of the mixer's positions. Which mixture lands where is the
-    method's choice (the positions need not be sorted, only distinct).
+    autocast), runs the span's blocks on ``Y`` with the RoPE positions and context of ``r`` of the pass's tokens
+    (``rope_positions``; their keys and values enter the KV cache), and returns the canvas (the fill, at every
+    position) with the ``k``-th output written at the ``k``-th of the mixer's positions. Which mixture lands where is
+    the method's choice (the positions need not be sorted, only distinct).
 
     Args:
         end_layer: the span is the layers from the route's key up to ``end_layer`` (excluded).
         mixer: :data:`TokenMixer`, called on the stream entering the span.
         fill: the canvas (:class:`EarlierScale`: an earlier scale's output of the span, interpolated).
+        rope_positions: whose positions (RoPE, scale ids) the mixtures take: ``"first"``, the pass's first ``r``
+            tokens in raster order (StageVAR's Infinity code); ``"drawn"``, the mixer's write positions, the
+            ``k``-th mixture the ``k``-th position (its HART code).
     """
 
     end_layer: int
     mixer: TokenMixer
     fill: "Fill"
+    rope_positions: str = "first"
+
+    def __post_init__(self):
+        if self.rope_positions not in MIXTURE_ROPE_POSITIONS:
+            raise ValueError(f"rope_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {self.rope_positions!r}")
+
+
+#: The values of :attr:`MixingRoute.rope_positions`.
+MIXTURE_ROPE_POSITIONS = ("first", "drawn")
 
 
 @dataclass(frozen=True)
