@@ -200,6 +200,18 @@ class _Workspace:
                 self._owned_refs.append(t)  # keeps the id valid while the workspace lives
 
 
+def refuse_drawing_passes(context, runner: str) -> None:
+    """Raise for a pass whose routes draw random numbers inside it (a mixing span: StageVAR's positions and
+    projections), which a captured or compiled pass cannot hold: the graph would replay one draw, or break on the
+    generators. Named in the error rather than run eagerly, so that a measured graph run is a graph run."""
+    routes = context.routes
+    if routes is not None and routes.mixing:
+        raise ValueError(f"{runner}: this pass runs layers {sorted(routes.mixing)} on random token mixtures (StageVAR's "
+                         "projection), drawn inside the pass from the call's generators, which captured and compiled "
+                         "passes do not support yet; call pipe.disable_cuda_graphs() to run the passes eagerly, or set "
+                         "projected_scales=() (StageVAR's guidance and skip rules alone run in graphs)")
+
+
 class PassGraphs:
     """The pass runner of ``pipe.enable_cuda_graphs()``: capture each pass once, replay it in later calls.
 
@@ -243,6 +255,7 @@ class PassGraphs:
     def __call__(self, family, hidden_RLC: torch.Tensor, condition, context) -> torch.Tensor:
         from .loop import run_family_blocks
 
+        refuse_drawing_passes(context, "enable_cuda_graphs()")
         workspace = self._current
         if workspace is None or context.kv_cache is not workspace.cache:
             raise RuntimeError("PassGraphs runs passes of a call whose KV cache it made (the loop asks kv_cache() first)")

@@ -479,8 +479,10 @@ class CompiledPassRunner:
     def __call__(self, family, hidden_RLC, condition, context):
         import torch._dynamo
 
+        from ..next_scale.graphs import refuse_drawing_passes
         from ..next_scale.loop import run_family_blocks
 
+        refuse_drawing_passes(context, "compile_passes()")
         cache = context.kv_cache
         if cache is not None and cache.preallocated and cache.empty and cache.stores:
             allocated = cache.allocated

@@ -220,6 +220,10 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     #: still keeps every image of a batch independent of the others (tested bit for bit at equal batch size).
     batch_equals_single_runs: bool = True
 
+    #: Whether the method's routes draw random numbers inside a pass (a mixing span's mixer): such passes cannot be
+    #: captured or compiled (``enable_cuda_graphs()`` / ``compile_passes()`` refuse them).
+    draws_inside_passes: bool = False
+
     #: The typed per-call object of the method (a dataclass with defaults), or ``None`` when it keeps nothing.
     call_state_class: Optional[Callable[[], Any]] = None
 
@@ -300,6 +304,10 @@ class ComposedScheduler(VARAccelScheduler):
     @property
     def batch_equals_single_runs(self) -> bool:  # type: ignore[override]
         return all(m.batch_equals_single_runs for m in self.members)
+
+    @property
+    def draws_inside_passes(self) -> bool:  # type: ignore[override]
+        return any(m.draws_inside_passes for m in self.members)
 
     @property
     def model_family(self) -> Optional[str]:
