@@ -21,6 +21,7 @@ from .schedulers.scheduling_arvar import ARVARScheduler
 from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler
 from .schedulers.scheduling_lazyvar import LazyVARScheduler
+from .schedulers.scheduling_stagevar import StageVARScheduler
 from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 from .pipelines.diffusers_registration import register_pipelines_with_diffusers
 
@@ -46,6 +47,7 @@ __all__ = [
     "InfinityPipeline",
     "InfinityTransformer",
     "LazyVARScheduler",
+    "StageVARScheduler",
     "NextScaleState",
     "ScaleKVCache",
     "ScalePlan",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .loading import load_pipeline
-from .schedulers.registry import default_method_specs, method_names
+from .schedulers.registry import default_method_specs, method_names, method_titles
 
 #: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
 #: ``var-accel bench --methods`` default: the baseline and every registered method (the registry's order).
@@ -721,9 +721,9 @@ downloaded); otherwise results.json says which metric was skipped and why. Proto
 """
 
 
-_MAIN_DESCRIPTION = """\
+_MAIN_DESCRIPTION = f"""\
 Infinity / HART next-scale (VAR) text-to-image generation with training-free acceleration
-(FastVAR, LazyVAR, DepthVAR, ARVAR). Nothing is downloaded, except a pipeline that bench --model names by Hub id.
+({', '.join(method_titles())}). Nothing is downloaded, except a pipeline that bench --model names by Hub id.
 """
 
 _MAIN_EPILOG = """\

@@ -58,6 +58,12 @@ RESULT_FIELDS = ("speedup", "tflops", "psnr", "ssim", "accuracy")
 # ---------------------------------------------------------------------------------------------------------------------
 # model_index.json and the shim
 # ---------------------------------------------------------------------------------------------------------------------
+def _method_titles() -> str:
+    from .schedulers.registry import method_titles
+
+    return ", ".join(method_titles())
+
+
 def _read_index(folder: PathLike) -> Dict[str, Any]:
     path = Path(folder) / "model_index.json"
     if not path.is_file():
@@ -390,7 +396,7 @@ def make_model_card(
     shim = has_hub_shim(folder)
     lines = [f"# {title}", "",
              f"{name}, {about}, in the format of `diffusers_var_accel` ({__version__}), loaded by its `{cls.__name__}`: "
-             "🤗 Diffusers-style pipelines with training-free acceleration schedulers (FastVAR, LazyVAR, DepthVAR, ARVAR).", ""]
+             f"🤗 Diffusers-style pipelines with training-free acceleration schedulers ({_method_titles()}).", ""]
     lines += _usage_section(cls.__name__, repo_id, shim, presets, in_folder)
     lines += _presets_section(name, preset_model, presets, configs, in_folder)
     if calibrated:

@@ -13,6 +13,7 @@ from diffusers_var_accel import (
     DepthVARScheduler,
     FastVARScheduler,
     LazyVARScheduler,
+    StageVARScheduler,
     VARAccelScheduler,
 )
 from diffusers_var_accel.calibration import (
@@ -33,7 +34,8 @@ from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
+           "stagevar": StageVARScheduler}
 
 #: Two LazyVAR settings of the embedded model: the first is too mild for 1.5x, the second reaches it.
 TINY_GRID = [

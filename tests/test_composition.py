@@ -14,6 +14,7 @@ from diffusers_var_accel import (
     DepthVARScheduler,
     FastVARScheduler,
     LazyVARScheduler,
+    StageVARScheduler,
 )
 from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
 from diffusers_var_accel.schedulers.scheduling_lazyvar import PivotalGroupTokens
@@ -21,7 +22,8 @@ from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
+           "stagevar": StageVARScheduler}
 FAMILIES = ("infinity", "hart")
 
 #: Every pair of presets (both orders behave alike): ``None`` = composes, else the reason the error gives. The table in
@@ -34,6 +36,10 @@ PAIRS = {
         ("lazyvar", "depthvar"): None,
         ("lazyvar", "arvar"): "must run alone, not in the group",
         ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+        ("fastvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
+        ("lazyvar", "stagevar"): "StageVARScheduler .* skips scale .* which LazyVARScheduler",
+        ("depthvar", "stagevar"): "StageVARScheduler .* skips scale .* which DepthVARScheduler",
+        ("arvar", "stagevar"): "StageVARScheduler .* skips scale .* which ARVARScheduler",
     },
     "hart": {
         ("fastvar", "lazyvar"): "FastVAR routes single-scale passes",
@@ -42,8 +48,16 @@ PAIRS = {
         ("lazyvar", "depthvar"): None,
         ("lazyvar", "arvar"): "must run alone, not in the group",
         ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+        ("fastvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
+        ("lazyvar", "stagevar"): "StageVAR projects scale 13, which is decoded in the group \\[12, 13\\]",
+        ("depthvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* DepthVARScheduler .* routes that layer",
+        ("arvar", "stagevar"): "cfg_halve .* and cfg_uncond_only .* are two branch rules; a pass takes one",
     },
 }
+
+#: StageVAR's presets split the real models' blocks into 8 (Infinity-2B) and 24 (HART-0.7B) chunks; the tiny models
+#: here have 4 blocks, so they run 4 chunks (one per block) at ratios of the presets' range.
+STAGEVAR_CHUNKS = {"infinity": {"num_chunks": 4, "rank_ratios": ((0.2,) * 4,)}, "hart": {"num_chunks": 4, "rank_ratios": ((0.3,) * 4,)}}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +76,8 @@ def latents(pipes, family, scheduler=None):
 
 
 def preset(family, method, **overrides):
+    if method == "stagevar":
+        overrides = {**STAGEVAR_CHUNKS[family], **overrides}
     return METHODS[method].from_preset(family, **overrides)
 
 
@@ -91,6 +107,28 @@ def test_fastvar_with_branch_halving_before_its_skipped_scales(pipes, family):
     assert torch.isfinite(out).all()
     assert not torch.equal(out, latents(pipes, family, fastvar))
     assert torch.equal(out, latents(pipes, family, ComposedScheduler([halving, fastvar])))
+
+
+#: StageVAR's branch rule alone (guidance off on its scales, no projection) with each method's token rule, per family:
+#: the StageVAR overrides with which each pair composes.
+STAGEVAR_BRANCH_RULE = {
+    "infinity": {"fastvar": {}, "lazyvar": {"skipped_scales": ()}, "depthvar": {"skipped_scales": ()}},
+    "hart": {"fastvar": {}, "lazyvar": {}, "depthvar": {}},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("other", ["fastvar", "lazyvar", "depthvar"])
+def test_stagevar_branch_rule_composes_with_the_token_rules(pipes, family, other):
+    """The spec's composition: StageVAR's unguided (unconditional-only) scales with FastVAR's pruning, LazyVAR's
+    kept tokens or DepthVAR's depths on the same scales (on Infinity without StageVAR's skip, which LazyVAR's group
+    and DepthVAR's dynamic scales would lose). Either order gives the same latent, and both methods act."""
+    stagevar = preset(family, "stagevar", projected_scales=(), rank_ratios=(), **STAGEVAR_BRANCH_RULE[family][other])
+    member = preset(family, other)
+    out = latents(pipes, family, ComposedScheduler([stagevar, member]))
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, latents(pipes, family, ComposedScheduler([member, stagevar])))
+    assert not torch.equal(out, latents(pipes, family, stagevar)) and not torch.equal(out, latents(pipes, family, member))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -56,7 +56,7 @@ def test_demo_on_two_prompts_writes_its_files(tmp_path, capsys):
 
     report = json.loads((tmp_path / "report.json").read_text(), parse_constant=refuse)  # strict JSON
     assert report["methods"]["baseline"]["psnr_mean"] == "inf"  # identical images, written as a string
-    assert list(report["methods"]) == ["baseline", "fastvar", "lazyvar", "depthvar", "arvar"]
+    assert list(report["methods"]) == ["baseline", "fastvar", "lazyvar", "depthvar", "arvar", "stagevar"]
     assert len(report["prompts"]) == 2
     base = report["methods"]["baseline"]
     assert base["speedup"] == 1.0 and base["flops_ratio"] == 1.0 and base["ssim_mean"] == pytest.approx(1.0)

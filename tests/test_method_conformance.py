@@ -30,12 +30,14 @@ from diffusers_var_accel import (
     DepthVARScheduler,
     FastVARScheduler,
     LazyVARScheduler,
+    StageVARScheduler,
     VARAccelScheduler,
     schedule_for_size,
     supported_sizes,
 )
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
+           "stagevar": StageVARScheduler}
 FAMILIES = ("infinity", "hart")
 OTHER_FAMILY = {"infinity": "hart", "hart": "infinity"}
 CASES = [(method, family) for method, cls in METHODS.items() for family in FAMILIES if family in cls.presets]
@@ -43,7 +45,14 @@ INFINITY_SIZES = sorted(hw for hw, (_, budget) in supported_sizes().items() if b
 HART_PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
 #: Preset overrides the small test schedules need: DepthVAR's presets reference scale 9 of Infinity's 13 and scale 10
 #: of HART's 14, beyond the short schedules here, so they reference the third scale from the end instead.
-SMALL_SCHEDULE_OVERRIDES = {("depthvar", "infinity"): {"reference_scale": -3}, ("depthvar", "hart"): {"reference_scale": -3}}
+#: StageVAR's presets split Infinity-2B's 32 blocks into 8 chunks and HART-0.7B's 24 into 24 (one ratio each); the tiny
+#: models have 6 and 4 blocks, so they take 2 and 4 chunks with ratios of the preset's own table.
+SMALL_SCHEDULE_OVERRIDES = {
+    ("depthvar", "infinity"): {"reference_scale": -3}, ("depthvar", "hart"): {"reference_scale": -3},
+    ("stagevar", "infinity"): {"num_chunks": 2, "rank_ratios": ((0.13648282097649195, 0.2502819846292948),)},
+    ("stagevar", "hart"): {"num_chunks": 4, "rank_ratios": ((0.2074957426329037, 0.2366069362690658, 0.29325045350214707,
+                                                             0.3102232341181697),)},
+}
 PROMPTS = ["a red fox in the snow", "two cats"]
 
 
@@ -155,6 +164,15 @@ BAD_SETTINGS = {
         (dict(min_depth=1.5), "min_depth", "1.5"),
         (dict(cyclic_layer_offsets="yes"), "cyclic_layer_offsets", "'yes'"),
         (dict(code_blending=1), "code_blending", "1"),
+        (dict(model_family="dalle"), "model_family", "'dalle'"),
+    ],
+    "stagevar": [
+        (dict(unconditional_scales=(-1, 2.5)), "unconditional_scales", "2.5"),
+        (dict(rank_ratios=((0.2,) * 7 + (1.5,),)), "rank_ratios", "1.5"),
+        (dict(num_chunks=0), "num_chunks", "0"),
+        (dict(rank_basis="width"), "rank_basis", "'width'"),
+        (dict(mixture_positions="last"), "mixture_positions", "'last'"),
+        (dict(projection_seed=1.5), "projection_seed", "1.5"),
         (dict(model_family="dalle"), "model_family", "'dalle'"),
     ],
     "arvar": [

@@ -19,7 +19,7 @@ from diffusers_var_accel.hub import has_hub_shim, make_model_card, read_benchmar
 from diffusers_var_accel.schedulers.presets import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ["arvar", "depthvar", "fastvar", "lazyvar"]
+METHODS = ["arvar", "depthvar", "fastvar", "lazyvar", "stagevar"]
 
 HART_INDEX = {
     "_class_name": "HARTPipeline", "_diffusers_version": "0.42.1", "acceleration": [None, None],

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from diffusers_var_accel import ARVARScheduler, DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler
+from diffusers_var_accel import (ARVARScheduler, DepthVARScheduler, FastVARScheduler, LazyVARScheduler, StageVARScheduler,
+                                 VARAccelScheduler)
 from diffusers_var_accel.hub import write_to_hub_cache
 from diffusers_var_accel.schedulers import presets as presets_module
 from diffusers_var_accel.schedulers.presets import (
@@ -20,7 +21,8 @@ from diffusers_var_accel.schedulers.presets import (
 )
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
+METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
+           "stagevar": StageVARScheduler}
 MODELS = {"infinity-2b": "infinity", "hart-0.7b": "hart"}
 NAMES = sorted(f"{model}/{method}" for model in MODELS for method in METHODS)
 #: The embedded model's own presets, made by var-accel calibrate (tests/test_calibration.py checks them).
@@ -80,6 +82,16 @@ def test_the_published_settings():
         arvar = got[f"{model}/arvar"]
         assert (arvar["branch_halving_scales"], arvar["pruned_scales"], arvar["prune_ratios"]) == ([-2], [-1], [0.75])
         assert (arvar["attention_distance"], arvar["activation_distance"]) == (3, 2)
+    # StageVAR (FasterVAR's released scripts): Infinity guidance off on 40-64², 40² projected in 8 chunks, 48-64²
+    # skipped; HART guidance off on 48-64², 64² projected layer by layer on the min(N, C) basis at the drawn positions
+    infinity, hart = got["infinity-2b/stagevar"], got["hart-0.7b/stagevar"]
+    assert (infinity["unconditional_scales"], infinity["projected_scales"], infinity["skipped_scales"]) == ([-3, -2, -1], [-3], [-2, -1])
+    assert (infinity["num_chunks"], infinity["rank_basis"], infinity["mixture_positions"]) == (8, "tokens", "first")
+    assert [int(r * 1600) + 1 for r in infinity["rank_ratios"][0]] == [27, 219, 337, 401, 410, 317, 252, 306]  # spec §2.2
+    assert (hart["unconditional_scales"], hart["projected_scales"], hart["skipped_scales"]) == ([-2, -1], [-1], [])
+    assert (hart["num_chunks"], hart["rank_basis"], hart["mixture_positions"]) == (24, "tokens_or_width", "drawn")
+    ranks = [int(r * 1536) + 1 for r in hart["rank_ratios"][0]]
+    assert (min(ranks), max(ranks), len(ranks)) == (29, 656, 24)  # spec §2.2: "r runs from 29 to 656"
 
 
 def test_the_class_presets_are_read_from_the_json_files(tmp_path, monkeypatch):

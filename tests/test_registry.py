@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from diffusers_var_accel import (ARVARScheduler, DepthVARScheduler, FastVARScheduler, HARTPipeline, InfinityPipeline,
-                                 LazyVARScheduler)
+                                 LazyVARScheduler, StageVARScheduler)
 from diffusers_var_accel.families import MODEL_FAMILIES, get_model_family, model_family_names
 from diffusers_var_accel.schedulers.registry import METHODS, get_method, method_names, unregister_method
 from diffusers_var_accel.schedulers.scheduling_var_base import (ComposedScheduler, VARAccelScheduler, build_acceleration,
@@ -21,7 +21,7 @@ from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "acceleration.md"
 SIZE = dict(height=256, width=256)
 LIBRARY_METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler,
-                   "arvar": ARVARScheduler}
+                   "arvar": ARVARScheduler, "stagevar": StageVARScheduler}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _latents(pipe, **kwargs):
 
 # -- registry contents ------------------------------------------------------------------------------------------------
 def test_method_registry_holds_the_four_methods_in_order_with_their_presets():
-    assert method_names()[:4] == list(LIBRARY_METHODS)
+    assert method_names()[:5] == list(LIBRARY_METHODS)
     for name, cls in LIBRARY_METHODS.items():
         assert get_method(name) is cls
         assert set(cls.presets) == set(MODEL_FAMILIES), name  # every method has a preset per family
@@ -115,7 +115,7 @@ def test_enable_a_composition_by_name(pipe):
 
 def test_bad_names_and_overrides_fail_clearly(pipe):
     with pytest.raises(ValueError, match=r"unknown acceleration method 'lazyvra' \(did you mean 'lazyvar'\?\); known "
-                                         r"methods: \['fastvar', 'lazyvar', 'depthvar', 'arvar'"):
+                                         r"methods: \['fastvar', 'lazyvar', 'depthvar', 'arvar', 'stagevar'"):
         pipe.enable_acceleration("lazyvra")
     with pytest.raises(ValueError, match=r"unknown acceleration method 'nope'.*known methods"):
         pipe.enable_acceleration("lazyvar+nope")

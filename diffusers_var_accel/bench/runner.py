@@ -108,7 +108,7 @@ def parse_methods(methods: Union[str, Sequence[str]]) -> List[str]:
 
     specs = split_acceleration_specs(methods) if isinstance(methods, str) else [m.strip() for m in methods if m.strip()]
     if not specs:
-        raise ValueError("no method given; methods are 'baseline', preset names (fastvar, lazyvar, depthvar, arvar), "
+        raise ValueError(f"no method given; methods are 'baseline', preset names ({', '.join(method_names())}), "
                          "'name:key=value,...' overrides or scheduler folders / JSON files")
     specs = [_BASELINE if s.lower() in ("baseline", "none") else s for s in specs]
     duplicates = sorted({s for s in specs if specs.count(s) > 1})

@@ -5,6 +5,7 @@ from .scheduling_fastvar import FastVARScheduler  # isort: skip
 from .scheduling_lazyvar import LazyVARScheduler  # isort: skip
 from .scheduling_depthvar import DepthVARScheduler  # isort: skip
 from .scheduling_arvar import ARVARScheduler  # isort: skip
+from .scheduling_stagevar import StageVARScheduler  # isort: skip
 from .scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 
-__all__ = ["ARVARScheduler", "ComposedScheduler", "DepthVARScheduler", "FastVARScheduler", "IdentityScheduler", "LazyVARScheduler", "ScalePlan", "VARAccelScheduler"]
+__all__ = ["ARVARScheduler", "ComposedScheduler", "DepthVARScheduler", "FastVARScheduler", "IdentityScheduler", "LazyVARScheduler", "ScalePlan", "StageVARScheduler", "VARAccelScheduler"]

@@ -3,14 +3,14 @@
 A method registers itself on its class line, ``class LazyVARScheduler(VARAccelScheduler, method="lazyvar")``
 (:meth:`VARAccelScheduler.__init_subclass__`); every list of methods in the package derives from :data:`METHODS`:
 ``pipe.enable_acceleration("lazyvar")`` and the ``pipe.enable_<method>()`` shortcuts, ``load_acceleration``, the
-command line, the benchmark, the demo, the Hub cards and the FLOP counter. The four methods of the library are
+command line, the benchmark, the demo, the Hub cards and the FLOP counter. The five methods of the library are
 registered when :mod:`diffusers_var_accel.schedulers` is imported, which importing this module does first.
 
 Examples:
     ```py
     >>> from diffusers_var_accel.schedulers.registry import method_names, get_method
     >>> method_names()
-    ['fastvar', 'lazyvar', 'depthvar', 'arvar']
+    ['fastvar', 'lazyvar', 'depthvar', 'arvar', 'stagevar']
     >>> get_method("lazyvar").__name__
     'LazyVARScheduler'
     ```
@@ -74,6 +74,11 @@ def unregister_method(name: str) -> Type["VARAccelScheduler"]:
 def method_names() -> List[str]:
     """The registered method names, in registration order."""
     return list(METHODS)
+
+
+def method_titles() -> List[str]:
+    """The registered methods as their papers name them (the class names without ``Scheduler``: ``"FastVAR"``)."""
+    return [cls.__name__[:-len("Scheduler")] if cls.__name__.endswith("Scheduler") else cls.__name__ for cls in METHODS.values()]
 
 
 def default_method_specs() -> Tuple[str, ...]:

@@ -38,11 +38,23 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (diffusers' from_pretrained looks the
 #   loadable base class up in the module named in model_index.json)
 
-from ..next_scale.plan import EarlierScale, MixingRoute, PassRoutes, RecordRequest, ScalePlan
+from ..next_scale.plan import MIXTURE_ROPE_POSITIONS, EarlierScale, MixingRoute, PassRoutes, RecordRequest, ScalePlan
+from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
 
 #: The offset InfinityStar adds to the call's seed for its projection generator (``g_seed + 12345``).
 SEED_OFFSET = 12345
+
+#: The energy ratios of Infinity-2B's 8 block chunks at 40², 48² and 64² for ``alpha = 0.96`` (FasterVAR's
+#: ``Infinity/infinity/utils/rank_ratio.py``; the release uses the 40² row only): :meth:`StageVARScheduler.paper_variant`.
+PAPER_RANK_RATIOS = (
+    (0.016776672694393688, 0.13648282097649195, 0.21039203774864412, 0.2502819846292948, 0.2558836742766729,
+     0.1978790404611215, 0.1570015822784809, 0.19090034471066883),
+    (0.01340312164472197, 0.11730736289274413, 0.18940610695919982, 0.22199534852509042, 0.23464176667749773,
+     0.1827823024977396, 0.1339092565057075, 0.16311154356916818),
+    (0.008212925943716094, 0.054404177674333185, 0.08323539747683092, 0.06649410530628391, 0.05667185998954566,
+     0.02967688231097423, 0.038260875515653256, 0.05566317953209765),
+)
 
 
 def representative_probabilities(x_RNC: torch.Tensor) -> torch.Tensor:
@@ -51,32 +63,43 @@ def representative_probabilities(x_RNC: torch.Tensor) -> torch.Tensor:
     return energy / energy.sum(dim=-1, keepdim=True)
 
 
-def stage_rank(ratio: float, num_tokens: int) -> int:
-    """Spec §2.2: ``r = int(ratio N) + 1``, at most ``N``."""
-    return min(num_tokens, int(ratio * num_tokens) + 1)
+def stage_rank(ratio: float, num_tokens: int, width: Optional[int] = None) -> int:
+    """Spec §2.2: ``r = int(ratio N) + 1`` (Infinity's code), or ``int(ratio min(N, C)) + 1`` given the width ``C``
+    (HART's code); at most ``N``."""
+    basis = num_tokens if width is None else min(num_tokens, width)
+    return min(num_tokens, int(ratio * basis) + 1)
+
+
+#: ``rank_basis`` values: what a chunk's energy ratio multiplies (spec §2.2 and §6 #4).
+RANK_BASES = ("tokens", "tokens_or_width")
 
 
 class RepresentativeMixer:
     """The draws of one chunk (spec §2.2-2.3), made on the stream entering it: per row, ``r`` write positions without
     replacement by squared-norm probability, then the projection ``randn(N, r) / sqrt(r)``, from that row's
-    generator (in this order, as the official code)."""
+    generator (in this order, as the official code). ``r`` is :func:`stage_rank` of the chunk's energy ratio on the
+    stream's shape (``rank_basis``: ``"tokens"``, ``N``; ``"tokens_or_width"``, ``min(N, C)``)."""
 
-    def __init__(self, rank: int, generators: Sequence[torch.Generator]):
-        self.rank, self.generators = rank, list(generators)
+    def __init__(self, ratio: float, generators: Sequence[torch.Generator], rank_basis: str = "tokens"):
+        self.ratio, self.generators, self.rank_basis = ratio, list(generators), rank_basis
+
+    def rank(self, num_tokens: int, width: int) -> int:
+        return stage_rank(self.ratio, num_tokens, width if self.rank_basis == "tokens_or_width" else None)
 
     def __call__(self, x_RNC: torch.Tensor):
-        R, N, _ = x_RNC.shape
+        R, N, C = x_RNC.shape
+        rank = self.rank(N, C)
         if len(self.generators) != R:
             raise ValueError(f"the mixer has {len(self.generators)} generators for {R} rows")
         if x_RNC.is_meta:  # a shape-only run (FLOP counting): no values to draw from
-            return (torch.empty(R, self.rank, dtype=torch.long, device="meta"),
-                    torch.empty(R, N, self.rank, dtype=torch.float32, device="meta"))
+            return (torch.empty(R, rank, dtype=torch.long, device="meta"),
+                    torch.empty(R, N, rank, dtype=torch.float32, device="meta"))
         probs = representative_probabilities(x_RNC)  # in fp32 (the official code turns autocast off)
         positions, projections = [], []
         for row, generator in enumerate(self.generators):
-            positions.append(torch.multinomial(probs[row:row + 1], self.rank, replacement=False, generator=generator))
-            q = torch.randn(1, N, self.rank, generator=generator, device=x_RNC.device, dtype=torch.float32)
-            projections.append(q * (1.0 / math.sqrt(self.rank)))
+            positions.append(torch.multinomial(probs[row:row + 1], rank, replacement=False, generator=generator))
+            q = torch.randn(1, N, rank, generator=generator, device=x_RNC.device, dtype=torch.float32)
+            projections.append(q * (1.0 / math.sqrt(rank)))
         return torch.cat(positions), torch.cat(projections)
 
 
@@ -90,13 +113,18 @@ class StageVARCallState:
     generators: Optional[List[torch.Generator]] = None
 
 
-class StageVARScheduler(VARAccelScheduler):
+class StageVARScheduler(VARAccelScheduler, method="stagevar"):
     r"""StageVAR (FasterVAR): unconditional-only sampling in the fidelity stage, its chunks run on random mixtures of
     the tokens and restored onto the previous scale's upsampled output, the last scales skipped (the released code).
 
-    Scale indices may be negative (``-1`` is the last scale). The released Infinity setting (1024², 13 scales): the
-    last three scales unconditional, the first of them (40²) projected with the ``alpha = 0.96`` ranks of the 8 block
-    chunks, the last two (48², 64²) skipped.
+    Scale indices may be negative (``-1`` is the last scale). The released settings (the presets, and
+    :meth:`paper_variant` for the paper's reading):
+
+    * Infinity (1024², 13 scales): the last three scales unconditional, the first of them (40²) projected with the
+      ``alpha = 0.96`` ranks of the 8 block chunks (``r = int(ratio N) + 1``, the mixtures at the first ``r``
+      positions), the last two (48², 64²) skipped.
+    * HART (14 scales): the last two scales (48², 64²) unconditional, the last projected layer by layer (24 chunks,
+      ``r = int(ratio min(N, C)) + 1``, each mixture at its write position), nothing skipped.
 
     Args:
         unconditional_scales (`tuple[int]`, defaults to `(-3, -2, -1)`): scales run on the unconditional rows only
@@ -107,10 +135,24 @@ class StageVARScheduler(VARAccelScheduler):
         num_chunks (`int`, defaults to 8): consecutive chunks the blocks are split into (Infinity's ``block_chunks``).
         projection_seed (`int`, *optional*): seed of one generator for every row's draws (the official draw order);
             `None`: each image's own generator's initial seed plus 12345.
+        rank_basis (`str`, defaults to `"tokens"`): what a ratio multiplies: `"tokens"`, the scale's ``N`` tokens
+            (Infinity's code); `"tokens_or_width"`, ``min(N, C)`` with ``C`` the model width (HART's code).
+        mixture_positions (`str`, defaults to `"first"`): the positions (RoPE) the mixtures run at: `"first"`, the
+            first ``r`` raster positions (Infinity's code); `"drawn"`, the ``k``-th mixture at the ``k``-th drawn
+            write position (HART's code).
         model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
     """
 
+    presets = PackagedPresets("stagevar")
     call_state_class = StageVARCallState
+    # the write positions are drawn with probabilities from the stream's norms: a batch's GEMMs round them apart from
+    # a single image's, which can change a draw
+    batch_equals_single_runs = False
+
+    @property
+    def draws_inside_passes(self) -> bool:  # type: ignore[override]
+        """The mixers draw positions and projections inside the projected passes."""
+        return bool(self.config.projected_scales)
 
     @register_to_config
     def __init__(
@@ -123,6 +165,8 @@ class StageVARScheduler(VARAccelScheduler):
         skipped_scales: Tuple[int, ...] = (-2, -1),
         num_chunks: int = 8,
         projection_seed: Optional[int] = None,
+        rank_basis: str = "tokens",
+        mixture_positions: str = "first",
         model_family: Optional[str] = "infinity",
     ):
         super().__init__()
@@ -140,6 +184,20 @@ class StageVARScheduler(VARAccelScheduler):
                 raise ValueError(f"each rank_ratios entry must hold {num_chunks} ratios in [0, 1] (one per chunk), got {list(ratios)!r}")
         if projection_seed is not None and (isinstance(projection_seed, bool) or not isinstance(projection_seed, int)):
             raise ValueError(f"projection_seed must be an integer or None, got {projection_seed!r}")
+        if rank_basis not in RANK_BASES:
+            raise ValueError(f"rank_basis must be one of {list(RANK_BASES)}, got {rank_basis!r}")
+        if mixture_positions not in MIXTURE_ROPE_POSITIONS:
+            raise ValueError(f"mixture_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {mixture_positions!r}")
+
+    @classmethod
+    def paper_variant(cls, **overrides) -> "StageVARScheduler":
+        """The paper's reading of Infinity-2B (spec §6 #1): the random projection and restoration over the whole
+        fidelity stage (40², 48², 64², the released ``alpha = 0.96`` table of each), no scale skipped; otherwise the
+        released Infinity preset. ``overrides`` as for the constructor. (HART's release has ratios for 64² only.)"""
+        settings = {**cls.presets["infinity"], "projected_scales": (-3, -2, -1), "skipped_scales": (),
+                    "rank_ratios": PAPER_RANK_RATIOS}
+        cls._check_overrides(overrides)
+        return cls(**{**settings, **overrides})
 
     # -- the setting on one schedule ---------------------------------------------------------------------------------
     def _resolve(self, scale_schedule) -> Tuple[frozenset, Dict[int, Tuple[float, ...]], frozenset]:
@@ -169,8 +227,10 @@ class StageVARScheduler(VARAccelScheduler):
                 for k in range(len(scale_schedule))]
 
     def acted_scales(self, scale_schedule):
+        """The unguided scales that run, the projected ones and their canvas sources (a scale StageVAR skips itself
+        is no conflict when another member skips it too)."""
         unconditional, projected, skipped = self._resolve(scale_schedule)
-        return unconditional | frozenset(projected) | skipped | frozenset(k - 1 for k in projected)
+        return (unconditional - skipped) | frozenset(projected) | frozenset(k - 1 for k in projected)
 
     # -- per pass -------------------------------------------------------------------------------------------------------
     def _generators(self, state, device: torch.device) -> List[torch.Generator]:
@@ -187,14 +247,16 @@ class StageVARScheduler(VARAccelScheduler):
         mixtures (spec §2.2-2.4)."""
         _, projected, _ = self._resolve(state.scale_schedule)
         k = plan.scale_indices[0]
+        grouped = [s for s in plan.scale_indices if s in projected]
+        if grouped and len(plan.scale_indices) > 1:  # a group's pass has no previous scale of its own to restore onto
+            raise ValueError(f"StageVAR projects scale {grouped[0]}, which is decoded in the group {list(plan.scale_indices)} "
+                             "(another member groups it); compose with projected_scales=() or project a scale outside the group")
         chunks = self.chunks(state.model.num_layers)
         nxt = state.next_plan()
         record = RecordRequest(block_outputs=frozenset(end - 1 for _, end in chunks)) if (
             nxt is not None and nxt.scale_indices[0] in projected) else RecordRequest()
         if k not in projected:
             return PassRoutes(record=record) if record else None
-        if len(plan.scale_indices) > 1:
-            raise ValueError(f"StageVAR projects scale {k}, which is decoded in the group {list(plan.scale_indices)}")
         call = self.call_state(state)
         if call.source is None or call.source[0] != k - 1:
             raise RuntimeError(f"StageVAR's canvas of scale {k} is the output of scale {k - 1}'s chunks, but that scale "
@@ -214,9 +276,9 @@ class StageVARScheduler(VARAccelScheduler):
         generators = [call.generators[row % B] for row in range(layout.run_rows)]  # each row draws from its image's
         routes = PassRoutes(record=record)
         for j, (start, end) in enumerate(chunks):
-            rank = stage_rank(projected[k][j], h * w)
             canvas = EarlierScale(call.chunk_outputs[end - 1][rows], source_hw, mode="area")
-            routes.mixing[start] = MixingRoute(end, RepresentativeMixer(rank, generators), canvas)
+            mixer = RepresentativeMixer(projected[k][j], generators, self.config.rank_basis)
+            routes.mixing[start] = MixingRoute(end, mixer, canvas, rope_positions=self.config.mixture_positions)
         return routes
 
     def after_scale(self, state, plan, hidden_states_RLC):
