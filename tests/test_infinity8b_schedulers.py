@@ -1,4 +1,4 @@
-"""The four acceleration schedulers on the Infinity-8B code path (spatial patchify), on a tiny random model.
+"""The five acceleration schedulers on the Infinity-8B code path (spatial patchify), on a tiny random model.
 
 The token maps the schedulers see are the patchified ones (the token schedule); the summed codes live on the VAE
 latent, twice the token map per side. Every supported aspect ratio (the 0.06M budget, 7 scales), batch 2 with a
@@ -22,6 +22,7 @@ METHODS = {
     "lazyvar": dict(),
     "depthvar": dict(reference_scale=-3),
     "arvar": dict(),
+    "stagevar": dict(num_chunks=2, rank_ratios=((0.13648282097649195, 0.2502819846292948),)),  # 8 chunks of 32 layers
 }
 
 
