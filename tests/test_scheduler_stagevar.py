@@ -192,3 +192,21 @@ def test_graph_runners_refuse_projected_passes_and_run_the_unguided_ones(monkeyp
     finally:
         emb.disable_cuda_graphs()
         emb.disable_acceleration()
+
+
+@pytest.mark.parametrize("num_tokens, rank", [(1600, 27), (4096, 656), (10, 10), (50, 1)])
+def test_positions_are_multinomials_draws_without_its_sync(num_tokens, rank):
+    """The write positions are ``torch.multinomial(..., replacement=False)``'s, bit for bit and in its order, and the
+    generator is left where it leaves it (the projection drawn next is the same), with no host check of the
+    probabilities (sync-free on a GPU)."""
+    from diffusers_var_accel.bench.launches import LaunchCounter
+    from diffusers_var_accel.schedulers.scheduling_stagevar import draw_without_replacement
+
+    probs = torch.rand(1, num_tokens, generator=g(0)).square()
+    probs = probs / probs.sum()
+    expected_gen, ours_gen = g(5), g(5)
+    expected = torch.multinomial(probs, rank, replacement=False, generator=expected_gen)
+    with LaunchCounter() as counter:
+        ours = draw_without_replacement(probs, rank, ours_gen)
+    assert torch.equal(ours, expected) and counter.total().syncs == 0
+    assert torch.equal(torch.randn(4, generator=ours_gen), torch.randn(4, generator=expected_gen))

@@ -70,6 +70,17 @@ def stage_rank(ratio: float, num_tokens: int, width: Optional[int] = None) -> in
     return min(num_tokens, int(ratio * basis) + 1)
 
 
+def draw_without_replacement(probs_RN: torch.Tensor, num_samples: int, generator: torch.Generator) -> torch.Tensor:
+    """``torch.multinomial(probs, num_samples, replacement=False, generator=generator)`` without its host-side checks
+    of the probabilities (a device-to-host sync per call on CUDA): the exponential race ``topk(p / q)``,
+    ``q ~ Exp(1)``, that ``multinomial`` itself computes without replacement, so the same positions in the same order
+    from the same generator state, which it leaves where ``multinomial`` does (tested bit for bit on the CPU). Unlike
+    ``multinomial`` it does not refuse a row with fewer non-zero probabilities than ``num_samples`` (it then takes
+    zero-probability positions last); a token of zero norm is the only way to get one here."""
+    race_RN = probs_RN / torch.empty_like(probs_RN).exponential_(generator=generator)
+    return race_RN.topk(num_samples, dim=-1).indices
+
+
 #: ``rank_basis`` values: what a chunk's energy ratio multiplies (spec §2.2 and §6 #4).
 RANK_BASES = ("tokens", "tokens_or_width")
 
@@ -97,7 +108,7 @@ class RepresentativeMixer:
         probs = representative_probabilities(x_RNC)  # in fp32 (the official code turns autocast off)
         positions, projections = [], []
         for row, generator in enumerate(self.generators):
-            positions.append(torch.multinomial(probs[row:row + 1], rank, replacement=False, generator=generator))
+            positions.append(draw_without_replacement(probs[row:row + 1], rank, generator))
             q = torch.randn(1, N, rank, generator=generator, device=x_RNC.device, dtype=torch.float32)
             projections.append(q * (1.0 / math.sqrt(rank)))
         return torch.cat(positions), torch.cat(projections)
