@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,35 @@ def load_fixture(folder: Path, what: str, env_var: str):
         pytest.fail(f"{what} fixture folder missing or incomplete: {folder} (set {env_var})")
     manifest = json.loads((folder / "manifest.json").read_text())
     return manifest, load_file(folder / "inputs.safetensors"), load_file(folder / "reference.safetensors")
+
+
+class HARTFixture:
+    """A golden fixture folder of the HART layout (``hart-tiny/`` in the released format, ``inputs.safetensors``,
+    ``manifest.json`` with its ``runs``, ``ref_<run>.safetensors``): ``env_var`` points the tests at another folder
+    of the layout; a missing or incomplete folder fails loudly, naming ``what`` it should hold."""
+
+    def __init__(self, env_var: str, default: Path, what: str):
+        self.folder, self.env_var, self.what = Path(os.environ.get(env_var, default)), env_var, what
+        path = self.folder / "manifest.json"
+        self.manifest = json.loads(path.read_text()) if path.is_file() else None
+        self.runs = sorted(self.manifest["runs"]) if self.manifest is not None else ["<fixture missing>"]
+
+    def require(self) -> None:
+        if self.manifest is None:
+            pytest.fail(f"{self.what} fixture folder missing or incomplete: {self.folder} (set {self.env_var})")
+
+    def pipeline(self):
+        """The fixture's ``hart-tiny`` as a ``HARTPipeline`` (its EMA weights), progress bars off."""
+        from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
+
+        self.require()
+        pipeline = load_original_hart_pipeline(self.folder / "hart-tiny")
+        pipeline.set_progress_bar_config(disable=True)
+        return pipeline
+
+    def inputs(self):
+        self.require()
+        return load_file(self.folder / "inputs.safetensors")
 
 
 def padded_text(inputs, name: str = "text"):
@@ -139,3 +169,17 @@ def replay_hart_run(pipe, inputs, meta, greedy=None, **extra):
         **extra,
     ).images
     return image, recorded
+
+
+def check_hart_tokens_and_logits(recorded, ref, meta, batch_size: int, logits_key: str = "logits_guided") -> None:
+    """The tokens of every scale of a replayed HART run equal the reference's, and the logits they were sampled from
+    (guided with the run's ``t`` per scale, or the rows' own when only one set of rows ran) match its top two, and
+    the full logits where it records them (``<logits_key>_top2_values_s{s}``, ``<logits_key>_s{s}``; FIXTURE.md's
+    atol 1e-3)."""
+    for s, t in enumerate(meta["t_guidance_per_scale"]):
+        assert torch.equal(recorded[s]["tokens"], ref[f"idx_s{s}"]), s
+        raw = recorded[s]["logits"]
+        logits = (1 + t) * raw[:batch_size] - t * raw[batch_size:] if raw.shape[0] > batch_size else raw
+        torch.testing.assert_close(logits.topk(2, dim=-1).values, ref[f"{logits_key}_top2_values_s{s}"], atol=1e-3, rtol=0)
+        if f"{logits_key}_s{s}" in ref:
+            torch.testing.assert_close(logits, ref[f"{logits_key}_s{s}"], atol=1e-3, rtol=0)

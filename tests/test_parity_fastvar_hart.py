@@ -8,8 +8,6 @@ FIXTURE.md's suggested checks. A missing folder fails loudly.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
@@ -17,36 +15,26 @@ import torch
 from safetensors.torch import load_file
 
 from diffusers_var_accel import FastVARScheduler
-from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
-from fixture_utils import RecordingFastVAR, replay_hart_run
+from fixture_utils import HARTFixture, RecordingFastVAR, check_hart_tokens_and_logits, replay_hart_run
 
-FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart"))
-HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
-MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text()) if HAVE_FIXTURE else None
-RUNS = sorted(MANIFEST["runs"]) if HAVE_FIXTURE else ["<fixture missing>"]
+FIXTURE = HARTFixture("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart", "FastVAR HART")
+FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
+_require_fixture = FIXTURE.require
 #: The fork's sublayer names -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"attn": "self_attn", "ffn": "ffn"}
 #: FIXTURE.md, suggested checks for this layout: ``f_hat_final`` atol 1e-2 (the public fixture's own bound is 2e-3).
 F_HAT_ATOL = 1e-2
 
 
-def _require_fixture():
-    if not HAVE_FIXTURE:
-        pytest.fail(f"FastVAR HART fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_FASTVAR_HART_FIXTURE)")
-
 
 @pytest.fixture(scope="module")
 def pipe():
-    _require_fixture()
-    pipeline = load_original_hart_pipeline(FIXTURE_DIR / "hart-tiny")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return FIXTURE.pipeline()
 
 
 @pytest.fixture(scope="module")
 def inputs():
-    _require_fixture()
-    return load_file(FIXTURE_DIR / "inputs.safetensors")
+    return FIXTURE.inputs()
 
 
 def _official_scheduler(patch_nums):
@@ -89,14 +77,7 @@ def test_reference_run(pipe, inputs, run):
     assert sorted(recorded) == list(range(num_scales))
 
     # 1. tokens exact, guided logits close at every scale
-    for s in range(num_scales):
-        assert torch.equal(recorded[s]["tokens"], ref[f"idx_s{s}"]), (run, s)
-        t = meta["t_guidance_per_scale"][s]
-        raw = recorded[s]["logits"]
-        guided = (1 + t) * raw[:B] - t * raw[B:] if raw.shape[0] > B else raw
-        torch.testing.assert_close(guided.topk(2, dim=-1).values, ref[f"logits_guided_top2_values_s{s}"], atol=1e-3, rtol=0)
-        if f"logits_guided_s{s}" in ref:
-            torch.testing.assert_close(guided, ref[f"logits_guided_s{s}"], atol=1e-3, rtol=0)
+    check_hart_tokens_and_logits(recorded, ref, meta, B)
 
     # 2. the decoder input and the image
     if "f_hat_final" in ref:

@@ -8,41 +8,29 @@ suggested checks. A missing folder fails loudly.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
 
-from fixture_utils import replay_hart_run
+from fixture_utils import HARTFixture, replay_hart_run
 
-FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_HART_FIXTURE", Path(__file__).parent / "fixtures" / "hart"))
-HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
-MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text()) if HAVE_FIXTURE else None
-RUNS = sorted(MANIFEST["runs"]) if HAVE_FIXTURE else ["<fixture missing>"]
+FIXTURE = HARTFixture("VAR_ACCEL_HART_FIXTURE", Path(__file__).parent / "fixtures" / "hart", "HART")
+FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
+_require_fixture = FIXTURE.require
 
-
-def _require_fixture():
-    if not HAVE_FIXTURE:
-        pytest.fail(f"HART fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_HART_FIXTURE)")
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    _require_fixture()
-    pipeline = load_original_hart_pipeline(FIXTURE_DIR / "hart-tiny")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return FIXTURE.pipeline()
 
 
 @pytest.fixture(scope="module")
 def inputs():
-    _require_fixture()
-    return load_file(FIXTURE_DIR / "inputs.safetensors")
+    return FIXTURE.inputs()
 
 
 def test_config_matches_fixture(pipe):

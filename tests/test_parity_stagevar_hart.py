@@ -19,8 +19,6 @@ restored states, and the canvas source (the layer's output at the previous scale
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,29 +28,22 @@ from safetensors.torch import load_file
 
 from diffusers_var_accel import StageVARScheduler
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
-from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
 from diffusers_var_accel.schedulers.scheduling_stagevar import RepresentativeMixer
 
-FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_STAGEVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar_hart"))
-HAVE_FIXTURE = (FIXTURE_DIR / "manifest.json").is_file()
-MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text()) if HAVE_FIXTURE else None
-RUNS = sorted(MANIFEST["runs"]) if HAVE_FIXTURE else ["<fixture missing>"]
+from fixture_utils import HARTFixture, check_hart_tokens_and_logits
+
+FIXTURE = HARTFixture("VAR_ACCEL_STAGEVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar_hart", "StageVAR HART")
+FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
+_require_fixture = FIXTURE.require
 #: FIXTURE.md's suggested checks for the projected scale's mixtures, block outputs and restored states: their values
 #: reach ~4.4e3 (sums over 4096 tokens), which fp32 GEMMs round 2e-3 to 5e-3 apart.
 MIXTURE_TOL = dict(atol=2e-2, rtol=1e-5)
 
 
-def _require_fixture():
-    if not HAVE_FIXTURE:
-        pytest.fail(f"StageVAR HART fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_STAGEVAR_HART_FIXTURE)")
-
 
 @pytest.fixture(scope="module")
 def pipe():
-    _require_fixture()
-    pipeline = load_original_hart_pipeline(FIXTURE_DIR / "hart-tiny")
-    pipeline.set_progress_bar_config(disable=True)
-    return pipeline
+    return FIXTURE.pipeline()
 
 
 def _scheduler(meta, patch_nums, depth):
@@ -135,14 +126,7 @@ def test_reference_run(pipe, run):
     assert sorted(recorded) == list(range(num_scales))
 
     # 1. tokens exact at every scale; the logits sampled from (guided, or the unconditional rows' alone) close
-    for s in range(num_scales):
-        assert torch.equal(recorded[s]["tokens"], ref[f"idx_s{s}"]), (run, s)
-        t = meta["t_guidance_per_scale"][s]
-        raw = recorded[s]["logits"]
-        logits = (1 + t) * raw[:B] - t * raw[B:] if raw.shape[0] > B else raw
-        torch.testing.assert_close(logits.topk(2, dim=-1).values, ref[f"logits_top2_values_s{s}"], atol=1e-3, rtol=0)
-        if f"logits_s{s}" in ref:
-            torch.testing.assert_close(logits, ref[f"logits_s{s}"], atol=1e-3, rtol=0)
+    check_hart_tokens_and_logits(recorded, ref, meta, B, logits_key="logits")
 
     # 2. every layer of the projected scale: its input, draws, mixtures, restored output and canvas source
     assert sorted(log) == list(range(depth))
