@@ -183,3 +183,16 @@ def check_hart_tokens_and_logits(recorded, ref, meta, batch_size: int, logits_ke
         torch.testing.assert_close(logits.topk(2, dim=-1).values, ref[f"{logits_key}_top2_values_s{s}"], atol=1e-3, rtol=0)
         if f"{logits_key}_s{s}" in ref:
             torch.testing.assert_close(logits, ref[f"{logits_key}_s{s}"], atol=1e-3, rtol=0)
+
+
+class LoggingMixer:
+    """A mixing route's mixer that records, under ``log[key]``, the stream it saw and what it drew
+    (``(x, positions, projection)``)."""
+
+    def __init__(self, mixer, key, log):
+        self.mixer, self.key, self.log = mixer, key, log
+
+    def __call__(self, x):
+        positions, projection = self.mixer(x)
+        self.log[self.key] = (x.clone(), positions.clone(), projection.clone())
+        return positions, projection

@@ -24,7 +24,7 @@ import torch
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 
-from fixture_utils import load_fixture, official_call_kwargs, padded_text
+from fixture_utils import LoggingMixer, load_fixture, official_call_kwargs, padded_text
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_STAGEVAR_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar"))
 
@@ -108,16 +108,6 @@ def _stagevar(manifest):
                              num_chunks=manifest["num_block_chunks"], projection_seed=manifest["seeds"]["rp_seed"])
 
 
-class _LoggingMixer:
-    def __init__(self, mixer, key, log):
-        self.mixer, self.key, self.log = mixer, key, log
-
-    def __call__(self, x):
-        positions, projection = self.mixer(x)
-        self.log[self.key] = (x.clone(), positions.clone(), projection.clone())
-        return positions, projection
-
-
 def test_stagevar_run_matches_the_official_code(pipe, fixture):
     from dataclasses import replace
 
@@ -131,7 +121,7 @@ def test_stagevar_run_matches_the_official_code(pipe, fixture):
         def route_pass(self, state, plan):
             routes = super().route_pass(state, plan)
             if routes is not None and routes.mixing:
-                routes.mixing = {start: replace(m, mixer=_LoggingMixer(m.mixer, j, log))
+                routes.mixing = {start: replace(m, mixer=LoggingMixer(m.mixer, j, log))
                                  for j, (start, m) in enumerate(sorted(routes.mixing.items()))}
                 routes.record = routes.record | RecordRequest(block_outputs=frozenset(m.end_layer - 1 for m in routes.mixing.values()))
             return routes

@@ -30,7 +30,7 @@ from diffusers_var_accel import StageVARScheduler
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
 from diffusers_var_accel.schedulers.scheduling_stagevar import RepresentativeMixer
 
-from fixture_utils import HARTFixture, check_hart_tokens_and_logits
+from fixture_utils import HARTFixture, LoggingMixer, check_hart_tokens_and_logits
 
 FIXTURE = HARTFixture("VAR_ACCEL_STAGEVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar_hart", "StageVAR HART")
 FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
@@ -61,18 +61,6 @@ def _scheduler(meta, patch_nums, depth):
     return StageVARScheduler.from_preset("hart", num_chunks=depth, rank_ratios=(ratios,))
 
 
-class _LoggingMixer:
-    """Records what a mixer saw and drew."""
-
-    def __init__(self, mixer, layer, log):
-        self.mixer, self.layer, self.log = mixer, layer, log
-
-    def __call__(self, x):
-        positions, projection = self.mixer(x)
-        self.log[self.layer] = (x.clone(), positions.clone(), projection.clone())
-        return positions, projection
-
-
 @pytest.mark.parametrize("run", RUNS)
 def test_reference_run(pipe, run):
     _require_fixture()
@@ -96,7 +84,7 @@ def test_reference_run(pipe, run):
             routes = super().route_pass(state, plan)
             k = plan.scale_indices[0]
             if routes is not None and routes.mixing:
-                routes.mixing = {start: replace(m, mixer=_LoggingMixer(m.mixer, start, log)) for start, m in routes.mixing.items()}
+                routes.mixing = {start: replace(m, mixer=LoggingMixer(m.mixer, start, log)) for start, m in routes.mixing.items()}
             if k in (projected - 1, projected):  # the canvas sources and the restored states of every layer
                 routes = PassRoutes() if routes is None else routes
                 routes.record = routes.record | RecordRequest(block_outputs=frozenset(range(depth)))
