@@ -334,6 +334,19 @@ def test_pipeline_folder_with_a_bad_acceleration_config(saved_infinity, tmp_path
     edit_json(folder / "acceleration" / "acceleration_config.json", lambda c: c.update(_class_name="LazyVARSchedulr"))
     with pytest.raises(ValueError, match="LazyVARSchedulr"):
         InfinityPipeline.from_pretrained(folder)
+    # a bad value of a real setting: the scheduler's message, prefixed with the file that holds it
+    edit_json(folder / "acceleration" / "acceleration_config.json",
+              lambda c: c.update(_class_name="LazyVARScheduler", keep_ratios=[0.2, 0.1, 0.05, 1.5]))
+    config = str(folder / "acceleration" / "acceleration_config.json")
+    with pytest.raises(ValueError) as info:
+        InfinityPipeline.from_pretrained(folder)
+    assert config in str(info.value) and "keep_ratios[3]" in str(info.value) and "1.5" in str(info.value)
+    # an override that fixes it loads; a bad override is the caller's, not the file's
+    assert LazyVARScheduler.from_pretrained(folder / "acceleration", keep_ratios=[0.2, 0.1, 0.05, 0.01])
+    edit_json(folder / "acceleration" / "acceleration_config.json", lambda c: c.update(keep_ratios=[0.2, 0.1, 0.05, 0.01]))
+    with pytest.raises(ValueError) as info:
+        LazyVARScheduler.from_pretrained(folder / "acceleration", keep_ratios=[0.2, 0.1, 0.05, 2.0])
+    assert "acceleration_config.json" not in str(info.value) and "2.0" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

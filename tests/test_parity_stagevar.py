@@ -40,7 +40,10 @@ def fixture():
 
 @pytest.fixture(scope="module")
 def pipe(fixture):
-    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth")
+    manifest = fixture[0]
+    # the 2B code path, or the 8B one (spatial patchify) where the fixture's official constructor arguments say so
+    patchify = bool(manifest["infinity_kwargs"].get("apply_spatial_patchify", 0))
+    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", apply_spatial_patchify=patchify)
     vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
     pipeline = InfinityPipeline(transformer=transformer, vae=vae)
     pipeline.set_progress_bar_config(disable=True)

@@ -160,7 +160,16 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
         target._check_overrides(overrides)
-        scheduler = target.from_config({**config, **overrides})
+        try:
+            scheduler = target.from_config({**config, **overrides})
+        except ValueError as err:
+            if overrides:  # name the file only when its own settings are at fault
+                try:
+                    target.from_config(config)
+                except ValueError:
+                    raise ValueError(f"{where}: {err}") from None
+                raise
+            raise ValueError(f"{where}: {err}") from None
         return (scheduler, {}) if return_unused_kwargs else scheduler
 
     @classmethod
