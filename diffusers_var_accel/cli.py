@@ -1008,10 +1008,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "flops":
-            return _cmd_flops(argv[1:])
-        if argv and argv[0] == "launches":
-            return _cmd_launches(argv[1:])
+        # the counters parse their own arguments: a --debug before their name goes to them, not to the main parser
+        leading_debug = ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"]) else []
+        command = argv[len(leading_debug):]
+        if command and command[0] == "flops":
+            return _cmd_flops(command[1:] + leading_debug)
+        if command and command[0] == "launches":
+            return _cmd_launches(command[1:] + leading_debug)
         args = build_parser().parse_args(argv)
         args.debug = getattr(args, "debug", False)
         return args.func(args)

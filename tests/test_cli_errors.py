@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +196,20 @@ def test_debug_shows_the_traceback_instead(tmp_path):
     folder = _model_folder(tmp_path, "only_index")
     with pytest.raises(OSError):
         main(["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out"), "--debug"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["flops", "--model", "infinity-2b", "--accel", "nope"], "unknown acceleration 'nope'"),
+    (["launches", "--models", "nope"], "--models 'nope': unknown"),
+])
+def test_debug_reaches_the_counters_before_or_after_their_name(capsys, argv, needle):
+    """``flops`` and ``launches`` parse their own arguments: without ``--debug`` one error line and status 2; with it,
+    wherever it stands, the traceback of the same error (their own arguments kept, not dropped)."""
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+    for debug in (argv + ["--debug"], ["--debug"] + argv):
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            main(debug)
 
 
 def test_the_installed_command_prints_one_line_and_exits_2(tmp_path):

@@ -1152,6 +1152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--conventions", action="store_true",
                         help="HART: totals of the baseline and the --accel methods under several counting conventions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message")
     args = parser.parse_args(argv)
     methods = split_acceleration_specs(",".join(args.accel or []))
     try:
@@ -1167,6 +1168,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                batch_size=args.batch_size, text_tokens=text_tokens, accel=m)
                        for m in methods}
     except ValueError as err:
+        if args.debug:
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     if methods:

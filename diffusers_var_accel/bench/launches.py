@@ -633,6 +633,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object (every record) instead of the table")
     parser.add_argument("--no-warmup", action="store_true",
                         help="count the first call (default: a warm-up call first, its syncs in 'syncs (first call)')")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message")
     return parser
 
 
@@ -662,6 +663,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
                                  progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
                                  warmup=not args.no_warmup)
     except ValueError as err:
+        if args.debug:
+            raise
         message = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"error: {message}", file=sys.stderr)
         return 2
