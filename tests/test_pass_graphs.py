@@ -18,6 +18,9 @@ from diffusers_var_accel.next_scale.graphs import PassGraphs
 from test_method_conformance import CASES, INFINITY_SIZES, PROMPTS, gen, images, preset
 
 FAMILY_CASES = [(None, "infinity"), (None, "hart")] + CASES
+#: A method whose preset draws random numbers inside its passes (``draws_inside_passes``: StageVAR's token mixtures) is
+#: refused under capture; what of it can be captured is replayed instead (StageVAR: its guidance and skip rules).
+CAPTURABLE_OVERRIDES = {"stagevar": dict(projected_scales=(), rank_ratios=())}
 
 
 def _calls(pipe, family, scheduler):
@@ -31,6 +34,15 @@ def _calls(pipe, family, scheduler):
 def test_replayed_passes_equal_eager_for_other_inputs(method, family, pipes):
     pipe = pipes(family)
     scheduler = None if method is None else preset(method, family)
+    if scheduler is not None and scheduler.draws_inside_passes:
+        assert pipe.enable_cuda_graphs(capture="trace") is True
+        try:
+            with pytest.raises(ValueError, match="draws random numbers inside its passes"):
+                images(pipe, family, scheduler)
+        finally:
+            pipe.disable_cuda_graphs()
+        scheduler = preset(method, family, **CAPTURABLE_OVERRIDES[method])
+        assert not scheduler.draws_inside_passes
     eager = _calls(pipe, family, scheduler)
     assert not torch.equal(eager[0], eager[1])
     assert pipe.enable_cuda_graphs(capture="trace") is True
