@@ -8,11 +8,13 @@ The semantic and structure stages (Infinity 1024²: the scales up to 32²) run u
    the loop's ``ScalePlan.cfg_uncond_only``).
 2. **Random-projection low-rank features** at the projected scales (spec §2.2): each chunk of blocks runs on ``r``
    mixtures ``Y = Q^T X`` of the scale's tokens, ``Q ~ N(0, 1/r)`` of shape ``(N, r)``, with the RoPE positions of
-   the first ``r`` raster tokens; ``r_j = int(ratio_j N) + 1`` from a per-chunk table of energy ratios.
+   the first ``r`` raster tokens (Infinity's code) or of the drawn write positions (HART's: ``mixture_positions``);
+   ``r_j = int(ratio_j N) + 1`` (Infinity) or ``int(ratio_j min(N, C)) + 1`` (HART: ``rank_basis``) from a per-chunk
+   table of energy ratios (HART's chunks are its layers).
 3. **Representative-token restoration** (spec §2.3-2.4): the chunk's ``r`` outputs are written at ``r`` positions drawn
    without replacement with probability ``||x_i||^2 / sum_k ||x_k||^2`` (``x`` the chunk's input; the ``k``-th
    mixture at the ``k``-th drawn position) onto the area-upsampled output of the same chunk at the previous scale.
-4. The released Infinity code skips the last two scales (48², 64²; spec §2.7): ``skipped_scales``.
+4. The released Infinity code skips the last two scales (48², 64²; spec §2.7): ``skipped_scales``. HART's skips none.
 
 Decisions where the spec lists an ambiguity (§6), stated here and in the docs:
 
@@ -23,6 +25,10 @@ Decisions where the spec lists an ambiguity (§6), stated here and in the docs:
   generator per image, so each image of a batch is independent of the others.
 * Batch > 1 (#8): rows draw in order, each from its image's generator (the official code handles one image).
 * Non-square scales (#8): the canvas is interpolated to ``(h, w)``; the ranks count the scale's tokens.
+* "CFG = 0" (#2) is the unconditional rows on both models, as both releases run it (HART's own formula at t = 0
+  would be the conditional rows).
+* The positions are drawn with ``multinomial``'s exponential race without its host checks
+  (:func:`draw_without_replacement`: the same positions, sync-free).
 
 Shape legend: ``B`` images, ``R`` rows the pass runs, ``N`` tokens of the scale, ``C`` width, ``r`` mixtures.
 """
