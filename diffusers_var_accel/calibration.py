@@ -129,7 +129,7 @@ def _stagevar_grid(num_layers: int) -> List[Dict[str, Any]]:
     chunks = math.gcd(num_layers, 8)
     grid = []
     for unguided in (1, 2, 3):
-        for skipped in range(min(unguided, 3)):
+        for skipped in range(unguided):  # fewer than all of them
             run = list(range(-unguided, -skipped if skipped else 0))  # the unguided scales that run
             base = dict(unconditional_scales=list(range(-unguided, 0)), skipped_scales=list(range(-skipped, 0)) if skipped else [],
                         num_chunks=chunks)

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 import torch
 
 from .cache import ScaleKVCache
+from .plan import DRAWING_PASSES_WAY_OUT
 
 CAPTURE_MODES = ("cuda", "trace")
 #: context fields the pass writes (outputs) or that start empty: not inputs
@@ -201,15 +202,13 @@ class _Workspace:
 
 
 def refuse_drawing_passes(context, runner: str) -> None:
-    """Raise for a pass whose routes draw random numbers inside it (a mixing span: StageVAR's positions and
-    projections), which a captured or compiled pass cannot hold: the graph would replay one draw, or break on the
-    generators. Named in the error rather than run eagerly, so that a measured graph run is a graph run."""
+    """Raise for a pass whose routes draw random numbers inside it (a mixing span's mixer), which a captured or
+    compiled pass cannot hold: the graph would replay one draw, or break on the generators. Named in the error
+    rather than run eagerly, so that a measured graph run is a graph run."""
     routes = context.routes
     if routes is not None and routes.mixing:
-        raise ValueError(f"{runner}: this pass runs layers {sorted(routes.mixing)} on random token mixtures (StageVAR's "
-                         "projection), drawn inside the pass from the call's generators, which captured and compiled "
-                         "passes do not support yet; call pipe.disable_cuda_graphs() to run the passes eagerly, or set "
-                         "projected_scales=() (StageVAR's guidance and skip rules alone run in graphs)")
+        raise ValueError(f"{runner}: this pass runs layers {sorted(routes.mixing)} on random token mixtures drawn inside "
+                         f"the pass from the call's generators, {DRAWING_PASSES_WAY_OUT}")
 
 
 class PassGraphs:

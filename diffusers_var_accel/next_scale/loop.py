@@ -24,7 +24,7 @@ import torch
 from .cache import ScaleKVCache
 from .context import PassRecords, VARForwardContext
 from .executor import keep_residual, weight_codes
-from .plan import ModelInfo, PassRoutes, ScalePlan, validate_plans
+from .plan import DRAWING_PASSES_WAY_OUT, ModelInfo, PassRoutes, ScalePlan, validate_plans
 from .rows import RowLayout
 from .state import NextScaleState, ScaleModelFamily, ScaleOutputs, schedule_slice
 
@@ -75,9 +75,7 @@ def run_next_scale_loop(
         scheduler.check_model_family(family.family)
         if pass_runner is not None and getattr(scheduler, "draws_inside_passes", False):
             # refused before any pass runs (the runners refuse such a pass too, for schedulers that do not say so)
-            raise ValueError(f"{type(scheduler).__name__} draws random numbers inside its passes (StageVAR's token "
-                             "mixtures), which captured and compiled passes do not support yet; call "
-                             "pipe.disable_cuda_graphs() to run the passes eagerly, or set projected_scales=()")
+            raise ValueError(f"{type(scheduler).__name__} draws random numbers inside its passes, {DRAWING_PASSES_WAY_OUT}")
     num_scales = len(scale_schedule)
     if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
         raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")

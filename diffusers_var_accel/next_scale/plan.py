@@ -252,6 +252,12 @@ class MixingRoute:
 #: The values of :attr:`MixingRoute.rope_positions`.
 MIXTURE_ROPE_POSITIONS = ("first", "drawn")
 
+#: What to do about a pass that draws random numbers inside it (a mixer): the end of the loop's and the pass
+#: runners' errors.
+DRAWING_PASSES_WAY_OUT = ("which captured and compiled passes do not support yet; call pipe.disable_cuda_graphs() to run "
+                          "the passes eagerly, or configure the method without its in-pass draws (StageVAR: "
+                          "projected_scales=())")
+
 
 @dataclass(frozen=True)
 class RecordRequest:

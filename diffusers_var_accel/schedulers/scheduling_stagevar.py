@@ -147,7 +147,8 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         unconditional_scales (`tuple[int]`, defaults to `(-3, -2, -1)`): scales run on the unconditional rows only
             (guidance off; they must end the scales that run).
         projected_scales (`tuple[int]`, defaults to `(-3,)`): scales whose chunks run on token mixtures.
-        rank_ratios (`tuple[tuple[float]]`): per projected scale, one energy ratio per chunk (``r = int(ratio N) + 1``).
+        rank_ratios (`tuple[tuple[float]]`): per projected scale, one energy ratio per chunk (``r = int(ratio N) + 1``,
+            or ``int(ratio min(N, C)) + 1``: ``rank_basis``).
         skipped_scales (`tuple[int]`, defaults to `(-2, -1)`): scales not run at all (no codes).
         num_chunks (`int`, defaults to 8): consecutive chunks the blocks are split into (Infinity's ``block_chunks``).
         projection_seed (`int`, *optional*): seed of one generator for every row's draws (the official draw order);
@@ -281,7 +282,6 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         _, source_hw, source_unconditional = call.source
         if call.generators is None:  # made at the first projected scale, on the model's device, kept for the call
             call.generators = self._generators(state, next(iter(call.chunk_outputs.values())).device)
-        h, w = (int(v) for v in state.scale_schedule[k][-2:])
         B = state.batch_size
         layout = state.layout.for_plan(plan)
         # this pass's rows of the previous scale's chunk outputs (the unconditional half of a full pass, when only
