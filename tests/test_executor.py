@@ -204,3 +204,30 @@ def test_a_mixing_span_refuses_routes_inside_it(pipe):
 
     with pytest.raises(ValueError, match=r"layers \[1\] are in the mixing span 0..3"):
         _latents(pipe, _Both())
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["shared-table", "per-row-tables"])
+def test_gathered_tokens_take_the_outer_pass_tables_bit_for_bit(per_row):
+    """A context of gathered tokens (nested twice) gathers the outer pass's processed RoPE tables: the same values as
+    processing the gathered raw table, for Infinity's shared table and HART's per-row tables, with one gather per
+    token set and the outer tables built once per pass."""
+    from diffusers_var_accel.models.attention_processor import HARTAttnProcessor, VARAttnProcessor
+    from diffusers_var_accel.next_scale.context import VARForwardContext, gather_rope
+
+    g = torch.Generator().manual_seed(0)
+    R, L, d = 2, 12, 4
+    raw = torch.randn(2, R if per_row else 1, 1, L, d, generator=g)
+    processor = HARTAttnProcessor() if per_row else VARAttnProcessor()
+    outer = VARForwardContext(kv_cache=None, rope_cos_sin=raw, call_cache={})
+    index = torch.stack([torch.randperm(L, generator=g)[:7] for _ in range(R)])
+    inner_index = torch.stack([torch.randperm(7, generator=g)[:3] for _ in range(R)])
+    child = outer.for_tokens(index)
+    grandchild = child.for_tokens(inner_index)
+    assert child.rope_cos_sin is None and child.rope_source[0] is outer
+    for context, positions in ((child, index), (grandchild, torch.gather(index, 1, inner_index))):
+        got = processor._rope_tables(None, context, torch.float32)
+        expected = processor.rope_tables(gather_rope(raw, positions), torch.float32)
+        assert got.shape == expected.shape
+        assert torch.equal(got, expected)
+    tables = [v for k, v in outer.pass_cache.items() if k[0] == "rope_tables"]
+    assert len(tables) == 1  # built once for the pass, then gathered

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 
-from ..next_scale.context import VARForwardContext, block_causal_mask
+from ..next_scale.context import VARForwardContext, block_causal_mask, gather_rope_tables
 from .dtype_utils import fused_cast_out
 
 #: Backends that take a boolean ``attn_mask`` as a kernel input. Every other backend either refuses a mask (flash-attn,
@@ -196,14 +196,14 @@ def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optio
     rows = max(1, max_elements // max(1, R * H * S))
     if rows >= L:
         out, probs = _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale, mask_LS)
-        return out, probs.float().mean(dim=(1, 2))
+        return out, probs.mean(dim=(1, 2), dtype=torch.float32)  # accumulated in fp32, no fp32 copy of the map
     outs, total = [], None
     for start in range(0, L, rows):
         end = min(start + rows, L)
         mask = None if mask_LS is None else mask_LS[..., start:end, :]
         out, probs = _explicit_attention(q_RHLc[:, :, start:end], k_RHSc, v_RHSc, scale, mask)
         outs.append(out)
-        part = probs.float().sum(dim=(1, 2))
+        part = probs.sum(dim=(1, 2), dtype=torch.float32)
         total = part if total is None else total + part
     return torch.cat(outs, dim=2), total / (H * L)
 
@@ -344,16 +344,23 @@ class VARAttnProcessor:
 
     def _rope_tables(self, rope_cos_sin: Optional[torch.Tensor], context: Optional[VARForwardContext], dtype):
         """The tables of :func:`rotate_pairs`, once per pass when they are the context's own; their sign factors
-        once per call when the context has a call cache."""
-        table = context.rope_cos_sin if rope_cos_sin is None else rope_cos_sin
-        signs = None
-        if context is not None and context.call_cache is not None:
-            signs = context.cached(("rope_signs", type(self).__name__, table.dtype, table.device, table.shape[-1]),
-                                   lambda: self.rope_signs(table))
-        if rope_cos_sin is None:
-            return context.pass_cached(("rope_tables", type(self).__name__, dtype),
-                                       lambda: self.rope_tables(table, dtype, signs))
-        return self.rope_tables(table, dtype, signs)
+        once per call when the context has a call cache. Gathered tokens (``context.rope_source``) take the outer
+        context's tables at their positions: one gather per token set, the outer tables built once per pass."""
+        if rope_cos_sin is not None:
+            return self.rope_tables(rope_cos_sin, dtype, self._rope_signs(rope_cos_sin, context))
+        key = ("rope_tables", type(self).__name__, dtype)
+        if context.rope_source is not None:
+            outer, index_RK = context.rope_source
+            return context.pass_cached(key, lambda: gather_rope_tables(self._rope_tables(None, outer, dtype), index_RK))
+        table = context.rope_cos_sin
+        return context.pass_cached(key, lambda: self.rope_tables(table, dtype, self._rope_signs(table, context)))
+
+    def _rope_signs(self, table: torch.Tensor, context: Optional[VARForwardContext]) -> Optional[torch.Tensor]:
+        """The sign factors of :meth:`rope_tables`, once per call when the context has a call cache."""
+        if context is None or context.call_cache is None:
+            return None
+        return context.cached(("rope_signs", type(self).__name__, table.dtype, table.device, table.shape[-1]),
+                              lambda: self.rope_signs(table))
 
     @staticmethod
     def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:

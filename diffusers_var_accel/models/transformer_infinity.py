@@ -315,9 +315,10 @@ class InfinityBlock(TokenRoutedBlock):
             # the text keys/values of the call's rows (a per-call constant); a halved pass attends to its rows of them
             out = self.ca(x_norm, source.text_RTC, source.text_mask_R11T, ctx, encoder_rows=rows)
             # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record
-            # at this level; ``x + out`` promotes to the same values) or scattered (which casts), the cast would be
-            # one more kernel per block, so it is left to the addition.
-            return out if ctx.routes is None and x_sub.dtype == torch.float32 else out.float()
+            # at this level, whatever the pass routes elsewhere; ``x + out`` promotes to the same values) or
+            # scattered (which casts), the cast would be one more kernel per block, so it is left to the addition.
+            plain = ctx.routes is None or not ctx.routes.acts_on_sublayer(self.layer_idx, "cross_attn")
+            return out if plain and x_sub.dtype == torch.float32 else out.float()
 
         def ffn(x_sub, ctx):
             return GatedUpdate(self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps, fc1_dtype)), gamma2)

@@ -28,7 +28,11 @@ class VARForwardContext:
         kv_cache (`ScaleKVCache`, *optional*): keys/values of the earlier scales; this pass appends its own.
         rope_cos_sin (`torch.Tensor`): ``(2, 1 or R, 1, L, d)`` cosines and sines of the RoPE angles of this pass's
             tokens (Infinity: ``d = c/2``, shared by all rows; HART: ``d = c``, one table per row); ``None`` in the
-            context of a routed cross-attention or FFN sublayer, where no self-attention runs.
+            context of a routed cross-attention or FFN sublayer, where no self-attention runs, and in the context of
+            gathered tokens, which take theirs from ``rope_source``.
+        rope_source (`tuple`, *optional*): ``(outer context, (R, K) index)`` of a context of gathered tokens
+            (:meth:`for_tokens`): their RoPE tables are the outer context's processed tables (built once per pass)
+            at ``index``, one gather per token set instead of a gather and the processing per set.
         token_scale_ids (`torch.Tensor`, *optional*): ``(L,)`` scale index of every token when several scales are
             decoded in one pass; self-attention then applies the block-causal mask (a token sees the cache, and the
             tokens of its own and earlier scales). ``None`` for a single scale (all keys visible).
@@ -73,6 +77,7 @@ class VARForwardContext:
     call_cache: Optional[Dict[Hashable, Any]] = None
     cache_row_start: int = 0
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+    rope_source: Optional[Tuple["VARForwardContext", torch.Tensor]] = field(default=None, repr=False, compare=False)
 
     def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None,
                    self_attention: bool = True) -> "VARForwardContext":
@@ -80,14 +85,23 @@ class VARForwardContext:
         pass positions (and, when the caller knows them, ``scale_lengths``); the KV cache, recorded maps, records and
         call cache are shared. ``self_attention=False`` (a cross-attention or FFN sublayer's tokens): no
         self-attention runs in it, so the RoPE table and scale ids are not gathered (``rope_cos_sin`` is ``None``):
-        two index kernels less per routed sublayer."""
+        two index kernels less per routed sublayer. The RoPE table is not gathered here either: the processors
+        gather their processed tables from this context's (``rope_source``), when self-attention asks for them."""
         positions = index_RK if self.positions is None else torch.gather(self.positions, 1, index_RK)
         if not self_attention:
             return replace(self, rope_cos_sin=None, token_scale_ids=None, positions=positions,
-                           scale_lengths=scale_lengths, pass_cache={})
-        return replace(self, rope_cos_sin=gather_rope(self.rope_cos_sin, index_RK),
+                           scale_lengths=scale_lengths, pass_cache={}, rope_source=None)
+        return replace(self, rope_cos_sin=None, rope_source=(self, index_RK),
                        token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions,
                        scale_lengths=scale_lengths, pass_cache={})
+
+    def rope_table_like(self) -> Optional[torch.Tensor]:
+        """The raw RoPE table of the pass this context's tokens come from (for its dtype, device and width; its
+        rows and tokens are the outermost context's)."""
+        context = self
+        while context.rope_source is not None:
+            context = context.rope_source[0]
+        return context.rope_cos_sin
 
     def cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()``, stored under ``key`` in :attr:`call_cache` the first time (every time without one)."""
@@ -161,6 +175,19 @@ def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
 def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
     """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
     return canvas_RLC.scatter(1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype))
+
+
+def gather_rope_tables(tables_2RL11c: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """The processed RoPE tables of the kept tokens (the processors' ``(2, 1 or R, L, 1, 1, c)`` layout) ->
+    ``(2, R, K, 1, 1, c)``: a gather commutes with the elementwise processing, so the values are those of the kept
+    tokens' own tables bit for bit. A table shared by all rows is indexed directly, per-row tables row by row."""
+    R, K = index_RK.shape
+    tail = tables_2RL11c.shape[3:]
+    if tables_2RL11c.shape[1] == 1:
+        return tables_2RL11c[:, 0, index_RK.reshape(-1)].view(2, R, K, *tail)
+    flat = tables_2RL11c.flatten(3)  # (2, R, L, c)
+    index = index_RK.view(1, R, K, 1).expand(2, R, K, flat.shape[-1])
+    return torch.gather(flat, 2, index).view(2, R, K, *tail)
 
 
 def gather_rope(rope_cos_sin: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:

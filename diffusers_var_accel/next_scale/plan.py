@@ -310,5 +310,10 @@ class PassRoutes:
         spans = (layer for start, m in self.mixing.items() for layer in range(start, m.end_layer))
         return frozenset(layer for layer, _ in self.routes) | frozenset(spans)
 
+    def acts_on_sublayer(self, layer: int, kind: str) -> bool:
+        """Whether the sublayer ``kind`` of ``layer`` is routed or its update recorded (otherwise its update is only
+        added to the stream, as on the dense path)."""
+        return (layer, kind) in self.routes or (layer, kind) in self.record.sublayer_updates
+
     def __bool__(self) -> bool:
         return bool(self.routes or self.record or self.residual_tokens or self.code_weights or self.mixing)
