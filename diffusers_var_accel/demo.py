@@ -1,7 +1,8 @@
 """``var-accel demo``: the embedded model, its baseline and every acceleration preset, side by side, on the CPU.
 
 For a handful of shapes prompts (one seed each), every method generates every prompt; the demo reports per method
-the median time per image and its speed-up over the baseline (interleaved, after a warm-up, in the same run), the
+the median time per image, its spread and its speed-up over the baseline (interleaved, after one untimed call per
+method, in the same run; a note when a method's times spread widely), the
 FLOPs of one generation (counted with ``torch.utils.flop_counter`` on the real call of the first prompt and seed, text
 encoder and decoder included, with the counter of ``var-accel bench`` (:func:`~.bench.probe.make_flop_counter`,
 which also counts PyTorch's CPU attention kernel), so both commands give the same FLOPs for the same model, method,
@@ -87,6 +88,7 @@ def run_demo(
     output_dir: str = "demo_outputs",
     pipe=None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Dict[str, Any]:
     """Run the demo and write its files; returns the report (also in ``report.json``).
 
@@ -98,6 +100,12 @@ def run_demo(
         repeats: timed generations per (method, prompt); the median is reported.
         output_dir: where ``report.json`` and ``grid.png`` go.
         pipe: a pipeline (default: the embedded model).
+        overwrite: replace the ``report.json`` and ``grid.png`` of an earlier demo in ``output_dir`` (without it,
+            their presence is an error, before anything runs).
+
+    Time is measured as ``var-accel bench`` measures it: one untimed call per method first (first-call work), then
+    every (prompt, repeat) runs every method once, interleaved; each method's median and spread
+    (``(max - min) / median`` of its timed calls) are reported, with a note when the spread is large.
     """
     from tqdm.auto import tqdm
 
@@ -110,6 +118,11 @@ def run_demo(
         if progress:
             print(f"demo: {message}", file=sys.stderr, flush=True)
 
+    out = Path(output_dir)
+    earlier = [name for name in ("report.json", "grid.png") if (out / name).exists()]
+    if earlier and not overwrite:
+        raise FileExistsError(f"{out} holds an earlier demo's {' and '.join(earlier)}: pass --overwrite (overwrite=True) "
+                              "to replace them, or -o another folder")
     if pipe is None:
         stage("loading the embedded model")
         pipe = load_embedded_pipeline()
@@ -126,8 +139,9 @@ def run_demo(
         generator = torch.Generator().manual_seed(seed + i)
         return pipe(prompts[i], generator=generator, output_type="pt", acceleration=schedulers[method], **kwargs).images
 
-    stage(f"{len(methods)} methods x {len(prompts)} prompts x {repeats} repeats, after one warm-up call")
-    generate(methods[0], 0)  # warm-up (first-call allocations, lazy imports)
+    stage(f"{len(methods)} methods x {len(prompts)} prompts x {repeats} repeats, after one untimed call per method")
+    for m in methods:  # warm-up per method: first-call allocations, per-size plans, lazy imports
+        generate(m, 0)
     times: Dict[str, List[float]] = {m: [] for m in methods}
     images: Dict[str, List[torch.Tensor]] = {m: [None] * len(prompts) for m in methods}
     bar = tqdm(total=len(prompts) * len(methods) * repeats, desc="demo", disable=not progress)
@@ -154,12 +168,12 @@ def run_demo(
         finite = [v for v in fidelity_psnr if v != float("inf")]
         report_methods[m] = dict(
             seconds_per_image_median=median, seconds_per_image=times[m], speedup=base_time / median,
+            spread=(max(times[m]) - min(times[m])) / median if median > 0 else 0.0,
             gflops=flops[m] / 1e9, flops_ratio=flops["baseline"] / flops[m],
             psnr=fidelity_psnr, psnr_mean=(sum(finite) / len(finite)) if finite else float("inf"),
             ssim=fidelity_ssim, ssim_mean=sum(fidelity_ssim) / len(fidelity_ssim),
             scorer_correct=correct, scorer_accuracy=sum(correct) / len(correct),
         )
-    out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     from PIL import Image
 
@@ -170,7 +184,9 @@ def run_demo(
     caption_grid(rows, methods, prompts, cell=128).save(out / "grid.png")
     report = dict(model=str(getattr(pipe, "name_or_path", "embedded")), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
                   sampling=kwargs, repeats=repeats, methods=report_methods,
-                  notes="time: median s/image, interleaved, after one warm-up; FLOPs: one real call (prompt 0, seed "
+                  spread_notes=spread_notes(report_methods),
+                  notes="time: median s/image, interleaved, after one untimed call per method; spread: (max - min) / "
+                        "median of a method's timed calls; FLOPs: one real call (prompt 0, seed "
                         "--seed) counted by torch.utils.flop_counter incl. text encoder and decoder, with var-accel bench's "
                         "counter (the same FLOPs as bench for the same prompt, seed and size); PSNR/SSIM vs the baseline image "
                         "of the same seed (\"inf\": identical images)")
@@ -182,12 +198,26 @@ def run_demo(
     return report
 
 
+def spread_notes(methods: Dict[str, Dict[str, Any]]) -> List[str]:
+    """A note per method whose timed calls spread by more than
+    :data:`~diffusers_var_accel.comparison.LARGE_SPREAD` of their median (its speed-up is noisy)."""
+    from .comparison import LARGE_SPREAD
+
+    return [f"{m}: its times spread by {r['spread']:.0%} of the median: the speed-up is noisy (a busy machine); "
+            "--repeats 3 or var-accel bench give a steadier figure"
+            for m, r in methods.items() if len(r["seconds_per_image"]) > 1 and r["spread"] > LARGE_SPREAD]
+
+
 def format_table(report: Dict[str, Any]) -> str:
-    """The demo's Markdown table."""
-    lines = ["| method | s / image | speed-up | GFLOPs | FLOPs ratio | PSNR vs baseline (dB) | SSIM vs baseline | scorer accuracy |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """The demo's Markdown table, then its notes on noisy times."""
+    lines = ["| method | s / image | spread | speed-up | GFLOPs | FLOPs ratio | PSNR vs baseline (dB) | SSIM vs baseline | scorer accuracy |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m, r in report["methods"].items():
         psnr_text = "inf" if r["psnr_mean"] == float("inf") else f"{r['psnr_mean']:.2f}"
-        lines.append(f"| {m} | {r['seconds_per_image_median']:.3f} | {r['speedup']:.2f}x | {r['gflops']:.3f} | {r['flops_ratio']:.2f}x | "
-                     f"{psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |")
+        spread = f"{r['spread']:.0%}" if len(r["seconds_per_image"]) > 1 else "-"
+        lines.append(f"| {m} | {r['seconds_per_image_median']:.3f} | {spread} | {r['speedup']:.2f}x | {r['gflops']:.3f} | "
+                     f"{r['flops_ratio']:.2f}x | {psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |")
+    notes = report.get("spread_notes") or []
+    if notes:
+        lines += [""] + [f"note: {n}" for n in notes]
     return "\n".join(lines)

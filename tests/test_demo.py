@@ -55,3 +55,41 @@ def test_demo_and_bench_count_the_same_flops(tmp_path):
     for method in ("baseline", "lazyvar"):
         assert demo["methods"][method]["gflops"] == pytest.approx(bench["methods"][method]["flops"]["total_gflops"], rel=1e-12)
     assert demo["methods"]["lazyvar"]["flops_ratio"] == pytest.approx(bench["methods"]["lazyvar"]["flops"]["ratio"])
+
+
+def test_demo_refuses_to_overwrite_an_earlier_demo_unless_asked(tmp_path, capsys):
+    from diffusers_var_accel.cli import main
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    assert main(["demo", "--num-prompts", "1", "--methods", "baseline", "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds an earlier demo's report.json: pass --overwrite" in err
+    assert (out / "report.json").read_text() == "{}"  # untouched
+
+
+def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch):
+    """One untimed call per method before the timed, interleaved ones; each method's spread is in the report, and a
+    note names a method whose times spread widely."""
+    from diffusers_var_accel import demo as demo_module
+    from diffusers_var_accel.embedded import load_embedded_pipeline
+
+    pipe = load_embedded_pipeline()
+    calls = []
+    original = type(pipe).__call__
+
+    def recording(self, *args, acceleration=None, **kwargs):
+        calls.append(type(acceleration).__name__ if acceleration is not None else "baseline")
+        return original(self, *args, acceleration=acceleration, **kwargs)
+
+    monkeypatch.setattr(type(pipe), "__call__", recording)
+    ticks = iter([0.0, 1.0, 10.0, 11.0, 20.0, 21.0, 30.0, 34.0])  # lazyvar: 1 s then 4 s
+    monkeypatch.setattr(demo_module.time, "perf_counter", lambda: next(ticks))
+    report = demo_module.run_demo(num_prompts=1, methods=["baseline", "lazyvar"], repeats=2, output_dir=tmp_path / "d",
+                                  pipe=pipe, progress=False)
+    assert calls[:6] == ["baseline", "LazyVARScheduler"] * 3  # warm-up of each, then two interleaved rounds
+    assert report["methods"]["baseline"]["spread"] == 0.0
+    assert report["methods"]["lazyvar"]["spread"] == pytest.approx(3 / 2.5)
+    assert [n.split(":")[0] for n in report["spread_notes"]] == ["lazyvar"]
+    assert "note: lazyvar: its times spread by 120% of the median" in demo_module.format_table(report)
