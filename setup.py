@@ -8,9 +8,14 @@ from setuptools import find_packages, setup
 # extra includes it.
 docs_requires = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26", "pymdown-extensions>=10"]
 
+# The web page (var-accel serve, app.py). Its tests drive it in a headless Chromium through Selenium (the browser is
+# Debian's chromium + chromium-driver, which .ci/run installs; without them the browser test is skipped, saying so).
+app_requires = ["gradio>=5,<7"]
+
 extras = {
     "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
-             *docs_requires],
+             *docs_requires, *app_requires, "selenium>=4.20"],
+    "app": app_requires,
     "docs": docs_requires,
     "flash": ["flash-attn>=2.6"],
     "eval": ["torchmetrics>=1.6", "scipy>=1.11"],

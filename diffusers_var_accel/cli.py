@@ -507,7 +507,30 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     check_output_folder(args.output)
     with _user_errors("", args.debug):
         run_demo(prompts=args.prompt or None, num_prompts=args.num_prompts, methods=methods, seed=args.seed,
-                 repeats=args.repeats, output_dir=args.output, progress=args.progress)
+                 repeats=args.repeats, output_dir=args.output, progress=args.progress, overwrite=args.overwrite)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from .serve import GRADIO_MISSING, MAX_REPEATS
+
+    if importlib.util.find_spec("gradio") is None:
+        raise CLIError(GRADIO_MISSING)
+    check_device(args.device)
+    picked = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in picked if m not in method_names()]
+    if unknown:
+        raise CLIError(f"--methods {args.methods}: unknown methods {unknown}; the page's methods are {method_names()} "
+                       "(presets, overrides and compositions are typed in the page)")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise CLIError(f"--repeats {args.repeats}: must be in [1, {MAX_REPEATS}]")
+    from .serve import serve
+
+    with _user_errors("--model ", args.debug):
+        serve(model=args.model, device=args.device or "cpu", dtype=args.dtype, host=args.host, port=args.port,
+              picked=picked, repeats=args.repeats)
     return 0
 
 
@@ -729,6 +752,7 @@ Infinity / HART next-scale (VAR) text-to-image generation with training-free acc
 _MAIN_EPILOG = """\
 examples:
   var-accel demo
+  var-accel serve                      # a web page on http://127.0.0.1:7860 (pip install ".[app]")
   var-accel generate "two red circles" --accel lazyvar -o out_lazyvar
   var-accel convert infinity --transformer infinity_2b_reg.pth --vae infinity_vae_d32reg.pth --output infinity-2b-diffusers
   var-accel flops --model infinity-2b --accel fastvar lazyvar
@@ -856,7 +880,7 @@ def _sampling_default(family_defaults: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="var-accel", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,bench,calibrate,convert,flops,launches}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,serve,bench,calibrate,convert,flops,launches}",
                                 parser_class=_Parser)
     gen = sub.add_parser("generate", help="generate images from prompts", description=_GENERATE_DESCRIPTION,
                          epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -900,12 +924,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("prompt", nargs="*", help="shapes prompts (default: --num-prompts held-out prompts)")
     demo.add_argument("--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)")
     demo.add_argument("--methods", default=",".join(default_method_specs()),
-                      help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders")
-    demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
-    demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt (median reported)")
-    demo.add_argument("-o", "--output", default="demo_outputs", help="output folder (report.json, grid.png)")
-    demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+                      help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders "
+                      "(default: baseline and every registered method)")
+    demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i (default 0)")
+    demo.add_argument("--repeats", type=_AT_LEAST_1, default=1, help="timed generations per method and prompt, after one "
+                      "untimed call per method (default 1; the median and spread are reported)")
+    demo.add_argument("-o", "--output", default="demo_outputs", help="output folder: report.json, grid.png (default "
+                      "demo_outputs)")
+    demo.add_argument("--overwrite", action="store_true", help="replace an earlier demo's report.json and grid.png in "
+                      "--output (without it, they are an error)")
+    demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (default: shown)")
     demo.set_defaults(func=_cmd_demo)
+
+    srv = sub.add_parser("serve", help="a web page: type a prompt, pick methods, see the baseline and each method side "
+                         "by side with time, FLOPs and fidelity (Gradio: pip install \".[app]\")",
+                         description="Serve a Gradio page that generates a prompt with the baseline and the chosen "
+                                     "methods (same seed) and shows them side by side with each one's time (median "
+                                     "and spread of interleaved rounds), counted FLOPs, speed-up and PSNR / SSIM to the "
+                                     "baseline; offline on the embedded model by default. One pipeline serves every "
+                                     "visitor through a queue.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    srv.add_argument("--model", help="'embedded' (default: the packaged shapes model), a converted Infinity or HART "
+                     "pipeline folder, or 'tiny' / 'tiny-hart' (random weights)")
+    srv.add_argument("--device", default="cpu", help="torch device")
+    srv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    srv.add_argument("--port", type=_number_type(int, 1, 65535, what="a port in [1, 65535]"), default=7860,
+                     help="port")
+    srv.add_argument("--methods", default="lazyvar,fastvar", help="methods ticked when the page opens")
+    srv.add_argument("--repeats", type=int, default=2, help="timed rounds per request (the page can change it)")
+    srv.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser(
         "bench", help="benchmark the baseline against acceleration methods: time, FLOPs, memory, fidelity (JSON, table, plots)",
