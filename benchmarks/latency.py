@@ -76,7 +76,7 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
         generator = torch.Generator().manual_seed(0)  # randomize_weights_ draws on the CPU, then copies
         randomize_weights_(transformer, generator)
         randomize_weights_(vae, generator)
-        return HARTPipeline(transformer=transformer.eval(), vae=vae.eval())
+        return HARTPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
 
     from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer
     from diffusers_var_accel.models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG
@@ -89,7 +89,7 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
         generator = torch.Generator().manual_seed(0)  # randomize_weights_ draws on the CPU, then copies
         randomize_weights_(transformer, generator)
         randomize_weights_(vae, generator)
-        return InfinityPipeline(transformer=transformer.eval(), vae=vae.eval())
+        return InfinityPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
     folder = Path(model)
     if not folder.is_dir():
         raise ValueError(f"--model {model!r} is neither one of {list(BUILT_IN_MODELS)} nor a folder")

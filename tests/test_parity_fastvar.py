@@ -44,7 +44,7 @@ def pipe():
     _fixture()
     transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth")
     vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
-    pipeline = InfinityPipeline(transformer=transformer, vae=vae)
+    pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 

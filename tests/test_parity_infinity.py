@@ -33,7 +33,7 @@ def pipe():
     _fixture()
     transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth")
     vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
-    pipeline = InfinityPipeline(transformer=transformer, vae=vae)
+    pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 
@@ -139,7 +139,7 @@ def test_bfloat16_teacher_forced_logits_close(pipe):
     if run not in MANIFEST["runs"]:
         pytest.skip("fixture has no teacher-forced run")
     bf16 = InfinityPipeline(transformer=InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16),
-                            vae=pipe.vae)
+                            vae=pipe.vae, text_encoder=None, tokenizer=None)
     bf16.set_progress_bar_config(disable=True)
     _, recorded = _replay(bf16, run)
     for si in range(len(MANIFEST["scale_schedule"])):

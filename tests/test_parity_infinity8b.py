@@ -43,7 +43,7 @@ def pipe():
     _fixture()
     transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", apply_spatial_patchify=PATCHIFY)
     vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
-    pipeline = InfinityPipeline(transformer=transformer, vae=vae)
+    pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
 
@@ -209,7 +209,7 @@ def test_bfloat16_teacher_forced_logits_close(pipe):
         pytest.skip("fixture has no teacher-forced run")
     transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16,
                                                                apply_spatial_patchify=PATCHIFY)
-    bf16 = InfinityPipeline(transformer=transformer, vae=pipe.vae)
+    bf16 = InfinityPipeline(transformer=transformer, vae=pipe.vae, text_encoder=None, tokenizer=None)
     bf16.set_progress_bar_config(disable=True)
     _, recorded, _ = _replay(bf16, run)
     compared = 0

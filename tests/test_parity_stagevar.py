@@ -53,7 +53,7 @@ def pipe(folder, fixture):
     patchify = bool(manifest["infinity_kwargs"].get("apply_spatial_patchify", 0))
     transformer = InfinityTransformer.from_original_checkpoint(path / "infinity_tiny.pth", apply_spatial_patchify=patchify)
     vae = InfinityBSQVAE.from_original_checkpoint(path / "vae_tiny.pth")
-    pipeline = InfinityPipeline(transformer=transformer, vae=vae)
+    pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
     pipeline.set_sampling("official")
     return pipeline

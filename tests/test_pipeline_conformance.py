@@ -198,9 +198,26 @@ def test_save_load_local(case, pipe, reference, tmp_path, safe_serialization):
     assert type(generic) is case.pipeline_class
 
 
-def test_save_load_optional_components(case, pipe, tmp_path):
-    """Without the optional text encoder and tokenizer, a saved and reloaded pipeline keeps them None and gives the
-    same image from prompt embeddings."""
+def test_save_load_optional_components(case, pipe, reference, tmp_path):
+    """diffusers' check: every declared optional component set to None, the mixin's own inputs (a prompt) still run;
+    a saved and reloaded pipeline keeps them None and gives the same image."""
+    assert case.pipeline_class._optional_components == ["acceleration"]
+    pipeline = fresh(case)
+    for name in pipeline._optional_components:
+        setattr(pipeline, name, None)
+    output = pipeline(**case.inputs()).images
+    assert np.array_equal(output, reference)
+    pipeline.save_pretrained(tmp_path)
+    loaded = case.pipeline_class.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert all(getattr(loaded, name) is None for name in pipeline._optional_components)
+    assert np.array_equal(loaded(**case.inputs()).images, output)
+
+
+def test_save_load_without_text_components(case, pipe, tmp_path):
+    """A pipeline built with text_encoder=None, tokenizer=None (required arguments, as in diffusers' text-to-image
+    pipelines) saves and reloads with them None, by itself, and gives the same image from prompt embeddings; a prompt
+    then is a clear error."""
     embeds = pipe.encode_prompt(PROMPT)
     names = [n for n in inspect.signature(case.pipeline_class.__call__).parameters if n.startswith("prompt_")][:2]
     bare = fresh(case, text_encoder=None, tokenizer=None)
@@ -211,6 +228,15 @@ def test_save_load_optional_components(case, pipe, tmp_path):
     loaded.set_progress_bar_config(disable=True)
     assert loaded.text_encoder is None and loaded.tokenizer is None
     assert np.array_equal(loaded(**case.inputs(prompt=None, **dict(zip(names, embeds)))).images, expected)
+    with pytest.raises(ValueError, match="no text_encoder/tokenizer"):
+        loaded(**case.inputs())
+
+
+def test_text_components_are_required_arguments(case):
+    components = case.components()
+    del components["text_encoder"]
+    with pytest.raises(TypeError, match="text_encoder"):
+        case.pipeline_class(**components)
 
 
 def test_serialization_with_variants(case, pipe, reference, tmp_path):
@@ -431,18 +457,19 @@ def encode_prompt_return_names(pipeline_class):
 
 
 def test_encode_prompt_works_in_isolation(case, reference):
+    """diffusers' check: a pipeline of the text components alone (every other component None, no argument beyond the
+    prompt: the token limit is the pipeline's own) encodes the prompt; a pipeline without them generates the same
+    image from those embeddings."""
     names = encode_prompt_return_names(case.pipeline_class)
     call_parameters = set(inspect.signature(case.pipeline_class.__call__).parameters)
     assert set(names) <= call_parameters and names[0] == "prompt_embeds"
 
     components = case.components()
-    # text encoding alone: no VAE (the transformer gives the token budget: T5 limit / HART context length)
-    text_only = case.pipeline_class(**{k: (v if k in ("text_encoder", "tokenizer", "transformer") else None)
-                                       for k, v in components.items()})
+    text_only = case.pipeline_class(**{k: (v if "text" in k or "tokenizer" in k else None) for k, v in components.items()})
     outputs = dict(zip(names, text_only.encode_prompt(PROMPT)))
     negative = dict(zip(["negative_" + n for n in names], text_only.encode_prompt("a blurry photo")))
 
-    no_text = case.pipeline_class(**{k: (None if k in ("text_encoder", "tokenizer") else v) for k, v in components.items()})
+    no_text = case.pipeline_class(**{k: (None if "text" in k or "tokenizer" in k else v) for k, v in components.items()})
     no_text.set_progress_bar_config(disable=True)
     from_embeds = no_text(**case.inputs(prompt=None, **outputs)).images
     assert np.array_equal(from_embeds, reference)
@@ -452,17 +479,38 @@ def test_encode_prompt_works_in_isolation(case, reference):
     assert np.array_equal(no_text(**case.inputs(prompt=None, **outputs, **negative)).images, with_negative)
 
 
-def test_encode_prompt_without_transformer(case):
+def test_encode_prompt_without_transformer_uses_the_pipeline_token_limit(case, pipe):
+    """Without a transformer the token limit is the pipeline's configured max_sequence_length, else the official one
+    capped by the tokenizer's model_max_length (the tiny tokenizers hold their model's limit): the same embeddings as
+    with the transformer; a configured limit is kept by save_pretrained."""
     components = case.components()
     text_only = case.pipeline_class(**{k: (v if k in ("text_encoder", "tokenizer") else None) for k, v in components.items()})
-    if case.name == "infinity":
-        embeds, mask = text_only.encode_prompt(PROMPT, max_sequence_length=16)
-        assert embeds.shape[:2] == mask.shape
-        with pytest.raises(ValueError, match="max_sequence_length"):
-            text_only.encode_prompt(PROMPT)
-    else:
-        with pytest.raises(ValueError, match="context_tokens"):
-            text_only.encode_prompt(PROMPT)
+    assert text_only.text_token_limit() == pipe.text_token_limit()
+    for got, want in zip(text_only.encode_prompt(PROMPT), pipe.encode_prompt(PROMPT)):
+        assert torch.equal(got, want)
+    configured = case.pipeline_class(**{**{k: (v if k in ("text_encoder", "tokenizer") else None)
+                                            for k, v in components.items()}, "max_sequence_length": 7})
+    assert configured.text_token_limit() == 7
+    with pytest.warns(UserWarning, match="truncated to 7 tokens"):
+        assert configured.encode_prompt("a red fox in the snow at night, painted in oils")[0].shape[1] == 7
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        case.pipeline_class(**{**components, "max_sequence_length": 0})
+
+
+def test_hart_max_sequence_length_must_be_the_context_length():
+    components = CASES["hart"].components()
+    T = components["transformer"].config.context_tokens
+    with pytest.raises(ValueError, match=f"HART's text context is exactly the transformer's context_tokens \\({T}\\)"):
+        HARTPipeline(**{**components, "max_sequence_length": T + 1})
+    assert HARTPipeline(**{**components, "max_sequence_length": T}).text_token_limit() == T
+
+
+def test_max_sequence_length_is_saved_with_the_pipeline(tmp_path):
+    case = CASES["infinity"]
+    pipeline = case.pipeline_class(**{**case.components(), "max_sequence_length": 9})
+    pipeline.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "model_index.json").read_text())["max_sequence_length"] == 9
+    assert case.pipeline_class.from_pretrained(tmp_path).text_token_limit() == 9
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -546,3 +594,15 @@ def test_model_index_is_valid_json(case, pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     index = json.loads((tmp_path / "model_index.json").read_text())
     assert index["_class_name"] == case.pipeline_class.__name__
+
+
+def test_diffusers_own_source_parser_finds_our_encode_prompt(case):
+    """diffusers' tools look pipeline classes up in ``diffusers.pipelines`` by name (its ReturnNameVisitor, which
+    PipelineTesterMixin.test_encode_prompt_works_in_isolation uses): importing the package registers ours there."""
+    import diffusers
+    from diffusers.utils.source_code_parsing_utils import ReturnNameVisitor
+
+    assert getattr(diffusers.pipelines, case.pipeline_class.__name__) is case.pipeline_class
+    visitor = ReturnNameVisitor()
+    visitor.visit(visitor.get_ast_tree(cls=case.pipeline_class))
+    assert visitor.return_names == encode_prompt_return_names(case.pipeline_class)

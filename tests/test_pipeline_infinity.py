@@ -466,7 +466,7 @@ def test_fixed_schedule_model_makes_its_one_size(tmp_path):
     transformer = InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, text_maxlen=8, codebook_dim=8,
                                       block_chunks=1, scale_schedule=schedule)
     vae = InfinityBSQVAE(codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1, 2), decoder_ch_mult=(1, 1, 2), num_res_blocks=1, patch_size=4)
-    pipe = InfinityPipeline(transformer=transformer, vae=vae)
+    pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.default_size == (32, 32)
     embeds = torch.randn(1, 3, 16, generator=gen(0))

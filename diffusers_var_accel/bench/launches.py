@@ -474,7 +474,7 @@ def build_launch_pipeline(model: str, config: LaunchConfig = LaunchConfig(), dty
             transformer, vae = transformer.to(dtype), vae.to(dtype)
         finally:
             diffusers_logging.set_verbosity(verbosity)
-    return pipe_cls(transformer=transformer.eval(), vae=vae.eval())
+    return pipe_cls(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
 
 
 def real_kv_cache_bytes(pipe, model: str, acceleration, config: LaunchConfig, dtype: torch.dtype) -> int:

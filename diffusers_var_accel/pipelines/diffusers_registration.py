@@ -10,9 +10,9 @@ diffusers 0.42 has no plug-in API for pipelines that live outside its tree. Its 
 
 The only other route, custom code (``custom_pipeline=`` or ``"_class_name": [file, class]`` with a ``.py`` in the
 folder, as our Hub shim does), always needs ``trust_remote_code=True``. So importing ``diffusers_var_accel`` adds its
-two pipeline classes under their own names to the ``diffusers`` namespace and to the text-to-image mapping (the
-mapping when diffusers first imports ``auto_pipeline``, which it does lazily: importing it eagerly costs ~0.7 s and
-transformers' warnings). Nothing of diffusers is replaced: a name diffusers already defines is left alone.
+two pipeline classes under their own names to the ``diffusers`` and ``diffusers.pipelines`` namespaces and to the
+text-to-image mapping (the mapping when diffusers first imports ``auto_pipeline``, which it does lazily: importing it
+eagerly costs ~0.7 s and transformers' warnings). Nothing of diffusers is replaced: a name diffusers already defines is left alone.
 The package must be imported before loading, as diffusers 0.42 requires anyway for the component classes named in
 ``model_index.json`` (it resolves them only from already-imported modules).
 """
@@ -83,6 +83,10 @@ def register_pipelines_with_diffusers(*pipeline_classes: Type) -> None:
             logger.warning(f"diffusers already defines {name}; DiffusionPipeline.from_pretrained keeps resolving it to diffusers' class")
             continue
         setattr(diffusers, name, cls)
+        # diffusers.pipelines too: diffusers' own tools look pipeline classes up there by name (the source parser
+        # of PipelineTesterMixin.test_encode_prompt_works_in_isolation reads ``diffusers.pipelines.<name>``)
+        if getattr(diffusers.pipelines, name, None) is None:
+            setattr(diffusers.pipelines, name, cls)
         _registered[name] = cls
     if _AUTO_PIPELINE_MODULE in sys.modules:
         _register_auto_pipelines(sys.modules[_AUTO_PIPELINE_MODULE])

@@ -347,6 +347,13 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
             raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
         for component in stored_components:
             check_folder_files(os.path.join(os.fspath(path), component))
+        # a component the folder was saved without (``[null, null]``: a pipeline built with text_encoder=None) stays
+        # None: diffusers loads only optional components that way, and the text encoder and tokenizer are required
+        # arguments (as in diffusers' text-to-image pipelines) that a pipeline may still set to None
+        for name, value in index.items():
+            if (not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[0] is None
+                    and value[1] is None and name not in kwargs and name not in cls._optional_components):
+                kwargs[name] = None
     return path, kwargs
 
 

@@ -313,4 +313,7 @@ def build_tiny_hart_pipeline(
     text_encoder = tokenizer = None
     if with_text_encoder:
         text_encoder, tokenizer = build_tiny_qwen2(context_dim, seed=seed + 2)
+        # the text model's own limit is the context length, as the official 300 for HART-0.7B: a pipeline built from
+        # these text components alone (encode_prompt without a transformer) pads to the same T
+        tokenizer.model_max_length = context_tokens
     return HARTPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=text_encoder, tokenizer=tokenizer)

@@ -13,7 +13,7 @@ from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.dtype_utils import compute_dtype
 from ...next_scale.context import VARForwardContext, gather_tokens, scatter_tokens
 from ...next_scale.rows import match_rows
-from ...models.transformer_hart import HARTCondition, HARTTransformer
+from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..pipeline_common import (
@@ -23,6 +23,7 @@ from ..pipeline_common import (
     check_generator,
     check_loaded_pipeline,
     check_generator_count,
+    check_max_sequence_length,
     check_output_type,
     check_per_scale,
     check_positive_int,
@@ -41,6 +42,10 @@ from ...next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
 from ...next_scale.state import schedule_slice
 
 logger = logging.get_logger(__name__)
+
+#: The official text context length (HART-0.7B's ``context_tokens``): ``encode_prompt``'s default in a pipeline
+#: without a transformer.
+HART_CONTEXT_TOKENS = HART_CONFIGS["hart-0.7b"]["context_tokens"]
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -247,12 +252,18 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     Args:
         transformer ([`HARTTransformer`]): the next-scale transformer with its discrete and diffusion heads.
         vae ([`HARTHybridTokenizer`]): the hybrid tokenizer; its codebook embeds tokens and its decoder makes pixels.
-        text_encoder ([`~transformers.Qwen2Model`], *optional*): Qwen2 (1.5B for the real model).
-        tokenizer ([`~transformers.PreTrainedTokenizerBase`], *optional*): its tokenizer.
+        text_encoder ([`~transformers.Qwen2Model`] or `None`): Qwen2 (1.5B for the real model).
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`] or `None`): its tokenizer.
         acceleration ([`VARAccelScheduler`], *optional*): an acceleration scheduler used by every call.
+        max_sequence_length (`int`, *optional*): the text context length T of `encode_prompt` (stored in the
+            pipeline's configuration, `model_index.json`); it must equal the transformer's `context_tokens`, which is
+            the default; in a pipeline without a transformer the default is the official 300, capped by the
+            tokenizer's `model_max_length`.
 
     HART generates at one resolution (the last patch number times the tokenizer's downsampling: 1024 for 0.7B).
-    Without a text encoder the pipeline still runs from ``prompt_embeds``.
+    The text encoder and tokenizer are components every prompt needs, as in diffusers' text-to-image pipelines: pass
+    ``text_encoder=None, tokenizer=None`` for a pipeline that runs from ``prompt_embeds`` only (``from_pretrained``
+    of a folder saved without them keeps them ``None`` by itself). ``acceleration`` is the one optional component.
     """
 
     model_family = "hart"
@@ -261,16 +272,22 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     # accelerator (it is small next to the transformer and the text encoder).
     model_cpu_offload_seq = "text_encoder->transformer"
     _exclude_from_cpu_offload = ["vae"]
-    _optional_components = ["text_encoder", "tokenizer", "acceleration"]
+    _optional_components = ["acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
-    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, text_encoder=None, tokenizer=None,
-                 acceleration: Optional[VARAccelScheduler] = None):
+    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, text_encoder, tokenizer,
+                 acceleration: Optional[VARAccelScheduler] = None, max_sequence_length: Optional[int] = None):
         super().__init__()
+        check_max_sequence_length(max_sequence_length)
+        if (max_sequence_length is not None and transformer is not None
+                and max_sequence_length != transformer.config.context_tokens):
+            raise ValueError(f"max_sequence_length={max_sequence_length}: HART's text context is exactly the "
+                             f"transformer's context_tokens ({transformer.config.context_tokens}); pass that or None")
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
+        self.register_to_config(max_sequence_length=max_sequence_length)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor if vae is not None else 32,
                                                  do_resize=False)
@@ -321,6 +338,18 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         return schedule, int(self.transformer.config.context_tokens)
 
     # 1. text -----------------------------------------------------------------------------------------------------
+    def text_token_limit(self) -> int:
+        """The text context length T every prompt is padded or truncated to: the transformer's ``context_tokens``;
+        without a transformer the pipeline's configured ``max_sequence_length``, else the official 300 capped by the
+        tokenizer's ``model_max_length``."""
+        if self.transformer is not None:
+            return int(self.transformer.config.context_tokens)
+        limit = getattr(self.config, "max_sequence_length", None)
+        if limit is not None:
+            return int(limit)
+        tokenizer_limit = getattr(self.tokenizer, "model_max_length", None) or HART_CONTEXT_TOKENS
+        return int(min(HART_CONTEXT_TOKENS, tokenizer_limit))
+
     def encode_prompt(
         self,
         prompt: Union[str, List[str]],
@@ -331,9 +360,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """Qwen2 features of the prompts as the official ``encode_prompts``: ``(prompt_embeds (B, T, D),
         prompt_position_ids (B, T))``, the arguments of the same names of ``__call__`` (for a negative prompt, pass the
         outputs of its encoding as ``negative_prompt_embeds`` / ``negative_prompt_position_ids``). Uses the text
-        encoder, the tokenizer and the transformer's ``context_tokens``; the VAE may be absent.
+        encoder and the tokenizer; the VAE and the transformer may be absent.
 
-        Each prompt is padded/truncated to the transformer's T context tokens; with ``use_system_prompt`` the
+        Each prompt is padded/truncated to T = :meth:`text_token_limit` context tokens; with ``use_system_prompt`` the
         official instruction is prepended (all visible) and only the prompt's own slots are kept. Position ids are
         ``cumsum(mask) - 1`` (right padding repeats the last valid position).
         """
@@ -341,11 +370,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
-        if self.transformer is None:
-            raise ValueError("encode_prompt pads every prompt to the transformer's context_tokens: this pipeline has no transformer")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        T = self.transformer.config.context_tokens
+        T = self.text_token_limit()
         warn_if_truncated(self.tokenizer, prompts, T, "HART's text context")
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:

@@ -17,6 +17,7 @@ from ...next_scale.context import VARForwardContext
 from ...models.dtype_utils import compute_dtype
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import (
+    INFINITY_CONFIGS,
     InfinityCondition,
     InfinityTransformer,
     latent_bits_to_tokens,
@@ -50,6 +51,10 @@ from ...next_scale import ScaleModelFamily, run_next_scale_loop
 from ...next_scale.state import schedule_slice
 
 logger = logging.get_logger(__name__)
+
+#: The official T5 token limit (Infinity's ``text_maxlen``): ``encode_prompt``'s default in a pipeline without a
+#: transformer.
+INFINITY_TEXT_MAXLEN = INFINITY_CONFIGS["infinity-2b"]["text_maxlen"]
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -259,28 +264,35 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     Args:
         transformer ([`InfinityTransformer`]): the bitwise next-scale transformer.
         vae ([`InfinityBSQVAE`]): the BSQ tokenizer; its decoder turns the summed codes into pixels.
-        text_encoder ([`~transformers.T5EncoderModel`], *optional*): flan-t5-xl's encoder for the real model.
-        tokenizer ([`~transformers.PreTrainedTokenizerBase`], *optional*): the T5 tokenizer.
+        text_encoder ([`~transformers.T5EncoderModel`] or `None`): flan-t5-xl's encoder for the real model.
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`] or `None`): the T5 tokenizer.
         acceleration ([`VARAccelScheduler`], *optional*): an acceleration scheduler used by every call (see
             `enable_acceleration`); saved in `acceleration/`.
+        max_sequence_length (`int`, *optional*): the T5 token limit of `encode_prompt` (stored in the pipeline's
+            configuration, `model_index.json`); by default the transformer's `text_maxlen`, or the official 512 in a
+            pipeline without a transformer, capped by the tokenizer's `model_max_length`.
 
-    Without a text encoder the pipeline still runs from ``prompt_embeds``.
+    The text encoder and tokenizer are components every prompt needs, as in diffusers' text-to-image pipelines: pass
+    ``text_encoder=None, tokenizer=None`` for a pipeline that runs from ``prompt_embeds`` only (``from_pretrained``
+    of a folder saved without them keeps them ``None`` by itself). ``acceleration`` is the one optional component.
     """
 
     model_family = "infinity"
     model_cpu_offload_seq = "text_encoder->transformer->vae"
-    _optional_components = ["text_encoder", "tokenizer", "acceleration"]
+    _optional_components = ["acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
-    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder=None, tokenizer=None,
-                 acceleration: Optional[VARAccelScheduler] = None):
+    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder, tokenizer,
+                 acceleration: Optional[VARAccelScheduler] = None, max_sequence_length: Optional[int] = None):
         super().__init__()
+        check_max_sequence_length(max_sequence_length)
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
         if transformer is not None and vae is not None:  # either may be absent (encode_prompt alone needs neither)
             check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                               acceleration=acceleration)
+        self.register_to_config(max_sequence_length=max_sequence_length)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
         self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16,
                                                  do_resize=False)
@@ -310,6 +322,16 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         return pipe
 
     # 1. text -----------------------------------------------------------------------------------------------------
+    def text_token_limit(self) -> int:
+        """The T5 token limit of :meth:`encode_prompt`: the pipeline's configured ``max_sequence_length``, else the
+        transformer's ``text_maxlen`` (the official 512 without a transformer), capped by the tokenizer's
+        ``model_max_length``."""
+        limit = getattr(self.config, "max_sequence_length", None)
+        if limit is None:
+            limit = self.transformer.config.text_maxlen if self.transformer is not None else INFINITY_TEXT_MAXLEN
+        tokenizer_limit = getattr(self.tokenizer, "model_max_length", None) or limit
+        return int(min(limit, tokenizer_limit))
+
     def encode_prompt(
         self,
         prompt: Union[str, List[str]],
@@ -321,23 +343,18 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         the arguments of the same names of ``__call__`` (for a negative prompt, pass the two outputs of its encoding as
         ``negative_prompt_embeds`` / ``negative_prompt_attention_mask``).
 
-        Only the text encoder and tokenizer are used (the VAE may be absent; the transformer only gives the default
-        ``max_sequence_length``). Only the unpadded tokens matter downstream (the official code keeps ``mask.sum()``
-        tokens per prompt).
+        Only the text encoder and tokenizer are used (the VAE and the transformer may be absent; the token limit is
+        :meth:`text_token_limit` unless ``max_sequence_length`` is given). Only the unpadded tokens matter downstream
+        (the official code keeps ``mask.sum()`` tokens per prompt).
         """
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
         check_max_sequence_length(max_sequence_length)
-        if max_sequence_length is None and self.transformer is None:
-            raise ValueError("without a transformer there is no default token limit (its text_maxlen): pass max_sequence_length")
         device = device or self._execution_device
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if max_sequence_length is None:
-            max_len = min(self.transformer.config.text_maxlen, getattr(self.tokenizer, "model_max_length", 512) or 512)
-        else:
-            max_len = int(max_sequence_length)
+        max_len = self.text_token_limit() if max_sequence_length is None else int(max_sequence_length)
         warn_if_truncated(self.tokenizer, prompts, max_len, "max_sequence_length")
         tokens = self.tokenizer(prompts, max_length=max_len, padding="longest", truncation=True, return_tensors="pt")
         input_ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
