@@ -529,16 +529,20 @@ def write_calibration(result: Dict[str, Any], output_dir: Union[str, Path]) -> D
     Returns:
         `dict`: the written paths by name (``"config"`` only when a setting was chosen).
     """
+    from .files import atomic_file, write_text_atomic
+
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: Dict[str, Path] = {}
-    if result.get("scheduler") is not None:
-        result["scheduler"].save_pretrained(out)
-        written["config"] = out / VARAccelScheduler.config_name
-    path = out / CALIBRATION_FILE
-    path.write_text(json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    # each file under a temporary name, then renamed: a killed run leaves no half-written file (the search is
+    # deterministic, so the same command again writes the same files)
+    with atomic_file(out / FRONTIER_FILE) as tmp:
+        plot_frontier(result, tmp)
+    written["frontier"] = out / FRONTIER_FILE
+    path = write_text_atomic(out / CALIBRATION_FILE, json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n")
     written["calibration"] = path
-    written["frontier"] = plot_frontier(result, out / FRONTIER_FILE)
+    if result.get("scheduler") is not None:  # last: a folder with a config holds the whole calibration
+        written["config"] = write_text_atomic(out / VARAccelScheduler.config_name, result["scheduler"].to_json_string())
     return written
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .files import atomic_file, remove_stale_temporaries, write_atomic
 from .loading import load_pipeline
 from .schedulers.registry import default_method_specs, method_names, method_titles
 
@@ -327,12 +328,6 @@ def _differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     return out
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _sampling_settings(pipe, options: Dict[str, Any]) -> Dict[str, Any]:
     """The sampling values a call uses: ``options``, else the pipeline's own defaults (``null``: the pipeline picks
     per size, e.g. HART's top-k)."""
@@ -420,6 +415,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         finished = {r["file"]: r for r in old_records if isinstance(r, dict) and (out_dir / str(r.get("file"))).is_file()}
         if state.is_main_process:
             _make_output_folder(out_dir)
+            remove_stale_temporaries(out_dir)  # what a killed earlier run was writing (never a finished image)
             _write_manifest(out_dir, settings, args, list(finished.values()))
         state.wait_for_everyone()
 
@@ -432,9 +428,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 items.append({"position": i, "prompt": prompt, "seed": args.seed + i, "file": name})
         mine = process_share(state, items)
         todo = [item for item in mine if item["file"] not in finished]
-        if len(todo) < len(mine):
+        if not todo and mine:
+            print(f"{out_dir}: all {len(mine)} of this run's images are already there (same settings): nothing to "
+                  "generate", file=sys.stderr)
+        elif len(todo) < len(mine):
             print(f"{out_dir}: {len(mine) - len(todo)} of this run's {len(mine)} images are already there (same settings); "
-                  "generating the others", file=sys.stderr)
+                  f"generating the other {len(todo)}", file=sys.stderr)
         if acceleration is not None:
             options["acceleration"] = acceleration
         journal = out_dir / f".generations-process{state.process_index}.jsonl"
@@ -451,9 +450,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             seconds = (time.perf_counter() - start) / len(batch)
             for item, image in zip(batch, images):
                 path = out_dir / item["file"]
-                tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-                image.save(tmp)
-                os.replace(tmp, path)  # a killed run leaves no half-written image behind
+                with atomic_file(path) as tmp:  # a killed run leaves no half-written image behind
+                    image.save(tmp)
                 record = {"prompt": item["prompt"], "seed": item["seed"], "file": item["file"],
                           "seconds": round(seconds, 3), "process": state.process_index}
                 with journal.open("a", encoding="utf-8") as stream:
@@ -494,7 +492,7 @@ def _leave_process_group() -> None:
 def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]]) -> None:
     manifest = {"settings": settings, "height": settings["height"], "width": settings["width"],
                 "acceleration": settings["acceleration"], "batch_size": args.batch_size, "images": records}
-    _write_atomic(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
+    write_atomic(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

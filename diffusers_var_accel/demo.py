@@ -181,7 +181,10 @@ def run_demo(
         return Image.fromarray((t[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte().numpy()))
 
     rows = [[pil(images[m][i]) for i in range(len(prompts))] for m in methods]
-    caption_grid(rows, methods, prompts, cell=128).save(out / "grid.png")
+    from .files import atomic_file, write_text_atomic
+
+    with atomic_file(out / "grid.png") as tmp:
+        caption_grid(rows, methods, prompts, cell=128).save(tmp)
     report = dict(model=str(getattr(pipe, "name_or_path", "embedded")), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
                   sampling=kwargs, repeats=repeats, methods=report_methods,
                   spread_notes=spread_notes(report_methods),
@@ -192,7 +195,7 @@ def run_demo(
                         "of the same seed (\"inf\": identical images)")
     from .bench.runner import _json_safe
 
-    (out / "report.json").write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False))
+    write_text_atomic(out / "report.json", json.dumps(_json_safe(report), indent=2, allow_nan=False))
     print(format_table(report))
     print(f"wrote {out / 'report.json'} and {out / 'grid.png'}")
     return report

@@ -19,10 +19,15 @@ FORBIDDEN: Dict[str, Set[str]] = {
     "next_scale": {"models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded", "utils"},
     "models": {"schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded", "utils"},
     "schedulers": {"models", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded"},
-    "pipelines": {"bench", "cli", "loading", "demo"},
-    "bench": {"cli", "demo"},
-    "loading": {"cli", "bench", "demo"},
+    "pipelines": {"bench", "cli", "loading", "demo", "serve", "comparison", "calibration"},
+    "bench": {"cli", "demo", "serve", "comparison"},
+    "loading": {"cli", "bench", "demo", "serve", "comparison"},
     "families": {"next_scale", "models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo"},
+    # below everything: writing files so that a killed process leaves none half-written
+    "files": {"next_scale", "models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded",
+              "utils", "families", "calibration", "serve", "comparison"},
+    # the web page and its comparison are front ends, above everything the command line uses
+    "comparison": {"cli", "serve"},
 }
 
 

@@ -51,6 +51,7 @@ import torch
 from .metrics import MetricUnavailable, frechet_distance, image_sha256, load_fid_extractor, load_lpips
 from .probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from .prompts import PromptSet, load_prompt_set
+from ..files import atomic_file, write_atomic, write_text_atomic
 from ..families import MODEL_FAMILIES, model_family_names
 from ..schedulers.registry import default_method_specs, method_names
 
@@ -248,12 +249,6 @@ def _stats(values: Sequence[float]) -> Dict[str, Optional[float]]:
         return {"min": None, "median": None, "max": None, "mean": None, "n": 0}
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "mean": statistics.fmean(values),
             "n": len(values)}
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _device_name(device: torch.device) -> str:
@@ -580,8 +575,8 @@ def run_bench(
     # 9. Files
     from .report import format_markdown, format_table, plot_scale_breakdown, plot_speedup_vs_fidelity, save_grid
 
-    (out_dir / "results.json").write_text(json.dumps(_json_safe(results), indent=2, allow_nan=False))
-    (out_dir / "results.md").write_text(format_markdown(results))
+    write_text_atomic(out_dir / "results.json", json.dumps(_json_safe(results), indent=2, allow_nan=False))
+    write_text_atomic(out_dir / "results.md", format_markdown(results))
     plot_speedup_vs_fidelity(results, out_dir / "speedup_vs_fidelity.png")
     plot_scale_breakdown(results, out_dir / "scale_breakdown.png")
     save_grid({m: grid_rows[m] for m in method_list}, out_dir / "grid.png")
@@ -600,12 +595,13 @@ def _save_image(folder: Path, entry, seed: int, seed_position: int, image: np.nd
     if geneval:
         item = folder / "geneval" / f"{entry.index:05d}"
         (item / "samples").mkdir(parents=True, exist_ok=True)
-        _write_atomic(item / "metadata.jsonl", (entry.metadata_line + "\n").encode("utf-8"))
+        write_atomic(item / "metadata.jsonl", (entry.metadata_line + "\n").encode("utf-8"))
         path = item / "samples" / f"{seed_position:04d}.png"
     else:
         (folder / "images").mkdir(parents=True, exist_ok=True)
         path = folder / "images" / f"{entry.index:05d}-s{seed}.png"
-    Image.fromarray(image).save(path)
+    with atomic_file(path) as tmp:
+        Image.fromarray(image).save(tmp)
 
 
 def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid: bool, with_lpips: bool,

@@ -357,6 +357,21 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
     return path, kwargs
 
 
+def save_pipeline_folder(pipe, save_directory, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """``DiffusionPipeline.save_pretrained(save_directory, *args, **kwargs)`` written into a temporary sibling folder
+    and moved into place entry by entry, ``model_index.json`` last (:func:`~diffusers_var_accel.files.
+    save_folder_atomically`): a process killed while saving leaves no half-written file, and the same save again
+    completes. With ``push_to_hub`` diffusers' own saving runs unchanged (it uploads from the folder it wrote)."""
+    from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+
+    from ..files import save_folder_atomically
+
+    if kwargs.get("push_to_hub"):
+        DiffusionPipeline.save_pretrained(pipe, save_directory, *args, **kwargs)
+        return
+    save_folder_atomically(save_directory, lambda tmp: DiffusionPipeline.save_pretrained(pipe, tmp, *args, **kwargs))
+
+
 def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
     """After ``from_pretrained`` of a local folder: the transformers components (text encoders) it read held exactly
     their model's weights (our own models check themselves when they load; transformers would fill missing weights at

@@ -33,6 +33,7 @@ from ..pipeline_common import (
     check_text_embeds,
     mask_top_k_top_p,
     prepare_pipeline_loading,
+    save_pipeline_folder,
     resolve_size,
     sample_categorical,
     warn_if_truncated,
@@ -312,6 +313,11 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """``DiffusionPipeline.save_pretrained``, so that a process killed while saving leaves no half-written file
+        (a temporary sibling folder, then renames; ``model_index.json`` last) and the same save again completes."""
+        save_pipeline_folder(self, save_directory, args, kwargs)
 
     @property
     def vae_scale_factor(self) -> int:

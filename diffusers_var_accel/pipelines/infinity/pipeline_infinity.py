@@ -42,6 +42,7 @@ from ..pipeline_common import (
     check_text_embeds,
     mask_top_k_top_p,
     prepare_pipeline_loading,
+    save_pipeline_folder,
     resolve_size,
     sample_categorical,
     warn_if_truncated,
@@ -320,6 +321,11 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """``DiffusionPipeline.save_pretrained``, so that a process killed while saving leaves no half-written file
+        (a temporary sibling folder, then renames; ``model_index.json`` last) and the same save again completes."""
+        save_pipeline_folder(self, save_directory, args, kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def text_token_limit(self) -> int:
