@@ -120,3 +120,18 @@ def test_split_acceleration_specs_keeps_overrides_together():
     assert split_acceleration_specs("baseline, fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar") == [
         "baseline", "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]
     assert split_acceleration_specs("arvar:branch_halving_scales=[-2,-1]") == ["arvar:branch_halving_scales=[-2,-1]"]
+
+
+def test_a_bad_override_names_the_preset_it_was_given_over():
+    """An override that fits the paper's preset but not the model's own (four keep ratios for the embedded model's
+    two-scale group) says which preset and what it holds."""
+    from diffusers_var_accel import InfinityPipeline
+
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    with pytest.raises(ValueError) as err:
+        pipe.enable_lazyvar(keep_ratios=(0.4, 0.2, 0.1, 0.02))
+    message = str(err.value)
+    assert message.startswith("lazyvar with keep_ratios=(0.4, 0.2, 0.1, 0.02) over the preset embedded/lazyvar (")
+    assert "group_scales=[-2, -1]" in message and "need one keep ratio per scale of the group: 2 scales, 4 ratios" in message
+    assert pipe.acceleration is None  # nothing attached
+    assert pipe.enable_lazyvar(keep_ratios=(0.2, 0.1)).config.keep_ratios == (0.2, 0.1)

@@ -51,7 +51,7 @@ Usage (``var-accel launches`` runs :func:`main`; so does ``python benchmarks/lau
     var-accel launches                                  # every method on infinity-2b and hart-0.7b, bf16 autocast
     var-accel launches --models infinity-2b --methods baseline,lazyvar --syncs
     var-accel launches --dtype bfloat16,float32 --json
-    var-accel launches --depth 2 --size 256 --hart-scales 8      # small configuration (CI)
+    var-accel launches --depth 8 --size 512 --hart-scales 12 --methods baseline,fastvar,lazyvar,depthvar,arvar  # ~30 s
 
 Importable API: :class:`LaunchCounter` (a context manager counting anything), :func:`count_generation` (one pipeline
 call), :func:`build_launch_pipeline` (the real structures at a tiny width), :func:`count_launches` (a model x method
@@ -529,6 +529,9 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
             schedulers = {m: load_acceleration(m, family) for m in methods}  # bad specs fail before any count
             for method in methods:
                 first_call_syncs = None
+                if progress is not None:
+                    progress(f"{model} {str(dtype).replace('torch.', '')} {method}: "
+                             + ("warm-up call, then the counted call" if warmup else "the counted call"))
                 if warmup:
                     first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))["syncs"]
                 result = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))

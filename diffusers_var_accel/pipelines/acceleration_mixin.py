@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Type, Union
 import torch
 
 from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
-from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration, own_preset_name, preset_scheduler
+from ..schedulers.scheduling_var_base import VARAccelScheduler, build_acceleration, method_preset
 
 
 class VARAccelerationMixin:
@@ -117,9 +117,10 @@ class VARAccelerationMixin:
         return kv_cache_nbytes(len(self.transformer.blocks), rows, positions, channels, dtype)
 
     def _enable_preset(self, scheduler_cls, overrides, method: Optional[str] = None) -> VARAccelScheduler:
-        own = None if method is None else own_preset_name(self.preset_model, self.model_family, method)
-        scheduler = scheduler_cls.from_preset(self.model_family, **overrides) if own is None else \
-            preset_scheduler(scheduler_cls, own, self.model_family, overrides)
+        if method is None:
+            scheduler = scheduler_cls.from_preset(self.model_family, **overrides)
+        else:
+            scheduler = method_preset(scheduler_cls, method, self.model_family, self.preset_model, overrides)
         self.enable_acceleration(scheduler)
         return scheduler
 

@@ -532,6 +532,33 @@ def preset_scheduler(cls, name: str, model_family: str, overrides: Dict[str, Any
     return scheduler
 
 
+def method_preset(cls, method: str, model_family: str, preset_model: Optional[str] = None,
+                  overrides: Optional[Dict[str, Any]] = None) -> VARAccelScheduler:
+    """The preset scheduler of ``method`` (class ``cls``) for this model: ``preset_model``'s own packaged preset when it
+    has one, else the family's, with ``overrides``. A bad override is an error that names the preset and what it
+    holds (an override that fits the paper's preset may not fit another model's: four keep ratios for a two-scale
+    group)."""
+    overrides = dict(overrides or {})
+    own = own_preset_name(preset_model, model_family, method)
+    try:
+        if own is None:
+            return cls.from_preset(model_family, **overrides)
+        return preset_scheduler(cls, own, model_family, overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        from .presets import FAMILY_PRESET_MODELS, load_preset_config
+
+        name = own or f"{FAMILY_PRESET_MODELS.get(model_family, model_family)}/{method}"
+        try:
+            stored = {k: v for k, v in load_preset_config(name).items() if not k.startswith("_") and k != "model_family"}
+        except ValueError:
+            stored = {}
+        given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        holds = ", ".join(f"{k}={v!r}" for k, v in stored.items())
+        raise ValueError(f"{method} with {given} over the preset {name} ({holds}): {err}") from None
+
+
 def build_acceleration(name: str, model_family: str, preset_model: Optional[str] = None, **overrides: Any) -> VARAccelScheduler:
     """The scheduler a method name stands for: ``"lazyvar"`` (its preset for ``model_family``) or ``"lazyvar+arvar"``
     (a :class:`ComposedScheduler` of the members' presets, in that order).
@@ -553,8 +580,7 @@ def build_acceleration(name: str, model_family: str, preset_model: Optional[str]
         raise ValueError(f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}")
     names = name.split(COMPOSE_SEPARATOR)
     def preset(method: str, cls, settings: Dict[str, Any]) -> VARAccelScheduler:
-        own = own_preset_name(preset_model, model_family, method)
-        return cls.from_preset(model_family, **settings) if own is None else preset_scheduler(cls, own, model_family, settings)
+        return method_preset(cls, method, model_family, preset_model, settings)
 
     if len(names) == 1:
         return preset(name, get_method(name), overrides)
