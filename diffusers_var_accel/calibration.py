@@ -303,6 +303,15 @@ def _fidelity(images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], 
     return out
 
 
+def _duration(seconds: float) -> str:
+    """``"45 s"``, ``"12 min"``, ``"2.3 h"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values))
 
@@ -419,6 +428,13 @@ def calibrate(
     started = time.perf_counter()
     baseline_flops = _count_flops(pipe, prompts[0], seeds[0], None, sampling)
     baseline_images = {s: _generate(pipe, prompts, s, None, sampling) for s in seeds}
+    # a time estimate from the baseline's own calls (accelerated calls are faster; a loaded machine is slower)
+    per_call = (time.perf_counter() - started) / (per_candidate + 1)
+    calls_per_candidate = per_candidate + 1 + 2 * timing_repeats
+    say(f"baseline: {per_candidate + 1} calls in {time.perf_counter() - started:.1f} s ({per_call:.2f} s each); the "
+        f"{len(candidates)} candidates take about {_duration(per_call * calls_per_candidate * len(candidates))} at "
+        "that pace (accelerated calls are faster, a loaded machine slower)")
+    search_started = time.perf_counter()
     all_prompts = [p for _ in seeds for p in prompts]
     baseline_correct = None
     if shapes:
@@ -455,9 +471,12 @@ def calibrate(
         record["per_image"] = fidelity
         record["meets_budget"] = meets_budget(record, target_flops_ratio, target_speedup)
         tried.append(record)
+        elapsed = time.perf_counter() - search_started
+        left = elapsed / (index + 1) * (len(candidates) - index - 1)
         say(f"[{index + 1}/{len(candidates)}] {_short(settings)}: FLOPs {record['flops_ratio']:.2f}x, speed-up "
             f"{record['speedup']:.2f}x, SSIM {record['ssim_mean']:.3f}, PSNR {record['psnr_mean']:.2f} dB"
-            + (f", accuracy {record['accuracy']:.0%}" if shapes else "") + (" (meets the budget)" if record["meets_budget"] else ""))
+            + (f", accuracy {record['accuracy']:.0%}" if shapes else "") + (" (meets the budget)" if record["meets_budget"] else "")
+            + f"; {_duration(elapsed)} so far, about {_duration(left)} left")
 
     chosen = choose(tried, target_flops_ratio, target_speedup, select)
     result: Dict[str, Any] = dict(

@@ -1051,6 +1051,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What a Ctrl-C leaves, per command (every file is written under a temporary name and renamed: none is half-written).
+INTERRUPTED = {
+    "generate": "finished images are kept: run the same command again to resume",
+    "calibrate": "calibrate writes its files when the search ends, so none was written: run the same command again "
+                 "to start the search over",
+    "demo": "the demo writes report.json and grid.png when it ends, so none was written: run it again",
+    "bench": "no half-written file is left; run the same command again to measure afresh",
+    "convert": "no half-written file is left (the folder is not a pipeline until its model_index.json is there): run "
+               "the same command again",
+    "serve": "the page is stopped",
+}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -1074,8 +1087,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         if "--debug" in argv:
             raise
-        print("interrupted; finished images are kept: run the same command again to resume (var-accel generate)",
-              file=sys.stderr)
+        command = next((a for a in argv if not a.startswith("-")), "")
+        print(f"interrupted; {INTERRUPTED.get(command, 'no half-written file is left')}", file=sys.stderr)
         return 130
 
 

@@ -4,6 +4,7 @@ calibration prompts, the grids, and the embedded model's own presets. Tiny grids
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -322,3 +323,30 @@ def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
     assert not meets_budget(tried[3], 1.0)
     with pytest.raises(ValueError, match="fid"):
         choose(tried, 1.0, select="fid")
+
+
+def test_progress_gives_a_time_estimate_and_what_is_left(pipe, capsys):
+    calibrate(pipe, "lazyvar", target_flops_ratio=1.2, prompts=PROMPTS[:1], grid=TINY_GRID[:2], timing_repeats=1,
+              progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate: ")]
+    assert re.search(r"baseline: 2 calls in [\d.]+ s \([\d.]+ s each\); the 2 candidates take about \d+ (s|min|h) at "
+                     "that pace", lines[1]), lines
+    assert re.search(r"^calibrate: \[1/2\] .*; \d+ s so far, about \d+ s left$", lines[2]), lines
+    assert lines[3].endswith("about 0 s left"), lines
+
+
+@pytest.mark.parametrize("command, says", [
+    ("calibrate", "none was written: run the same command again to start the search over"),
+    ("generate", "finished images are kept: run the same command again to resume"),
+])
+def test_ctrl_c_says_what_each_command_leaves(command, says, monkeypatch, capsys, tmp_path):
+    import diffusers_var_accel.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, f"_cmd_{command}", interrupted)
+    argv = [command, "--method", "lazyvar", "-o", str(tmp_path)] if command == "calibrate" else [command, "x"]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted; ") and err.strip().endswith(says) and len(err.strip().splitlines()) == 1
