@@ -248,7 +248,7 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
                     f"({type(pipe).__name__}). Every method uses the same seed; time, FLOPs and fidelity are measured "
                     "in the same request.")
         with gr.Row():
-            prompt = gr.Textbox(label="prompt", value="a red circle above a blue square", lines=2, scale=4,
+            prompt = gr.Textbox(label="prompt", value="two red circles", lines=2, scale=4,
                                 elem_id="prompt")
             with gr.Column(scale=1):
                 seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
