@@ -185,7 +185,9 @@ def run_demo(
 
     with atomic_file(out / "grid.png") as tmp:
         caption_grid(rows, methods, prompts, cell=128).save(tmp)
-    report = dict(model=str(getattr(pipe, "name_or_path", "embedded")), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
+    from .calibration import model_name
+
+    report = dict(model=model_name(pipe), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
                   sampling=kwargs, repeats=repeats, methods=report_methods,
                   spread_notes=spread_notes(report_methods),
                   notes="time: median s/image, interleaved, after one untimed call per method; spread: (max - min) / "

@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 from huggingface_hub import ModelCard, ModelCardData
 
 from . import __version__
+from .embedded import EMBEDDED_MODEL_PATH, EMBEDDED_PRESET_MODEL
 from .families import MODEL_FAMILIES
 from .schedulers.presets import FAMILY_PRESET_MODELS, is_preset_name, load_preset_config, save_presets
 
@@ -334,6 +335,7 @@ def make_model_card(
     tags: Sequence[str] = (),
     library_name: str = "diffusers",
     calibrations: Sequence[PathLike] = (),
+    example_prompt: Optional[str] = None,
 ) -> ModelCard:
     """The model card of a saved pipeline folder (nothing is written; see :func:`write_model_card`).
 
@@ -350,6 +352,8 @@ def make_model_card(
         calibrations (`list`, *optional*): ``var-accel calibrate`` outputs (folders, or their ``calibration.json``
             files; see :func:`read_calibration`): the chosen setting of each, its budget and its numbers are tabled and
             stored in the metadata as ``acceleration_calibrations``.
+        example_prompt (`str`, *optional*): the prompt of the usage snippets; by default a shapes prompt for a copy of
+            the embedded shapes model (its transformer's configuration), else ``"a red fox in the snow"``.
 
     Returns:
         `huggingface_hub.ModelCard`: YAML metadata (``library_name``, ``pipeline_tag: text-to-image``, ``tags`` with
@@ -397,12 +401,14 @@ def make_model_card(
     lines = [f"# {title}", "",
              f"{name}, {about}, in the format of `diffusers_var_accel` ({__version__}), loaded by its `{cls.__name__}`: "
              f"🤗 Diffusers-style pipelines with training-free acceleration schedulers ({_method_titles()}).", ""]
-    lines += _usage_section(cls.__name__, repo_id, shim, presets, in_folder)
+    if example_prompt is None:
+        example_prompt = "two red circles" if _is_embedded_copy(folder) else "a red fox in the snow"
+    lines += _usage_section(cls.__name__, repo_id, shim, presets, in_folder, example_prompt)
     lines += _presets_section(name, preset_model, presets, configs, in_folder)
     if calibrated:
         lines += _calibrations_section(calibrated, repo_id)
     if bench is not None:
-        lines += _results_section(bench)
+        lines += _results_section(bench, preset_model)
     lines += _components_section(folder)
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines).rstrip() + "\n"
     return ModelCard(content)
@@ -450,7 +456,21 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
     return path
 
 
-def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str, str], in_folder: Iterable[str]) -> List[str]:
+def _is_embedded_copy(folder: Path) -> bool:
+    """Whether ``folder``'s transformer has the packaged embedded (shapes) model's configuration."""
+    def config(path: Path) -> Optional[Dict[str, Any]]:
+        try:
+            data = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return {k: v for k, v in data.items() if not k.startswith("_")} if isinstance(data, dict) else None
+
+    own = config(folder)
+    return own is not None and own == config(EMBEDDED_MODEL_PATH)
+
+
+def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str, str], in_folder: Iterable[str],
+                   prompt: str = "a red fox in the snow") -> List[str]:
     method = "lazyvar" if "lazyvar" in presets else next(iter(presets), None)
     others = " / ".join(f"enable_{m}()" for m in presets if m != method)
     lines = ["## Usage", "", f"Needs the `diffusers_var_accel` package (version {__version__} or later) installed.", "",
@@ -458,7 +478,7 @@ def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str,
              f'pipe = {class_name}.from_pretrained("{repo_id}")']
     if method is not None:
         lines += [f"pipe.enable_{method}()" + (f"   # or {others}" if others else "")]
-    lines += ['image = pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0)).images[0]',
+    lines += [f'image = pipe({json.dumps(prompt)}, generator=torch.Generator().manual_seed(0)).images[0]',
               "pipe.disable_acceleration()   # the baseline again, bit for bit", "```", ""]
     if shim:
         lines += ["With diffusers' generic loader (the repo's `pipeline.py` is one line, "
@@ -473,7 +493,7 @@ def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str,
         lines += ["A preset as a scheduler object, with overrides, for one call:", "", "```python",
                   f"from diffusers_var_accel import {scheduler}", "",
                   f"{method} = {scheduler}.from_pretrained({source})   # keyword arguments override its settings",
-                  f'image = pipe("a red fox in the snow", acceleration={method}).images[0]', "```", ""]
+                  f'image = pipe({json.dumps(prompt)}, acceleration={method}).images[0]', "```", ""]
     return lines
 
 
@@ -492,16 +512,24 @@ def _presets_section(name: str, preset_model: str, presets: Dict[str, str], conf
     return lines + [""]
 
 
-def _results_section(bench: Dict[str, Any]) -> List[str]:
-    formats = {"speedup": lambda v: f"{v:.2f}×", "tflops": lambda v: f"{v:.2f}",
+def _results_section(bench: Dict[str, Any], family_preset_model: Optional[str] = None) -> List[str]:
+    flops = [r["tflops"] for r in bench["records"] if r["tflops"] is not None]
+    # a small model's FLOPs in GFLOPs (the embedded model's 0.007 TFLOPs would print as 0.00)
+    giga = bool(flops) and max(flops) < 1.0
+    formats = {"speedup": lambda v: f"{v:.2f}×", "tflops": (lambda v: f"{1e3 * v:.2f}") if giga else (lambda v: f"{v:.2f}"),
                "psnr": lambda v: "∞ (identical)" if math.isinf(v) else f"{v:.2f}", "ssim": lambda v: f"{v:.4f}",
                "accuracy": lambda v: f"{100 * v:.1f} %"}
-    heads = {"speedup": "speed-up", "tflops": "TFLOPs", "psnr": "PSNR (dB)", "ssim": "SSIM", "accuracy": "accuracy"}
+    heads = {"speedup": "speed-up", "tflops": "GFLOPs" if giga else "TFLOPs", "psnr": "PSNR (dB)", "ssim": "SSIM",
+             "accuracy": "accuracy"}
     fields = [f for f in RESULT_FIELDS if any(r[f] is not None for r in bench["records"])]
     lines = ["## Measured", ""]
     run = bench["run"]
     if run:
         lines += ["Benchmark run: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in run.items()) + ".", ""]
+    if run.get("model") == EMBEDDED_PRESET_MODEL and family_preset_model != EMBEDDED_PRESET_MODEL:
+        lines += [f"Measured on the packaged embedded model, whose methods run its own calibrated presets "
+                  f"(`{EMBEDDED_PRESET_MODEL}/<method>`), not the `{family_preset_model}/<method>` presets above "
+                  f"(load those with e.g. `LazyVARScheduler.from_pretrained(\"{EMBEDDED_PRESET_MODEL}/lazyvar\")`).", ""]
     lines += ["| method | " + " | ".join(heads[f] for f in fields) + " |", "| --- |" + " --- |" * len(fields)]
     for r in bench["records"]:
         lines.append(f"| {r['method']} | " + " | ".join("–" if r[f] is None else formats[f](r[f]) for f in fields) + " |")

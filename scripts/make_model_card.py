@@ -33,6 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--calibration", action="append", default=[], metavar="DIR",
                         help="a var-accel calibrate output folder (repeatable): its chosen setting is copied to "
                              "<folder>/<method>/ and tabled in the card")
+    parser.add_argument("--prompt", help="the prompt of the card's usage snippets (default: a shapes prompt for a copy of "
+                        "the embedded model, else 'a red fox in the snow')")
     parser.add_argument("--copy-presets", action="store_true",
                         help="also write the family's presets as <folder>/<method>/acceleration_config.json")
     return parser.parse_args(argv)
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
     try:
         path = write_model_card(args.folder, results=args.results, shim=not args.no_shim, copy_presets=args.copy_presets,
                                 calibrations=args.calibration, repo_id=args.repo_id, license=args.license, base_model=args.base_model,
-                                model_name=args.model_name, tags=args.tag)
+                                model_name=args.model_name, tags=args.tag, example_prompt=args.prompt)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

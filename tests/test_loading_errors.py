@@ -406,3 +406,16 @@ def test_a_subclass_loads_the_folder_of_its_base_class(saved_infinity):
         pass
 
     assert isinstance(MyInfinityPipeline.from_pretrained(saved_infinity), MyInfinityPipeline)
+
+
+def test_loading_writes_no_nested_progress_bar_escapes(capfd):
+    """Only diffusers' "Loading pipeline components" bar: transformers' bar nested in it would write cursor-up escapes
+    (``\\x1b[A``) into every log; and transformers' bars are on again afterwards."""
+    from transformers.utils import logging as transformers_logging
+
+    from diffusers_var_accel import InfinityPipeline
+
+    InfinityPipeline.from_pretrained("embedded")
+    err = capfd.readouterr().err
+    assert "\x1b[A" not in err and "Loading weights" not in err
+    assert transformers_logging.is_progress_bar_enabled()

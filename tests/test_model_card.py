@@ -194,3 +194,25 @@ def test_the_script(infinity_folder, tmp_path, capsys):
     assert has_hub_shim(infinity_folder)
     assert script.main([str(tmp_path / "missing")]) == 2
     assert "no model_index.json" in capsys.readouterr().err
+
+
+def test_a_card_of_the_embedded_model_fits_it(tmp_path):
+    """A saved copy of the embedded shapes model: a shapes prompt in the usage snippets, its small FLOPs in GFLOPs (not
+    0.00 TFLOPs), and a note that its measured numbers are of its own calibrated presets, not the family's above."""
+    folder = tmp_path / "shapes-infinity-tiny"
+    folder.mkdir()
+    shutil.copy(EMBEDDED_MODEL_PATH / "model_index.json", folder / "model_index.json")
+    (folder / "transformer").mkdir()
+    shutil.copy(EMBEDDED_MODEL_PATH / "transformer" / "config.json", folder / "transformer" / "config.json")
+    small = json.loads(json.dumps(BENCH))
+    small["methods"]["baseline"]["flops"]["total_gflops"] = 7.17
+    small["methods"]["fastvar"]["flops"]["total_gflops"] = 3.54
+    small["run"]["model"] = "embedded"
+    text = make_model_card(folder, results=small).text
+    assert 'pipe("two red circles"' in text and "red fox" not in text
+    assert "| method | speed-up | GFLOPs | PSNR (dB) | SSIM | accuracy |" in text
+    assert "| baseline | 1.00× | 7.17 |" in text and "| fastvar | 1.62× | 3.54 |" in text
+    assert "its own calibrated presets (`embedded/<method>`), not the `infinity-2b/<method>` presets above" in text
+    # a folder whose transformer is another model keeps the general prompt and says nothing of the embedded presets
+    other = make_model_card(folder, results=BENCH, example_prompt="a lighthouse at dusk").text
+    assert 'pipe("a lighthouse at dusk"' in other and "calibrated presets" not in other

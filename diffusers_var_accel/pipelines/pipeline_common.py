@@ -4,6 +4,7 @@ the call's arguments (one helper per kind of argument, so both pipelines refuse 
 
 from __future__ import annotations
 
+import contextlib
 import collections
 import json
 import math
@@ -355,6 +356,21 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
                     and value[1] is None and name not in kwargs and name not in cls._optional_components):
                 kwargs[name] = None
     return path, kwargs
+
+
+@contextlib.contextmanager
+def no_nested_progress_bars():
+    """transformers' own "Loading weights" bar off while diffusers' "Loading pipeline components" bar runs: a bar
+    nested in another writes cursor-up escapes (``\x1b[A``) that litter every log that is not a terminal."""
+    from transformers.utils import logging as transformers_logging
+
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def save_pipeline_folder(pipe, save_directory, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from ..pipeline_common import (
     check_teacher_tokens,
     check_text_embeds,
     mask_top_k_top_p,
+    no_nested_progress_bars,
     prepare_pipeline_loading,
     save_pipeline_folder,
     resolve_size,
@@ -310,7 +311,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs)
         if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
             kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
-        pipe = super().from_pretrained(path, **kwargs)
+        with no_nested_progress_bars():
+            pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
 

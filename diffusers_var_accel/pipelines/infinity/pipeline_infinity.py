@@ -41,6 +41,7 @@ from ..pipeline_common import (
     check_teacher_tokens,
     check_text_embeds,
     mask_top_k_top_p,
+    no_nested_progress_bars,
     prepare_pipeline_loading,
     save_pipeline_folder,
     resolve_size,
@@ -318,7 +319,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                                                 {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
         if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
             kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
-        pipe = super().from_pretrained(path, **kwargs)
+        with no_nested_progress_bars():
+            pipe = super().from_pretrained(path, **kwargs)
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
 
