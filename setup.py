@@ -13,7 +13,9 @@ docs_requires = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26", "pymdown-extension
 app_requires = ["gradio>=5,<7"]
 
 extras = {
+    # ipywidgets: tqdm's notebook progress bars (without it every notebook run warns "IProgress not found")
     "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
+             "ipywidgets>=8",
              *docs_requires, *app_requires, "selenium>=4.20"],
     "app": app_requires,
     "docs": docs_requires,

@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO_ROOT / "notebooks" / "quickstart.ipynb"
-METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")
+METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
 
 # Appended to the notebook's "parameters" cell (as papermill would): fewer benchmark prompts to keep the test short.
 TEST_PARAMETERS = "\nNUM_BENCH_PROMPTS = 3\nBENCH_REPEATS = 1\n"
@@ -77,6 +77,8 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
     text = "\n".join(_stream_text(c) for c in code)
+    stderr = "".join(o.get("text", "") for c in code for o in c.outputs if o.get("name") == "stderr")
+    assert "IProgress not found" not in stderr and "TqdmWarning" not in stderr  # ipywidgets is in the [test] extra
 
     # The kernel ran this interpreter and the package of this checkout.
     probe = json.loads(text.split("PROBE ", 1)[1].splitlines()[0])
@@ -86,7 +88,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     # Section 3: disabling restores the baseline; a PSNR table with every method.
     assert "after disable_acceleration(): identical to the first baseline image" in text
     table = text.split("PSNR vs baseline (same prompt and seed, one call each)", 1)[1]
-    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:7]}
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:2 + len(METHODS)]}
     assert set(rows) == set(METHODS)
     assert rows["baseline"][1] == "inf"
     for m in METHODS[1:]:
