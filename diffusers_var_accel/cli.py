@@ -358,6 +358,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     check_device(args.device)
     out_dir = check_output_folder(args.output)
     check_acceleration_overrides(args.accel)
+    if _nothing_to_do(out_dir, args, prompts):
+        print(f"{out_dir}: all {len(prompts)} images of this command are already there (same command, same files): "
+              "nothing to generate", file=sys.stderr)
+        return 0
 
     # 2. Processes (torchrun / accelerate launch), pipeline, acceleration
     state, device = process_state(args.device)
@@ -469,7 +473,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     merged.setdefault(record["file"], record)
             earlier = [r for f, r in merged.items() if f not in order]
             this_run = sorted((r for f, r in merged.items() if f in order), key=lambda r: order[r["file"]])
-            _write_manifest(out_dir, settings, args, earlier + this_run)
+            # the invocation lets the same command again skip loading the model when every image is there
+            _write_manifest(out_dir, settings, args, earlier + this_run, invocation=_invocation(args, prompts))
             for journal_file in _journal_files(out_dir):
                 journal_file.unlink()
             print(f"wrote {out_dir / MANIFEST_NAME} ({len(merged)} images)", file=sys.stderr)
@@ -489,9 +494,53 @@ def _leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]]) -> None:
+def _files_stamp(path: Path) -> List[List[Any]]:
+    """``[[relative path, size, mtime_ns]]`` of every file under ``path`` (a file or a folder): a change of any of
+    them (a replaced checkpoint, an edited config) changes the stamp; only ``stat`` is read."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return [[str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _invocation(args: argparse.Namespace, prompts: List[str]) -> Dict[str, Any]:
+    """What decides a run's images that is known before any model loads: the arguments that change an image, the
+    package version, and the stamp of the files the arguments name (the model folder, an acceleration file or
+    folder). The same invocation over a folder that holds all its images has nothing to do."""
+    from . import __version__
+    from .embedded import EMBEDDED_MODEL_PATH
+
+    key: Dict[str, Any] = {name: getattr(args, name) for name in ("model", "height", "width", "seed", "dtype", "accel",
+                                                                  "device", *SAMPLING_KEYS)}
+    key["version"] = __version__
+    key["num_prompts"] = len(prompts)
+    model_path = EMBEDDED_MODEL_PATH if args.model is None else Path(args.model)
+    key["model_files"] = _files_stamp(model_path) if model_path.exists() else None
+    accel = Path(args.accel) if args.accel else None
+    key["accel_files"] = _files_stamp(accel) if accel is not None and accel.exists() else None
+    return _json_normal(key)
+
+
+def _nothing_to_do(out_dir: Path, args: argparse.Namespace, prompts: List[str]) -> bool:
+    """Whether the folder's manifest records this very invocation and holds every image it makes (then no model
+    needs loading). Only for a single process: under torchrun every process takes part in the run."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or args.overwrite or not (out_dir / MANIFEST_NAME).is_file():
+        return False
+    try:
+        manifest = json.loads((out_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError):
+        return False  # the full path reports it
+    if not isinstance(manifest, dict) or manifest.get("invocation") != _invocation(args, prompts):
+        return False
+    recorded = {r.get("file") for r in manifest.get("images", []) if isinstance(r, dict)}
+    names = {image_file_name(prompt, args.seed + i) for i, prompt in enumerate(prompts)}
+    return names <= recorded and all((out_dir / name).is_file() for name in names)
+
+
+def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]],
+                    invocation: Optional[Dict[str, Any]] = None) -> None:
     manifest = {"settings": settings, "height": settings["height"], "width": settings["width"],
                 "acceleration": settings["acceleration"], "batch_size": args.batch_size, "images": records}
+    if invocation is not None:
+        manifest["invocation"] = invocation
     write_atomic(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
 
 

@@ -212,3 +212,26 @@ def test_an_unreadable_manifest_is_refused_unless_overwrite(tmp_path, capsys):
     assert "generations.json is not valid JSON" in err and "--overwrite" in err
     assert main(["generate", "a circle", "-o", str(tmp_path), "--no-progress", "--overwrite"]) == 0
     assert [r["file"] for r in _manifest(tmp_path)["images"]] == ["a-circle-s0.png"]
+
+
+def test_the_same_command_again_loads_no_model_but_a_changed_file_does(tmp_path, calls, monkeypatch, capsys):
+    """A repeat of a finished command says so without loading the model; an edited acceleration file (same name) or
+    another argument is a new invocation and goes the full way (and, with the same settings, still generates
+    nothing new)."""
+    import diffusers_var_accel.cli as cli
+
+    accel = tmp_path / "accel.json"
+    accel.write_text(json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.2, 0.1]}))
+    out = tmp_path / "out"
+    argv = ["generate", *PROMPTS[:2], "--accel", str(accel), "-o", str(out), "--no-progress"]
+    assert main(argv) == 0 and calls["n"] == 2
+    loads = []
+    real = cli._load_pipeline
+    monkeypatch.setattr(cli, "_load_pipeline", lambda *a, **k: loads.append(a) or real(*a, **k))
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert loads == [] and calls["n"] == 2
+    assert "all 2 images of this command are already there (same command, same files): nothing to generate" in capsys.readouterr().err
+    accel.write_text(json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.3, 0.1]}))
+    assert main(argv) == 2  # other settings in the same folder: refused, after loading the model to compare them
+    assert len(loads) == 1 and "other settings" in capsys.readouterr().err
