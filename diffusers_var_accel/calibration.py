@@ -36,6 +36,7 @@ Examples:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -303,6 +304,12 @@ def _fidelity(images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], 
     return out
 
 
+def _package_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _duration(seconds: float) -> str:
     """``"45 s"``, ``"12 min"``, ``"2.3 h"``."""
     if seconds < 90:
@@ -488,6 +495,11 @@ def calibrate(
         lpips=None if lpips_fn is None else "alexnet v0.1", lpips_note=lpips_note,
         chosen=None if chosen is None else {k: v for k, v in chosen.items() if k != "per_image"},
         tried=tried, seconds=time.perf_counter() - started,
+        # what reproducing the record needs besides the model: the code's version, the exact grid, the image size and
+        # a digest of the prompts (their text is above; the digest tells a changed list at a glance)
+        package_version=_package_version(), grid=candidates, timing_repeats=timing_repeats,
+        image_size=list(baseline_images[seeds[0]].shape[-2:]),
+        prompts_sha256=hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest(),
         notes=(f"FLOPs: one real call (first prompt and seed) counted with var-accel bench's counter, text encoder and "
                f"decoder included; speed-up: median of {timing_repeats} interleaved baseline/candidate calls of the first "
                f"prompt on this device; PSNR of identical images counted as {PSNR_CAP_DB:g} dB; selection: highest mean "

@@ -350,3 +350,42 @@ def test_ctrl_c_says_what_each_command_leaves(command, says, monkeypatch, capsys
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert err.startswith("interrupted; ") and err.strip().endswith(says) and len(err.strip().splitlines()) == 1
+
+
+def test_the_record_holds_what_reproducing_it_needs(result):
+    import hashlib
+
+    from diffusers_var_accel import __version__
+
+    assert result["package_version"] == __version__
+    assert result["grid"] == TINY_GRID and result["timing_repeats"] == 1
+    assert result["image_size"] == [64, 64]  # the embedded model's one size
+    assert result["prompts_sha256"] == hashlib.sha256("\n".join(PROMPTS).encode()).hexdigest()
+    assert result["sampling"] == EMBEDDED_SAMPLING  # the arguments used, never {}
+
+
+@pytest.mark.parametrize("method", ["lazyvar", "fastvar"])
+def test_a_packaged_calibration_reproduces(pipe, method):
+    """The chosen setting's recorded fidelity and FLOPs come back from its record alone: the same prompts, seeds and
+    sampling give the same SSIM, PSNR and counted FLOPs ratio (the two calibrations that once recorded the wrong
+    sampling, re-made with today's code)."""
+    from diffusers_var_accel.calibration import _count_flops, _fidelity, _generate, _mean
+    from diffusers_var_accel.schedulers.presets import PRESETS_DIR
+
+    record = json.loads((PRESETS_DIR / "embedded" / method / CALIBRATION_FILE).read_text())
+    assert record["sampling"] == EMBEDDED_SAMPLING and record["grid"] and record["image_size"] == [64, 64]
+    chosen = record["chosen"]
+    assert chosen["settings"] in record["grid"]
+    scheduler = VARAccelScheduler.from_pretrained(f"embedded/{method}")
+    images, baseline = [], []
+    for seed in record["seeds"]:
+        baseline.append(_generate(pipe, record["prompts"], seed, None, record["sampling"]))
+        images.append(_generate(pipe, record["prompts"], seed, scheduler, record["sampling"]))
+    prompts = [p for _ in record["seeds"] for p in record["prompts"]]
+    fidelity = _fidelity(torch.cat(images), torch.cat(baseline), prompts, None, True)
+    assert _mean(fidelity["ssim"]) == pytest.approx(chosen["ssim_mean"], abs=1e-6)
+    assert _mean(fidelity["psnr"]) == pytest.approx(chosen["psnr_mean"], abs=1e-4)
+    first, seed = record["prompts"][0], record["seeds"][0]
+    ratio = _count_flops(pipe, first, seed, None, record["sampling"]) / _count_flops(pipe, first, seed, scheduler,
+                                                                                     record["sampling"])
+    assert ratio == pytest.approx(chosen["flops_ratio"], rel=1e-9)
