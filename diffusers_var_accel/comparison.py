@@ -63,7 +63,8 @@ class Comparison:
         for r in self.results:
             if len(r.seconds) > 1 and r.spread > LARGE_SPREAD:
                 notes.append(f"{r.spec}: its times spread by {r.spread:.0%} of the median: the speed-up is noisy "
-                             "(a busy machine); more repeats give a steadier figure")
+                             "(a busy machine, or one call doing first-call work for a new shape); more repeats give a "
+                             "steadier figure")
         if self.repeats == 1:
             notes.append("one timed round: no spread is measured; more repeats give a steadier figure")
         return notes

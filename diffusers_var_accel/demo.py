@@ -208,7 +208,8 @@ def spread_notes(methods: Dict[str, Dict[str, Any]]) -> List[str]:
     :data:`~diffusers_var_accel.comparison.LARGE_SPREAD` of their median (its speed-up is noisy)."""
     from .comparison import LARGE_SPREAD
 
-    return [f"{m}: its times spread by {r['spread']:.0%} of the median: the speed-up is noisy (a busy machine); "
+    return [f"{m}: its times spread by {r['spread']:.0%} of the median: the speed-up is noisy (a busy machine, or one call "
+            "doing first-call work for a new shape: the warm-up call uses the first prompt only); "
             "--repeats 3 or var-accel bench give a steadier figure"
             for m, r in methods.items() if len(r["seconds_per_image"]) > 1 and r["spread"] > LARGE_SPREAD]
 
