@@ -43,7 +43,19 @@ class MethodResult:
     @property
     def spread(self) -> float:
         """``(max - min) / median`` of the timed calls (0 with one call)."""
-        return (max(self.seconds) - min(self.seconds)) / self.median_seconds if self.median_seconds > 0 else 0.0
+        return time_spread(self.seconds)
+
+
+def time_spread(seconds: Sequence[float]) -> float:
+    """``(max - min) / median`` of timed calls (0 when the median is 0)."""
+    median = statistics.median(seconds)
+    return (max(seconds) - min(seconds)) / median if median > 0 else 0.0
+
+
+def spread_note(name: str, spread: float, advice: str) -> str:
+    """The note on a method whose timed calls spread by more than :data:`LARGE_SPREAD` of their median."""
+    return (f"{name}: its times spread by {spread:.0%} of the median: the speed-up is noisy (a busy machine, or one call "
+            f"doing first-call work for a new shape); {advice}")
 
 
 @dataclass
@@ -62,9 +74,7 @@ class Comparison:
                  "median / method median, measured side by side in this request"]
         for r in self.results:
             if len(r.seconds) > 1 and r.spread > LARGE_SPREAD:
-                notes.append(f"{r.spec}: its times spread by {r.spread:.0%} of the median: the speed-up is noisy "
-                             "(a busy machine, or one call doing first-call work for a new shape); more repeats give a "
-                             "steadier figure")
+                notes.append(spread_note(r.spec, r.spread, "more repeats give a steadier figure"))
         if self.repeats == 1:
             notes.append("one timed round: no spread is measured; more repeats give a steadier figure")
         return notes

@@ -109,6 +109,7 @@ def run_demo(
     """
     from tqdm.auto import tqdm
 
+    from .comparison import time_spread, to_pil
     from .data.scorer import score
     from .embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
     from .metrics import psnr, ssim
@@ -168,19 +169,14 @@ def run_demo(
         finite = [v for v in fidelity_psnr if v != float("inf")]
         report_methods[m] = dict(
             seconds_per_image_median=median, seconds_per_image=times[m], speedup=base_time / median,
-            spread=(max(times[m]) - min(times[m])) / median if median > 0 else 0.0,
+            spread=time_spread(times[m]),
             gflops=flops[m] / 1e9, flops_ratio=flops["baseline"] / flops[m],
             psnr=fidelity_psnr, psnr_mean=(sum(finite) / len(finite)) if finite else float("inf"),
             ssim=fidelity_ssim, ssim_mean=sum(fidelity_ssim) / len(fidelity_ssim),
             scorer_correct=correct, scorer_accuracy=sum(correct) / len(correct),
         )
     out.mkdir(parents=True, exist_ok=True)
-    from PIL import Image
-
-    def pil(t: torch.Tensor):
-        return Image.fromarray((t[0].permute(1, 2, 0).clamp(0, 1).mul(255).round().byte().numpy()))
-
-    rows = [[pil(images[m][i]) for i in range(len(prompts))] for m in methods]
+    rows = [[to_pil(images[m][i]) for i in range(len(prompts))] for m in methods]
     from .files import atomic_file, write_text_atomic
 
     with atomic_file(out / "grid.png") as tmp:
@@ -206,11 +202,10 @@ def run_demo(
 def spread_notes(methods: Dict[str, Dict[str, Any]]) -> List[str]:
     """A note per method whose timed calls spread by more than
     :data:`~diffusers_var_accel.comparison.LARGE_SPREAD` of their median (its speed-up is noisy)."""
-    from .comparison import LARGE_SPREAD
+    from .comparison import LARGE_SPREAD, spread_note
 
-    return [f"{m}: its times spread by {r['spread']:.0%} of the median: the speed-up is noisy (a busy machine, or one call "
-            "doing first-call work for a new shape: the warm-up call uses the first prompt only); "
-            "--repeats 3 or var-accel bench give a steadier figure"
+    return [spread_note(m, r["spread"], "the warm-up call uses the first prompt only; --repeats 3 or var-accel bench "
+                        "give a steadier figure")
             for m, r in methods.items() if len(r["seconds_per_image"]) > 1 and r["spread"] > LARGE_SPREAD]
 
 
