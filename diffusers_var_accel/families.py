@@ -34,6 +34,9 @@ class ModelFamily:
         flop_counter (`str`): the FLOP counter of a named model of the family, ``"module:function"``, called as
             ``counter(model_name, **options)`` with its own keyword options, ``accel=spec`` among them (see
             :mod:`diffusers_var_accel.bench.flops`).
+        no_guidance (`float`): the family's guidance value that means "no guidance" (the loop's guidance scales are in
+            the family's own convention: Infinity's ``guidance_scale`` 1, HART's guidance weight 0). A call whose
+            scales all equal it runs no unconditional rows.
         title (`str`): the family's name in text (model cards).
         description (`str`): one Markdown phrase saying what the model is, with a link to its official code (cards).
     """
@@ -42,6 +45,7 @@ class ModelFamily:
     preset_model: str
     pipeline: str
     flop_counter: str
+    no_guidance: float
     title: str = ""
     description: str = ""
 
@@ -91,11 +95,13 @@ def get_model_family(name: str) -> ModelFamily:
 
 register_model_family(ModelFamily("infinity", preset_model="infinity-2b",
                                   pipeline="diffusers_var_accel.pipelines.infinity.pipeline_infinity:InfinityPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_infinity_flops", title="Infinity",
+                                  flop_counter="diffusers_var_accel.bench.flops:count_infinity_flops", no_guidance=1.0,
+                                  title="Infinity",
                                   description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
                                               "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))"))
 register_model_family(ModelFamily("hart", preset_model="hart-0.7b",
                                   pipeline="diffusers_var_accel.pipelines.hart.pipeline_hart:HARTPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_hart_flops", title="HART",
+                                  flop_counter="diffusers_var_accel.bench.flops:count_hart_flops", no_guidance=0.0,
+                                  title="HART",
                                   description="a hybrid autoregressive (next-scale prediction + residual diffusion) "
                                               "text-to-image model ([mit-han-lab/hart](https://github.com/mit-han-lab/hart))"))
