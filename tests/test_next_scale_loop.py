@@ -41,13 +41,13 @@ def _condition(transformer, batch=2, guided=True):
     return transformer.encode_condition(text, mask)
 
 
-def _run(models, scheduler=None, cfg=3.0, cfg_list=None, teacher=None, batch=2, top_k=1):
+def _run(models, scheduler=None, cfg=3.0, cfg_list=None, teacher=None, batch=2, top_k=1, tables=None):
     transformer, vae = models
     family = InfinityScaleFamily(transformer, vae, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=top_k, top_p=None)
     cfgs = list(cfg_list) if cfg_list is not None else [cfg] * S
     with torch.no_grad():
         return run_next_scale_loop(family, _condition(transformer, batch, any(c != 1 for c in cfgs)), SCHEDULE, batch,
-                                   cfgs, [0.5] * S, torch.Generator().manual_seed(0), scheduler, teacher)
+                                   cfgs, [0.5] * S, torch.Generator().manual_seed(0), scheduler, teacher, tables=tables)
 
 
 def _teacher(batch=2, d=8):
@@ -318,9 +318,12 @@ def test_kv_cache_is_sized_for_what_later_passes_read_and_passes_share_one_call_
     # before each pass: everything earlier is cached; only the last pass does not store
     assert lengths == [(0 if i == 0 else 1 + sum(h * w for _, h, w in SCHEDULE[1:i]), i != S - 1) for i in range(S)]
     family = InfinityScaleFamily(*models, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=1, top_p=None)
-    assert loop_module.cached_positions(family.num_start_tokens(SCHEDULE), SCHEDULE, loop_module.identity_plans(SCHEDULE)) == kept
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, loop_module.identity_plans(SCHEDULE)) == kept
     assert len(seen) == S and all(d is seen[0] for d in seen) and seen[0] is state.call_cache
-    assert ("loop.scale_ids", "cpu") in state.call_cache  # the loop's own per-call table lives there too
+    # the loop's scale-id table is a schedule constant: it lives in the call's ScheduleTables, not the call cache
+    hws = tuple((int(h), int(w)) for _, h, w in SCHEDULE)
+    assert not any(isinstance(k, tuple) and k[:1] == ("loop.scale_ids",) for k in state.call_cache)
+    assert state.tables.get(("loop.scale_ids", hws, "cpu"), lambda: None) is not None
 
 
 def test_kv_cache_size_follows_the_plan(models):
@@ -330,11 +333,11 @@ def test_kv_cache_size_follows_the_plan(models):
     family = InfinityScaleFamily(*models, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=1, top_p=None)
     tokens = [1] + [h * w for _, h, w in SCHEDULE[1:]]
     grouped = [ScalePlan((i,)) for i in range(S - 3)] + [ScalePlan(tuple(range(S - 3, S)))]
-    assert loop_module.cached_positions(family.num_start_tokens(SCHEDULE), SCHEDULE, grouped) == sum(tokens[:S - 3])
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, grouped) == sum(tokens[:S - 3])
     skipping = [ScalePlan((i,)) for i in range(S - 2)] + [ScalePlan((S - 2,), skip=True), ScalePlan((S - 1,), skip=True)]
-    assert loop_module.cached_positions(family.num_start_tokens(SCHEDULE), SCHEDULE, skipping) == sum(tokens[:S - 3])
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, skipping) == sum(tokens[:S - 3])
     one_pass = [ScalePlan(tuple(range(S)))]
-    assert loop_module.cached_positions(family.num_start_tokens(SCHEDULE), SCHEDULE, one_pass) == 1  # nothing to keep; the buffer stays valid
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, one_pass) == 1  # nothing to keep; the buffer stays valid
 
 
 def test_the_last_pass_attends_to_its_own_keys_without_keeping_them():
@@ -358,24 +361,27 @@ def test_the_last_pass_attends_to_its_own_keys_without_keeping_them():
             cache.update(k2, v2, 0, cache_rows=2, row_start=3)
 
 
-def test_scale_id_table_is_every_scale_filled_and_shared_by_calls(models):
+def test_scale_id_table_is_every_scale_filled_and_shared_only_through_the_callers_tables(models):
+    from diffusers_var_accel.next_scale import ScheduleTables
     from diffusers_var_accel.next_scale import loop as loop_module
 
     hws = tuple((int(h), int(w)) for _, h, w in SCHEDULE)
     table, offsets = loop_module._scale_id_table(hws, torch.device("cpu"))
     expected = torch.cat([torch.full((h * w,), k, dtype=torch.long) for k, (h, w) in enumerate(hws)])
     assert torch.equal(table, expected) and offsets == [sum(h * w for h, w in hws[:i]) for i in range(len(hws) + 1)]
-    first, second = _run(models), _run(models)
-    key = ("loop.scale_ids", "cpu")
-    assert first.call_cache[key][0] is second.call_cache[key][0] is table  # built once for the schedule
-    for size in range(2, 2 + loop_module._SCALE_ID_TABLES_SIZE + 2):  # only a few recent schedules are kept
-        loop_module._scale_id_table(((1, 1), (size, size)), torch.device("cpu"))
-    assert len(loop_module._SCALE_ID_TABLES) <= loop_module._SCALE_ID_TABLES_SIZE
+    key = ("loop.scale_ids", hws, "cpu")
+    tables = ScheduleTables()
+    first, second = _run(models, tables=tables), _run(models, tables=tables)
+    assert first.tables is second.tables is tables and torch.equal(tables.get(key, lambda: None)[0], expected)
+    shared = tables.get(key, lambda: None)[0]
+    alone = _run(models)  # no owner: the call's own tables, dropped with it
+    assert alone.tables is not tables and alone.tables.get(key, lambda: None)[0] is not shared
+    assert torch.equal(alone.f_hat, first.f_hat) and torch.equal(second.f_hat, first.f_hat)
 
 
 def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
-    """The same rule on HART: its guidance ``(1 + t) c - t u`` gives the unconditional logits at t = -1 (the loop's
-    guidance scale 0), which is what an unconditional-only pass samples (same tokens; logits within batched-GEMM
+    """The same rule on HART: its guidance ``(1 + t) c - t u`` gives the unconditional logits at t = -1 (the loop
+    takes HART's own weight), which is what an unconditional-only pass samples (same tokens; logits within batched-GEMM
     rounding); HART's diffusion head is off so that only the tokens carry the images."""
     from conftest import tiny_hart_patch_nums
     from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTScaleFamily
@@ -396,12 +402,13 @@ def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
                                        torch.Generator().manual_seed(0), scheduler)
 
     plans = [ScalePlan((i,)) for i in range(n - last)] + [ScalePlan((i,), cfg_uncond_only=True) for i in range(n - last, n)]
-    uncond = run(_PlanScheduler(plans=plans), [4.5] * n)
-    reference = run(None, [4.5] * (n - last) + [0.0] * last)
+    # the loop takes HART's own guidance weight t (0: none; t = -1 gives the unconditional logits)
+    uncond = run(_PlanScheduler(plans=plans), [3.5] * n)
+    reference = run(None, [3.5] * (n - last) + [-1.0] * last)
     for k in range(n):
         assert torch.equal(uncond.tokens[k], reference.tokens[k])
         if k >= n - last:
             torch.testing.assert_close(uncond.logits[k], reference.logits[k][2:], atol=3e-5, rtol=0)
     assert torch.equal(uncond.f_hat, reference.f_hat)
-    guided = run(None, [4.5] * n)  # guidance kept there: other tokens (the rule changes what is sampled)
+    guided = run(None, [3.5] * n)  # guidance kept there: other tokens (the rule changes what is sampled)
     assert any(not torch.equal(uncond.tokens[k], guided.tokens[k]) for k in range(n - last, n))

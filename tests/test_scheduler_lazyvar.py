@@ -226,8 +226,10 @@ class _InputsFromBeforeTheGroup:
     def __getattr__(self, name):
         return getattr(self._family, name)
 
-    def next_inputs(self, f_hat, scale_index):
-        return self._family.next_inputs(self._f_hat_before if scale_index in GROUP else f_hat, scale_index)
+    def embed(self, f_hat, scale_indices, condition, scale_index_L):
+        in_group = [si in GROUP for si in scale_indices]
+        assert all(in_group) or not any(in_group), f"pass {scale_indices} mixes the group and other scales"
+        return self._family.embed(self._f_hat_before if all(in_group) else f_hat, scale_indices, condition, scale_index_L)
 
 
 class _OneByOne(VARAccelScheduler):

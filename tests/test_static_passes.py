@@ -210,23 +210,32 @@ def test_half_pairing_tables_with_signs_are_the_stacked_tables(dtype):
     assert torch.equal(with_signs, reference) and torch.equal(with_signs.signbit(), reference.signbit())
 
 
-def test_infinity_schedule_rope_is_per_scale_tables_and_reused_across_calls():
+def test_infinity_schedule_rope_is_per_scale_tables_and_shared_through_the_pipelines_tables():
+    from diffusers_var_accel.next_scale import ScheduleTables
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
     pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
     transformer, vae = pipe.transformer, pipe.vae
     schedule, grid = pipe.scale_schedule_for(256, 256)
-    family = InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None)
+    tables = ScheduleTables(max_schedules=3)
+    family = InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None, tables=tables)
     for si, s in enumerate(schedule):
         per_scale = transformer.rope_cos_sin(transformer.rope_positions(s[-2], s[-1], grid))
         assert torch.equal(family.rope_cos_sin((si,)), per_scale)
-    again = InfinityScaleFamily(transformer, vae, [tuple(s) for s in schedule], grid, top_k=0, top_p=None)
+    again = InfinityScaleFamily(transformer, vae, [tuple(s) for s in schedule], grid, top_k=0, top_p=None, tables=tables)
     assert again._rope is family._rope  # the same schedule, grid, head size and device: built once
+    # without the owner's tables nothing outlives the family (a fresh table per call)
+    assert InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None)._rope is not family._rope
     other, other_grid = pipe.scale_schedule_for(512, 512)
-    assert InfinityScaleFamily(transformer, vae, other, other_grid, top_k=0, top_p=None)._rope is not family._rope
-    for size in (768, 1024, (256, 320), (320, 256), (192, 336)):  # the cache keeps a few recent tables only
-        InfinityScaleFamily(transformer, vae, *pipe.scale_schedule_for(*((size, size) if isinstance(size, int) else size)), top_k=0, top_p=None)
-    assert len(InfinityScaleFamily._rope_tables) <= InfinityScaleFamily.rope_cache_size
+    assert InfinityScaleFamily(transformer, vae, other, other_grid, top_k=0, top_p=None, tables=tables)._rope is not family._rope
+    for size in (768, 1024, (256, 320), (320, 256), (192, 336)):  # the owner keeps a few recent tables only
+        InfinityScaleFamily(transformer, vae, *pipe.scale_schedule_for(*((size, size) if isinstance(size, int) else size)), top_k=0,
+                            top_p=None, tables=tables)
+    assert len(tables) == 3
+    # the pipeline owns one for its calls
+    assert pipe.schedule_tables is pipe.schedule_tables and isinstance(pipe.schedule_tables, ScheduleTables)
+    with pytest.raises(ValueError, match="max_schedules must be a positive integer, got 0"):
+        ScheduleTables(max_schedules=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

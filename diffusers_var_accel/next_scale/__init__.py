@@ -20,11 +20,11 @@ from .plan import (
     validate_plans,
 )
 from .rows import RowLayout, match_rows
-from .state import NextScaleState, ScaleModelFamily, ScaleOutputs
+from .state import NextScaleState, ScaleModelFamily, ScalePrediction, ScheduleTables
 
 __all__ = [
     "ScaleKVCache", "PassRecords", "VARForwardContext", "execute_blocks", "run_sublayer", "identity_plans",
     "run_next_scale_loop", "PASS_THROUGH", "EarlierScale", "LayerProxy", "ModelInfo", "PassRoutes", "PassThrough",
     "RecordRequest", "ScalePlan", "TokenRoute", "resolve_scale_index", "validate_plans", "RowLayout", "match_rows",
-    "NextScaleState", "ScaleModelFamily", "ScaleOutputs",
+    "NextScaleState", "ScaleModelFamily", "ScalePrediction", "ScheduleTables",
 ]

@@ -310,3 +310,20 @@ def weight_codes(codes_Bdhw: torch.Tensor, weights_Bhw: torch.Tensor) -> torch.T
     if weights_Bhw.is_meta and not codes_Bdhw.is_meta:  # a shape-only plan (FLOP counting): no values to weight by
         return codes_Bdhw
     return codes_Bdhw * weights_Bhw.unsqueeze(1).to(codes_Bdhw.dtype)
+
+
+def on_computed_tokens(refine: Callable[..., torch.Tensor], residual_tokens: Optional[torch.Tensor], hidden_RLC: torch.Tensor,
+                       values_BLd: torch.Tensor, like_BLc: torch.Tensor) -> torch.Tensor:
+    """A family's per-token refinement of one scale's codes (HART's residual diffusion head), computed only where the
+    plan keeps a residual.
+
+    ``refine(hidden_RnC, values_Bnd) -> (B, n, c)`` maps the hidden states of every row and the per-image values of
+    ``n`` tokens to their refinement. With ``residual_tokens`` ``None`` it runs on every token; else on the ``(B, n)``
+    positions it names (the same positions in every CFG half of ``hidden_RLC``) and the result is scattered into zeros
+    shaped and typed like ``like_BLc`` (the other positions get no refinement: their codes are zeroed anyway).
+    """
+    if residual_tokens is None:
+        return refine(hidden_RLC, values_BLd)
+    hidden_RnC = gather_tokens(hidden_RLC, match_rows(residual_tokens, hidden_RLC.shape[0]))
+    refined_Bnc = refine(hidden_RnC, gather_tokens(values_BLd, residual_tokens))
+    return scatter_tokens(torch.zeros_like(like_BLc), residual_tokens, refined_Bnc)

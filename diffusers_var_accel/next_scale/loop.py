@@ -3,7 +3,8 @@
 Per transformer pass (a :class:`~.plan.ScalePlan`): build the inputs of its scales from the summed latent ``f_hat``,
 run the blocks with the per-call KV cache, compute logits, apply guidance, sample, turn the tokens into codes and
 add them to ``f_hat``. What differs between model families (how inputs are embedded, how tokens are sampled and
-become codes) lives in a :class:`~.state.ScaleModelFamily` adapter next to each model's pipeline; what an
+become codes) lives in a :class:`~.state.ScaleModelFamily` adapter next to each model's pipeline (six steps:
+``start``, ``embed``, ``run_blocks``, ``predict``, ``add_codes``, ``select_rows``); what an
 acceleration method changes is *decided* by its scheduler (``plan_scales``, ``before_scale``, ``route_pass``,
 ``after_scale``) and carried out here and by the executor (:mod:`.executor`). Without a scheduler the loop runs
 identity plans: the baseline is this same loop.
@@ -16,17 +17,17 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..families import get_model_family
 from .cache import ScaleKVCache
 from .context import PassRecords, VARForwardContext
 from .executor import keep_residual, weight_codes
 from .plan import DRAWING_PASSES_WAY_OUT, ModelInfo, PassRoutes, ScalePlan, validate_plans
 from .rows import RowLayout
-from .state import NextScaleState, ScaleModelFamily, ScaleOutputs, schedule_slice
+from .state import NextScaleState, ScaleModelFamily, ScheduleTables, schedule_slice
 
 
 def identity_plans(scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
@@ -47,16 +48,18 @@ def run_next_scale_loop(
     on_scale_end: Optional[Callable[[int, NextScaleState], None]] = None,
     should_stop: Optional[Callable[[], bool]] = None,
     pass_runner: Optional[Callable] = None,
+    tables: Optional[ScheduleTables] = None,
 ) -> NextScaleState:
     """Generate the summed latent of ``batch_size`` images, scale by scale.
 
     Args:
         family: the model-family adapter (transformer + tokenizer steps).
         condition (`InfinityCondition` or `HARTCondition`): the family's text conditioning for all rows (conditional
-            rows first, unconditional after when any guidance scale is not 1).
+            rows first, unconditional after when any guidance scale is not the family's ``no_guidance`` value).
         scale_schedule: ``(1, h, w)`` (or ``(h, w)``) per scale.
         batch_size: number of images B.
-        guidance_scales: one CFG scale per scale (read at each scale, so a callback may change later entries).
+        guidance_scales: one guidance value per scale in the family's own convention (the registry's ``no_guidance``
+            value, Infinity 1 and HART 0, means none); read at each scale, so a callback may change later entries.
         temperatures: one sampling temperature per scale.
         generator (`torch.Generator` or `List[torch.Generator]`, *optional*): one generator, or one per image.
         scheduler (`VARAccelScheduler`, *optional*): the acceleration scheduler; ``None`` runs identity plans.
@@ -67,6 +70,9 @@ def run_next_scale_loop(
             ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`,
             or :class:`~.graphs.PassGraphs`). A runner with a ``kv_cache(key, num_layers, max_length)`` method
             provides the call's KV cache (one per schedule, batch, rows, family and plan, reused across calls).
+        tables (`ScheduleTables`, *optional*): constant tables that outlive the call, owned by the caller (a pipeline
+            keeps one, so calls with the same schedule share their scale-id and position tables); ``None``: a fresh
+            one, dropped with the call.
 
     Returns:
         The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
@@ -79,11 +85,12 @@ def run_next_scale_loop(
     num_scales = len(scale_schedule)
     if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
         raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
-    layout = RowLayout(batch_size, guided=any(g != 1 for g in guidance_scales))
+    no_guidance = get_model_family(family.family).no_guidance
+    layout = RowLayout(batch_size, guided=any(g != no_guidance for g in guidance_scales))
     scale_schedule = tuple(tuple(s) for s in scale_schedule)
     plans = scheduler.plan_scales(scale_schedule) if scheduler is not None else identity_plans(scale_schedule)
     validate_plans(plans, num_scales)
-    max_length = cached_positions(family.num_start_tokens(scale_schedule), scale_schedule, plans)
+    max_length = cached_positions(family.num_start_tokens, scale_schedule, plans)
     workspace_cache = getattr(pass_runner, "kv_cache", None)
     if workspace_cache is not None:  # a runner replaying captured passes keeps one cache per plan (fixed addresses)
         kv_cache = workspace_cache((family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans)),
@@ -94,6 +101,7 @@ def run_next_scale_loop(
     state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
     state.generator = generator
     state.plans = tuple(plans)
+    state.tables = tables if tables is not None else ScheduleTables()
     last_run = last_block_pass(plans)
 
     for pass_index, plan in enumerate(plans):
@@ -118,16 +126,14 @@ def run_next_scale_loop(
             offset += length
             # A halved pass runs one half: its logits are that half's (CFG halving: the conditional rows stand in for
             # both, guidance has no effect; unconditional-only: the unconditional model's logits).
-            cfg = 1.0 if pass_layout.halved else guidance_scales[si]
-            logits, state.logits[si] = family.guided_logits(h_scale, pass_condition, si, cfg, temperatures[si], batch_size)
-            if teacher_tokens is not None and si < len(teacher_tokens):
-                tokens = teacher_tokens[si]
-            else:
-                tokens = family.sample(logits, si, generator)
-            state.tokens[si] = tokens
+            guidance = no_guidance if pass_layout.halved else guidance_scales[si]
+            teacher = teacher_tokens[si] if teacher_tokens is not None and si < len(teacher_tokens) else None
             residual = routes.residual_tokens.get(si) if routes is not None else None
-            outputs = ScaleOutputs(h_scale, logits, cfg, generator, pass_condition, residual)
-            codes = family.tokens_to_codes(tokens, si, outputs)
+            prediction = family.predict(h_scale, pass_condition, si, batch_size=batch_size, guidance=guidance,
+                                        temperature=temperatures[si], generator=generator, residual_tokens=residual,
+                                        tokens=teacher)
+            state.tokens[si], state.logits[si] = prediction.tokens, prediction.logits
+            codes = prediction.codes
             if residual is not None:
                 codes = keep_residual(codes, residual)  # zero residual where the scale computed nothing
             if routes is not None and si in routes.code_weights:
@@ -151,39 +157,33 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
               pass_runner: Optional[Callable] = None):
     """Embed the inputs of the plan's scales and run the blocks once.
 
-    Returns the hidden states, the token count of each scale and the condition rows the pass ran on.
+    Returns the hidden states (scale 0's from the last of the start tokens' outputs), the token count of each scale
+    and the condition rows the pass ran on.
     """
     schedule = state.scale_schedule
     scale_hws = tuple((int(schedule[si][-2]), int(schedule[si][-1])) for si in plan.scale_indices)
     lengths = [h * w for h, w in scale_hws]
-    input_lengths = list(lengths)
-    cond_rows = family.select_condition_rows(condition, layout.run_slice) if layout.halved else condition
-    parts = []
-    if plan.scale_indices[0] == 0:
-        start_RLC = family.start_tokens(cond_rows)
-        input_lengths[0] = start_RLC.shape[1]  # the start tokens need not be one per output token (HART's context)
-        parts.append(start_RLC)
+    cond_rows = family.select_rows(condition, layout.run_slice) if layout.halved else condition
+    starts = plan.scale_indices[0] == 0
     later = [si for si in plan.scale_indices if si != 0]
-    level_L = None
+    level_L = _schedule_scale_ids(state, state.f_hat.device, later) if later else None
+    x_later, rope = family.embed(state.f_hat, plan.scale_indices, cond_rows, level_L)
+    parts = [family.start(cond_rows)] if starts else []
     if later:
-        inputs = [family.next_inputs(state.f_hat, si) for si in later]
-        # one contiguous input is its own concatenation (the family may return it ready to embed: no copy)
-        inputs_BLd = inputs[0] if len(inputs) == 1 and inputs[0].is_contiguous() else torch.cat(inputs, dim=1)
-        level_L = _schedule_scale_ids(state, inputs_BLd.device, later)
-        x_later = family.embed_inputs(inputs_BLd, level_L)
         parts.append(x_later.repeat(layout.run_rows // state.batch_size, 1, 1))
     x_RLC = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    num_start = family.num_start_tokens if starts else 0
     scale_ids = None
     if len(plan.scale_indices) > 1:
         scale_ids = level_L
-        if plan.scale_indices[0] == 0:  # the start tokens (one or several) belong to scale 0
-            start_ids = torch.zeros(input_lengths[0], dtype=torch.long, device=x_RLC.device)
+        if starts:  # the start tokens (one or several) belong to scale 0
+            start_ids = torch.zeros(num_start, dtype=torch.long, device=x_RLC.device)
             scale_ids = start_ids if level_L is None else torch.cat((start_ids, level_L.to(x_RLC.device)))
     records = PassRecords()
     context = VARForwardContext(
         call_cache=state.call_cache,
         kv_cache=state.kv_cache,
-        rope_cos_sin=family.rope_cos_sin(plan.scale_indices, cond_rows),
+        rope_cos_sin=rope,
         token_scale_ids=scale_ids,
         routes=routes if routes else None,
         record_attention_layers=set(plan.record_attention_layers),
@@ -194,9 +194,8 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
         records=records,
     )
     hidden_RLC = (pass_runner or run_family_blocks)(family, x_RLC, cond_rows, context)
-    if plan.scale_indices[0] == 0 and input_lengths[0] != lengths[0]:
-        start = family.start_outputs(hidden_RLC[:, :input_lengths[0]])
-        hidden_RLC = torch.cat((start, hidden_RLC[:, input_lengths[0]:]), dim=1)
+    if starts and num_start != lengths[0]:  # scale 0 is predicted from the last of the start tokens
+        hidden_RLC = torch.cat((hidden_RLC[:, num_start - lengths[0]:num_start], hidden_RLC[:, num_start:]), dim=1)
     records.attention = context.attention_maps
     state.records = records
     return hidden_RLC, lengths, cond_rows
@@ -232,31 +231,16 @@ def kv_cache_nbytes(num_layers: int, cache_rows: int, positions: int, kv_channel
 
 
 def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indices: Sequence[int]) -> torch.Tensor:
-    """``(L,)`` the scale index of every (non-start) token of ``scale_indices``, sliced from one per-call table over
-    the tokens of the whole schedule, filled on the device (no host data is uploaded)."""
-    key = ("loop.scale_ids", str(device))
-    if key not in state.call_cache:
-        state.call_cache[key] = _scale_id_table(tuple((int(s[-2]), int(s[-1])) for s in state.scale_schedule), device)
-    table, offsets = state.call_cache[key]
+    """``(L,)`` the scale index of every (non-start) token of ``scale_indices``, sliced from one table over the tokens
+    of the whole schedule, filled on the device (no host data is uploaded) and kept in the call's
+    :class:`~.state.ScheduleTables` (it depends only on the token counts and the device, and is never written to)."""
+    scale_hws = tuple((int(s[-2]), int(s[-1])) for s in state.scale_schedule)
+    table, offsets = state.tables.get(("loop.scale_ids", scale_hws, str(device)), lambda: _scale_id_table(scale_hws, device))
     return schedule_slice(table, offsets, scale_indices, dim=0)
-
-
-#: Scale-id tables of recent schedules, least recently used first: the table depends only on the token counts and the
-#: device, and is never written to, so calls with the same schedule share it (one small int64 tensor each).
-_SCALE_ID_TABLES: "OrderedDict[tuple, Tuple[torch.Tensor, List[int]]]" = OrderedDict()
-_SCALE_ID_TABLES_SIZE = 8
 
 
 def _scale_id_table(scale_hws: Tuple[Tuple[int, int], ...], device: torch.device) -> Tuple[torch.Tensor, List[int]]:
     """``(scale index of every token of the schedule, offset of each scale's first token)``."""
-    key = (scale_hws, str(device))
-    entry = _SCALE_ID_TABLES.get(key)
-    if entry is None:
-        lengths = [h * w for h, w in scale_hws]
-        table = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(lengths)])
-        entry = _SCALE_ID_TABLES[key] = (table, [sum(lengths[:i]) for i in range(len(lengths) + 1)])
-        while len(_SCALE_ID_TABLES) > _SCALE_ID_TABLES_SIZE:
-            _SCALE_ID_TABLES.popitem(last=False)
-    else:
-        _SCALE_ID_TABLES.move_to_end(key)
-    return entry
+    lengths = [h * w for h, w in scale_hws]
+    table = torch.cat([torch.full((n,), k, dtype=torch.long, device=device) for k, n in enumerate(lengths)])
+    return table, [sum(lengths[:i]) for i in range(len(lengths) + 1)]

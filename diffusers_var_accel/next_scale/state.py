@@ -6,8 +6,9 @@ logits per scale, what passes recorded and each acceleration method's own typed 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import torch
 
@@ -20,64 +21,86 @@ CallStateT = TypeVar("CallStateT")
 
 
 class ScaleModelFamily:
-    """What the loop needs from one model family (Infinity, HART). Each method is one step of the official sampler."""
+    """What the loop needs from one model family (Infinity, HART): six steps of the official sampler.
 
-    #: Name used to check that a scheduler was made for this family.
+    One object per call (it may hold the call's sampling options and per-call tables). Shape legend: ``B`` images,
+    ``R`` rows of the pass (``2B`` under CFG), ``L`` tokens, ``C`` width, ``d`` latent channels.
+
+    Attributes:
+        family (`str`): the registered family name (:mod:`diffusers_var_accel.families`): schedulers are checked
+            against it and the loop reads the family's "no guidance" value from the registry.
+        num_layers (`int`): transformer blocks.
+        num_start_tokens (`int`): tokens per row that :meth:`start` gives (the KV cache is sized from it). Scale 0 is
+            predicted from the outputs of the *last* ``h0 * w0`` start tokens (Infinity: its one start token; HART:
+            the last of its context tokens).
+    """
+
     family: str = ""
     num_layers: int = 0
+    num_start_tokens: int = 1
 
-    def start_tokens(self, condition) -> torch.Tensor:
-        """Embedded tokens of scale 0, (R, L0, C)."""
+    def start(self, condition) -> torch.Tensor:
+        """The embedded start tokens ``(R, num_start_tokens, C)`` for the rows of ``condition``."""
         raise NotImplementedError
 
-    def num_start_tokens(self, scale_schedule: Sequence[Tuple[int, ...]]) -> int:
-        """How many tokens :meth:`start_tokens` gives per row (the KV cache is sized from it): by default one per
-        token of scale 0."""
-        return int(scale_schedule[0][-2]) * int(scale_schedule[0][-1])
+    def embed(self, f_hat: Optional[torch.Tensor], scale_indices: Sequence[int], condition,
+              scale_index_L: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        """The inputs of one pass with their positions.
 
-    def embed_inputs(self, inputs_RLd: torch.Tensor, scale_index_L: torch.Tensor) -> torch.Tensor:
-        """Embedded tokens of later scales from their interpolated latent inputs."""
-        raise NotImplementedError
-
-    def rope_cos_sin(self, scale_indices: Sequence[int], condition) -> torch.Tensor:
-        """Positional tables of the tokens of these scales, concatenated, for the rows of ``condition``."""
-        raise NotImplementedError
-
-    def start_outputs(self, hidden_RL0C: torch.Tensor) -> torch.Tensor:
-        """The hidden states that predict scale 0 from the outputs of the start tokens.
-
-        Infinity starts from one token per row; HART starts from its T context tokens and predicts the 1x1 scale
-        from the last one. The default keeps every start token.
+        Returns ``(x_BLC, rope)``: the embedded inputs ``(B, L, C)`` of the scales of ``scale_indices`` other than 0,
+        interpolated from ``f_hat`` and concatenated in order (``None`` when the pass is scale 0 alone), and the
+        positional tables of every token of ``scale_indices`` (scale 0's start tokens first) for the rows of
+        ``condition``. ``scale_index_L`` is the scale index of every token of ``x_BLC`` (``None`` with it).
         """
-        return hidden_RL0C
+        raise NotImplementedError
 
     def run_blocks(self, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
-        """The transformer blocks of one pass. Reads the call's tensors from its arguments only (never from the
-        family's own attributes): a captured pass (:class:`~.graphs.PassGraphs`) treats the arguments as its inputs."""
+        """The transformer blocks of one pass (through the executor). Reads the call's tensors from its arguments only
+        (never from the family's own attributes): a captured pass (:class:`~.graphs.PassGraphs`) treats the arguments
+        as its inputs."""
         raise NotImplementedError
 
-    def select_condition_rows(self, condition, rows: slice):
-        raise NotImplementedError
+    def predict(self, hidden_RLC: torch.Tensor, condition, scale_index: int, *, batch_size: int, guidance: float,
+                temperature: float, generator, residual_tokens: Optional[torch.Tensor] = None,
+                tokens: Optional[torch.Tensor] = None) -> "ScalePrediction":
+        """One scale's tokens and codes from the last block's output ``hidden_RLC`` (every row of the pass).
 
-    def guided_logits(self, hidden_RLC: torch.Tensor, condition, scale_index: int, guidance_scale: float, temperature: float, batch_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(logits to sample from, raw head output)`` at one scale: temperature and guidance applied to the first."""
-        raise NotImplementedError
-
-    def sample(self, logits_BLV: torch.Tensor, scale_index: int, generator) -> torch.Tensor:
-        raise NotImplementedError
-
-    def tokens_to_codes(self, tokens: torch.Tensor, scale_index: int, outputs: Optional["ScaleOutputs"] = None) -> torch.Tensor:
-        """The latent codes ``(B, d, h, w)`` of a scale's tokens. ``outputs`` holds what else the pass produced, for
-        families whose codes depend on it (HART: soft codebook mixtures and the diffusion head's residual)."""
+        Guidance (``guidance`` in the family's own convention; the registry's ``no_guidance`` value means none, and
+        then only the first ``batch_size`` rows are read), temperature, sampling from ``generator`` (skipped when
+        teacher ``tokens`` are given) and the family's code mixture or refinement head. ``residual_tokens`` ``(B, n)``:
+        the only positions of this scale that get a residual (the loop zeroes the others' codes); a family that refines
+        codes with another head runs it only there (:func:`~.executor.on_computed_tokens`).
+        """
         raise NotImplementedError
 
     def add_codes(self, f_hat: Optional[torch.Tensor], codes: torch.Tensor, scale_index: int) -> torch.Tensor:
-        """The tokenizer's f_hat update (each tokenizer owns it, as VAR's quantiser does)."""
+        """The tokenizer's ``f_hat`` update with one scale's codes ``(B, d, h, w)`` (each tokenizer owns it, as VAR's
+        quantiser does)."""
         raise NotImplementedError
 
-    def next_inputs(self, f_hat: torch.Tensor, scale_index: int) -> torch.Tensor:
-        """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
+    def select_rows(self, condition, rows: slice):
+        """The condition of a subset of rows (a pass that runs one CFG half)."""
         raise NotImplementedError
+
+
+@dataclass
+class ScalePrediction:
+    """What :meth:`ScaleModelFamily.predict` gives for one scale.
+
+    Args:
+        tokens: the sampled (or teacher) tokens, ``(B, L)`` or ``(B, L, bits)``.
+        codes: their latent codes ``(B, d, h, w)`` on the token grid, before the plan's residual mask and code weights.
+        logits: the head's raw output (every row it ran on), kept in :attr:`NextScaleState.logits`.
+    """
+
+    tokens: torch.Tensor
+    codes: torch.Tensor
+    logits: torch.Tensor
+
+
+def concat_scale_inputs(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The inputs of a pass's scales joined along the tokens: one contiguous input is its own concatenation (no copy)."""
+    return inputs[0] if len(inputs) == 1 and inputs[0].is_contiguous() else torch.cat(list(inputs), dim=1)
 
 
 def schedule_slice(table: torch.Tensor, offsets: Sequence[int], scale_indices: Sequence[int], dim: int) -> torch.Tensor:
@@ -90,26 +113,40 @@ def schedule_slice(table: torch.Tensor, offsets: Sequence[int], scale_indices: S
     return torch.cat([table[(*index, slice(offsets[k], offsets[k + 1]))] for k in scale_indices], dim=dim)
 
 
-@dataclass
-class ScaleOutputs:
-    """What one scale's pass produced besides its tokens.
+class ScheduleTables:
+    """Constant tables that depend only on a schedule, the model's structure and the device (scale ids, position
+    tables), kept for the schedules of recent calls, least recently used first.
+
+    The one cache of the next-scale runtime that outlives a call, and it has an explicit owner: a pipeline keeps one
+    (``pipe.schedule_tables``) and hands it to every call; the loop makes a fresh one, dropped with the call, when it
+    is given none. Its tables are never written to, so calls with the same schedule share them.
 
     Args:
-        hidden_RLC: the last block's output for this scale's tokens, every row of the pass.
-        logits_BLV: the (guided) logits the tokens were sampled from.
-        guidance_scale: the guidance applied at this scale (1 when none).
-        generator: the token generator(s) of the call.
-        condition: the condition rows the pass ran on.
-        residual_tokens: ``(B, n)`` the only positions of this scale that get a residual (the others' codes are
-            zero), or ``None`` for all; a family that refines codes with another head runs it only there.
+        max_schedules (`int`, defaults to 8): how many keys are kept (a few MB at most each).
     """
 
-    hidden_RLC: torch.Tensor
-    logits_BLV: torch.Tensor
-    guidance_scale: float
-    generator: Any
-    condition: Any
-    residual_tokens: Optional[torch.Tensor] = None
+    def __init__(self, max_schedules: int = 8):
+        if not isinstance(max_schedules, int) or isinstance(max_schedules, bool) or max_schedules < 1:
+            raise ValueError(f"max_schedules must be a positive integer, got {max_schedules!r}")
+        self.max_schedules = max_schedules
+        self._tables: "OrderedDict[Hashable, Any]" = OrderedDict()
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The table stored under ``key``, built by ``build()`` the first time."""
+        if key in self._tables:
+            self._tables.move_to_end(key)
+            return self._tables[key]
+        value = self._tables[key] = build()
+        while len(self._tables) > self.max_schedules:
+            self._tables.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def clear(self) -> None:
+        """Drop every table (they are rebuilt on the next call that needs them)."""
+        self._tables.clear()
 
 
 @dataclass
@@ -140,6 +177,8 @@ class NextScaleState:
     #: per-call constants shared by every pass (``VARForwardContext.call_cache``): models and the loop fill it lazily,
     #: keyed by ``(name, layer_idx)``; gone when the call returns
     call_cache: Dict[Any, Any] = field(default_factory=dict)
+    #: the constant tables shared with other calls of the same schedule (:class:`ScheduleTables`, owned by the caller)
+    tables: ScheduleTables = field(default_factory=ScheduleTables)
 
     @property
     def num_scales(self) -> int:

@@ -17,6 +17,7 @@ import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
 
 from ..next_scale.cache import ScaleKVCache
+from ..next_scale.state import ScheduleTables
 from ..schedulers.presets import close_names
 
 GeneratorArg = Union[None, torch.Generator, Sequence[torch.Generator]]
@@ -409,17 +410,17 @@ class LiveGuidance(Sequence):
     ``_guidance_scale`` holds what the call was given: one number (``guidance_scale``) or one value per scale
     (``cfg_list``). A ``callback_on_step_end`` may replace it with either form (diffusers' ``callback_cfg``
     convention: ``pipe._guidance_scale += 1``) and the change applies from the next scale on. ``per_scale(value,
-    num_scales)`` turns a number into the family's per-scale values in the loop's convention (1 = no guidance).
+    num_scales)`` turns a number into the family's per-scale values; values stay in the family's own convention
+    (``no_guidance``, the registry's value for the family, means none), which is the loop's.
 
     The unconditional rows are set up when the call starts; a callback may not turn guidance on in a call that
     started without it (there are no unconditional rows to guide with).
     """
 
-    def __init__(self, pipeline, num_scales: int, per_scale: Callable[[float, int], List[float]],
-                 list_to_loop: Callable[[float], float] = float):
+    def __init__(self, pipeline, num_scales: int, per_scale: Callable[[float, int], List[float]], no_guidance: float):
         self._pipeline, self._num_scales = pipeline, num_scales
-        self._per_scale, self._list_to_loop = per_scale, list_to_loop
-        self._with_cfg = any(self._resolve(si) != 1 for si in range(num_scales))
+        self._per_scale, self._no_guidance = per_scale, float(no_guidance)
+        self._with_cfg = any(self._resolve(si) != self._no_guidance for si in range(num_scales))
 
     def _resolve(self, si: int) -> float:
         value = self._pipeline._guidance_scale
@@ -427,7 +428,7 @@ class LiveGuidance(Sequence):
             return float(self._per_scale(float(value), self._num_scales)[si])
         if isinstance(value, (list, tuple)) and len(value) == self._num_scales and all(
                 isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
-            return float(self._list_to_loop(float(value[si])))
+            return float(value[si])
         raise ValueError(f"_guidance_scale must be a number or a list of {self._num_scales} numbers (one per scale); "
                          f"got {value!r}")
 
@@ -438,7 +439,7 @@ class LiveGuidance(Sequence):
         if isinstance(si, slice):
             return [self[i] for i in range(*si.indices(self._num_scales))]
         value = self._resolve(si)
-        if value != 1 and not self._with_cfg:
+        if value != self._no_guidance and not self._with_cfg:
             raise ValueError(f"guidance at scale {si} was changed to {self._pipeline._guidance_scale!r}, but this call "
                              "started without guidance, so no unconditional rows ran; start the call with guidance on")
         return value
@@ -701,6 +702,16 @@ class NextScalePipelineMixin:
         for module in self.transformer.modules():  # regions of compile_repeated_blocks
             if getattr(module, "_compiled_call_impl", None) is not None:
                 module._compiled_call_impl = None
+
+    @property
+    def schedule_tables(self) -> ScheduleTables:
+        """The constant tables (scale ids, positions) this pipeline's calls share: the one cache of the runtime that
+        outlives a call, owned here (``pipe.schedule_tables.clear()`` drops it). See
+        :class:`~diffusers_var_accel.next_scale.state.ScheduleTables`."""
+        tables = self.__dict__.get("_schedule_tables")
+        if tables is None:
+            tables = self.__dict__["_schedule_tables"] = ScheduleTables()
+        return tables
 
     def call_default(self, argument: str) -> Any:
         """The default value of the pipeline call's ``argument`` (read from ``__call__``'s signature)."""

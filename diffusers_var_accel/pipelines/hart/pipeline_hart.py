@@ -9,10 +9,11 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
+from ...families import get_model_family
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.dtype_utils import compute_dtype
-from ...next_scale.context import VARForwardContext, gather_tokens, scatter_tokens
-from ...next_scale.rows import match_rows
+from ...next_scale.context import VARForwardContext
+from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
@@ -40,8 +41,8 @@ from ..pipeline_common import (
     warn_if_truncated,
     warn_unused_negative,
 )
-from ...next_scale import ScaleModelFamily, ScaleOutputs, run_next_scale_loop
-from ...next_scale.state import schedule_slice
+from ...next_scale import ScaleModelFamily, ScalePrediction, run_next_scale_loop
+from ...next_scale.state import concat_scale_inputs, schedule_slice
 
 logger = logging.get_logger(__name__)
 
@@ -116,7 +117,7 @@ class HARTScaleFamily(ScaleModelFamily):
         self.top_k, self.top_p, self.more_smooth = top_k, top_p, more_smooth
         self.diffusion_generator, self.use_diffusion_head = diffusion_generator, use_diffusion_head
         self.final_hw = (self.patch_nums[-1], self.patch_nums[-1])
-        T = transformer.config.context_tokens
+        T = self.num_start_tokens = transformer.config.context_tokens
         self._level_offsets = [0] + [T + sum(pn * pn for pn in self.patch_nums[1:k]) for k in range(1, self.num_scales)]
         self._level_embeddings: Optional[torch.Tensor] = None
         self._level_offsets_S: Optional[torch.Tensor] = None
@@ -138,16 +139,16 @@ class HARTScaleFamily(ScaleModelFamily):
             self._level_embeddings = self.transformer.level_embeddings()
         return self._level_embeddings
 
-    def start_tokens(self, condition: HARTCondition) -> torch.Tensor:
+    # -- the six steps of the loop (ScaleModelFamily) -------------------------------------------------------------
+    def start(self, condition: HARTCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition, self._levels()[: self.transformer.config.context_tokens])
 
-    def start_outputs(self, hidden_RL0C: torch.Tensor) -> torch.Tensor:
-        return hidden_RL0C[:, -1:]
-
-    def num_start_tokens(self, scale_schedule) -> int:
-        return self.transformer.config.context_tokens
-
-    def embed_inputs(self, inputs_BLd, scale_index_L):
+    def embed(self, f_hat, scale_indices, condition: HARTCondition, scale_index_L):
+        rope = self._rope(scale_indices, condition)
+        later = [si for si in scale_indices if si != 0]
+        if not later:
+            return None, rope
+        inputs_BLd = concat_scale_inputs([self.next_inputs(f_hat, si) for si in later])
         # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2. Tensor ops only
         # (no host sync): a token's rank within its scale is its index minus that of its scale's first token.
         table = self._levels()
@@ -158,9 +159,50 @@ class HARTScaleFamily(ScaleModelFamily):
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
+        x_BLC = self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
+        return x_BLC, rope
 
-    def rope_cos_sin(self, scale_indices, condition: HARTCondition):
+    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
+        return self.transformer(hidden_RLC, condition, context)
+
+    def predict(self, hidden_RLC, condition: HARTCondition, scale_index, *, batch_size, guidance, temperature, generator,
+                residual_tokens=None, tokens=None) -> ScalePrediction:
+        """Guidance ``logits = (1 + t) cond - t uncond`` with HART's weight ``t = guidance`` (0: none), top-k / top-p
+        sampling, the tokens' codebook vectors (Gumbel-softmax mixtures with ``more_smooth``) and, at the last scale,
+        the residual diffusion head's continuous part (only where the plan keeps a residual)."""
+        B, t = batch_size, guidance
+        if t != 0:
+            raw = self.transformer.head_logits(hidden_RLC, condition.head_cond_RC)
+            guided = (1 + t) * raw[:B] - t * raw[B:]
+        else:
+            raw = self.transformer.head_logits(hidden_RLC[:B], condition.head_cond_RC[:B])
+            guided = raw
+        logits_BLV = guided if temperature == 1 else guided / temperature
+        if tokens is None:
+            tokens = sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator,
+                                        self.sampling)
+        side = self.patch_nums[scale_index]
+        codebook = self.vae.quantize.embedding.weight
+        hard_BLd = codebook[tokens]
+        codes_BLd = hard_BLd
+        if self.more_smooth:
+            ratio = self._ratio(scale_index)
+            masked = mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p)
+            tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+            codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, generator) @ codebook.float().unsqueeze(0)
+        if scale_index == self.num_scales - 1 and self.use_diffusion_head:
+            codes_BLd = codes_BLd + on_computed_tokens(lambda hidden, hard: self.diffusion_residual(hidden, hard, t, B),
+                                                       residual_tokens, hidden_RLC, hard_BLd, codes_BLd)
+        return ScalePrediction(tokens, codes_BLd.transpose(1, 2).reshape(B, -1, side, side), raw)
+
+    def add_codes(self, f_hat, codes, scale_index):
+        return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
+
+    def select_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
+        return condition.select_rows(rows)
+
+    # -- HART's own parts of those steps --------------------------------------------------------------------------
+    def _rope(self, scale_indices, condition: HARTCondition):
         # The rows of a condition are fixed for the call (all rows, or the conditional half under CFG halving): the
         # table of every scale is built once per row set and each pass takes its slice (tables are element-wise).
         positions, offsets = condition.position_ids_RT, condition.rope_offset_R
@@ -172,47 +214,10 @@ class HARTScaleFamily(ScaleModelFamily):
             self._rope_tables[key] = torch.cat(tables, dim=3)
         return schedule_slice(self._rope_tables[key], self._rope_offsets, scale_indices, dim=3)
 
-    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
-        return self.transformer(hidden_RLC, condition, context)
-
-    def select_condition_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
-        return condition.select_rows(rows)
-
-    def guided_logits(self, hidden_RLC, condition: HARTCondition, scale_index, guidance_scale, temperature, batch_size):
-        # HART's guidance weight t: logits = (1 + t) cond - t uncond, i.e. the loop's guidance scale is 1 + t.
-        B = batch_size
-        if guidance_scale != 1:
-            t = guidance_scale - 1
-            raw = self.transformer.head_logits(hidden_RLC, condition.head_cond_RC)
-            guided = (1 + t) * raw[:B] - t * raw[B:]
-        else:
-            raw = self.transformer.head_logits(hidden_RLC[:B], condition.head_cond_RC[:B])
-            guided = raw
-        return (guided if temperature == 1 else guided / temperature), raw
-
-    def sample(self, logits_BLV, scale_index, generator):
-        return sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator, self.sampling)
-
-    def tokens_to_codes(self, tokens, scale_index, outputs: Optional[ScaleOutputs] = None):
+    def next_inputs(self, f_hat, scale_index):
+        """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
         side = self.patch_nums[scale_index]
-        B, L = tokens.shape
-        codebook = self.vae.quantize.embedding.weight
-        hard_BLd = codebook[tokens]
-        codes_BLd = hard_BLd
-        if self.more_smooth and outputs is not None:
-            ratio = self._ratio(scale_index)
-            masked = mask_top_k_top_p(outputs.logits_BLV, self._top_k(scale_index), self.top_p)
-            tau = max(0.27 * (1 - ratio * 0.95), 0.005)
-            codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, outputs.generator) @ codebook.float().unsqueeze(0)
-        if scale_index == self.num_scales - 1 and self.use_diffusion_head and outputs is not None:
-            kept = outputs.residual_tokens
-            if kept is None:
-                codes_BLd = codes_BLd + self.diffusion_residual(outputs.hidden_RLC, hard_BLd, outputs.guidance_scale - 1, B)
-            else:  # positions with a zero residual get no diffusion refinement: run the head only where tokens were computed
-                hidden_RnC = gather_tokens(outputs.hidden_RLC, match_rows(kept, outputs.hidden_RLC.shape[0]))
-                residual_BnC = self.diffusion_residual(hidden_RnC, gather_tokens(hard_BLd, kept), outputs.guidance_scale - 1, B)
-                codes_BLd = codes_BLd + scatter_tokens(torch.zeros_like(codes_BLd), kept, residual_BnC)
-        return codes_BLd.transpose(1, 2).reshape(B, -1, side, side)
+        return self.vae.next_scale_input(f_hat, (side, side))
 
     def diffusion_residual(self, hidden_RLC: torch.Tensor, hard_codes_BLd: torch.Tensor, guidance: float, batch_size: int) -> torch.Tensor:
         """The diffusion head's continuous residual ``(B, L, Cv)`` of the last scale (CFG rows when present).
@@ -239,13 +244,6 @@ class HARTScaleFamily(ScaleModelFamily):
             # the CFG layout (with t = 0 when guidance is off); the same draws and eps = eps_cond reproduce it.
             return head.sample(z, guidance=None, generator=generator).reshape(B, L, -1)
         return head.sample(z, guidance=guidance, generator=generator).reshape(B, L, -1)
-
-    def add_codes(self, f_hat, codes, scale_index):
-        return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
-
-    def next_inputs(self, f_hat, scale_index):
-        side = self.patch_nums[scale_index]
-        return self.vae.next_scale_input(f_hat, (side, side))
 
 
 class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
@@ -598,12 +596,13 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                                             progress)
 
         with progress, autocast:
-            # the loop's guidance scale is 1 + t; a callback may change the weight between scales
-            live_guidance = LiveGuidance(self, num_scales, lambda g, n: [1.0 + t for t in self.guidance_schedule(g, n)],
-                                         lambda t: 1.0 + t)
+            # the loop takes HART's guidance weight t per scale; a callback may change it between scales
+            live_guidance = LiveGuidance(self, num_scales, self.guidance_schedule,
+                                         no_guidance=get_model_family(self.model_family).no_guidance)
             state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
                                         [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
-                                        should_stop=lambda: self._interrupt, pass_runner=self._pass_runner)
+                                        should_stop=lambda: self._interrupt, pass_runner=self._pass_runner,
+                                        tables=self.schedule_tables)
         latents = state.f_hat
 
         # 3. Decode

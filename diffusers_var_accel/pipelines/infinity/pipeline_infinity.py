@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -12,6 +11,7 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import logging, replace_example_docstring
 
+from ...families import get_model_family
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...next_scale.context import VARForwardContext
 from ...models.dtype_utils import compute_dtype
@@ -50,7 +50,7 @@ from ..pipeline_common import (
     warn_unused_negative,
 )
 from ...next_scale import ScaleModelFamily, run_next_scale_loop
-from ...next_scale.state import schedule_slice
+from ...next_scale.state import ScalePrediction, ScheduleTables, concat_scale_inputs, schedule_slice
 
 logger = logging.get_logger(__name__)
 
@@ -93,11 +93,12 @@ class InfinityScaleFamily(ScaleModelFamily):
     family = "infinity"
 
     def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, scale_schedule, grid_hw, top_k: int, top_p: Optional[float],
-                 sampling: str = "device"):
+                 sampling: str = "device", tables: Optional[ScheduleTables] = None):
         self.transformer, self.vae = transformer, vae
         self.sampling = sampling
         self.scale_schedule = [tuple(s) for s in scale_schedule]
         self.num_layers = len(transformer.blocks)
+        self.num_start_tokens = int(self.scale_schedule[0][-2]) * int(self.scale_schedule[0][-1])
         self.top_k, self.top_p = top_k, top_p
         # A token covers patch x patch latent positions (2 on the spatial-patchify / 8B path): tokens, logits and the
         # schedule are on the token grid, the summed codes f_hat on the VAE latent grid (patch times larger).
@@ -105,57 +106,71 @@ class InfinityScaleFamily(ScaleModelFamily):
         self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
         # One RoPE table for every token of the schedule; a pass takes the slice of its scales (the table is
         # element-wise in the positions, so slices equal per-scale tables).
-        self._rope, self._rope_offsets = self._schedule_rope(transformer, self.scale_schedule, grid_hw)
+        self._rope, self._rope_offsets = self._schedule_rope(transformer, self.scale_schedule, grid_hw,
+                                                             tables if tables is not None else ScheduleTables())
         self._code_values = {}  # device -> the VAE's codes of a bit 0 / 1 (see _bit_code_values)
         self._head_modulations = {}  # head AdaLN terms per set of condition rows (see _head_logits)
 
-    #: Finished RoPE tables of recent calls, least recently used first (see :meth:`_schedule_rope`).
-    _rope_tables: "OrderedDict[tuple, Tuple[torch.Tensor, List[int]]]" = OrderedDict()
-    #: How many (schedule, grid, head size, device) tables :attr:`_rope_tables` keeps.
-    rope_cache_size = 4
-
-    @classmethod
-    def _schedule_rope(cls, transformer: InfinityTransformer, scale_schedule, grid_hw) -> Tuple[torch.Tensor, List[int]]:
+    @staticmethod
+    def _schedule_rope(transformer: InfinityTransformer, scale_schedule, grid_hw, tables: ScheduleTables) -> Tuple[torch.Tensor, List[int]]:
         """``(cos/sin table of every token of the schedule, offset of each scale's first token)`` on the model's
-        device. The table depends only on the schedule, the RoPE grid, the head size and the device, so the table
-        of a recent call with the same ones is reused (a few MB at most; built on the device, no host data is
-        uploaded); it is never written to."""
+        device. The table depends only on the schedule, the RoPE grid, the head size and the device, so it is kept in
+        ``tables`` (the pipeline's :class:`ScheduleTables`: calls with the same ones share it; built on the device, no
+        host data is uploaded); it is never written to."""
         device = transformer.pos_start.device
         head_dim = transformer.config.embed_dim // transformer.config.num_heads
-        key = (type(transformer), tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw), head_dim,
-               device)  # the class too: a subclass may compute its RoPE otherwise
-        entry = cls._rope_tables.get(key)
-        if entry is None:
+        key = ("infinity.rope", type(transformer), tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw),
+               head_dim, device)  # the class too: a subclass may compute its RoPE otherwise
+
+        def build():
             positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in scale_schedule]
             lengths = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
-            entry = (transformer.rope_cos_sin(torch.cat(positions)), [sum(lengths[:i]) for i in range(len(lengths) + 1)])
-            cls._rope_tables[key] = entry
-            while len(cls._rope_tables) > cls.rope_cache_size:
-                cls._rope_tables.popitem(last=False)
-        else:
-            cls._rope_tables.move_to_end(key)
-        return entry
+            return transformer.rope_cos_sin(torch.cat(positions)), [sum(lengths[:i]) for i in range(len(lengths) + 1)]
 
-    def start_tokens(self, condition: InfinityCondition) -> torch.Tensor:
+        return tables.get(key, build)
+
+    # -- the six steps of the loop (ScaleModelFamily) -------------------------------------------------------------
+    def start(self, condition: InfinityCondition) -> torch.Tensor:
         return self.transformer.embed_start(condition)
 
-    def embed_inputs(self, inputs_BLd, scale_index_L):
-        # a no-op for inputs from next_inputs, which are already contiguous in this dtype
+    def embed(self, f_hat, scale_indices, condition, scale_index_L):
+        later = [si for si in scale_indices if si != 0]
+        x_BLC = self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L) if later else None
+        return x_BLC, self.rope_cos_sin(scale_indices)
+
+    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
+        return self.transformer(hidden_RLC, condition, context)
+
+    def predict(self, hidden_RLC, condition: InfinityCondition, scale_index, *, batch_size, guidance, temperature, generator,
+                residual_tokens=None, tokens=None) -> ScalePrediction:
+        logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
+        if tokens is None:
+            tokens = sample_bits(logits, self.top_k, self.top_p, generator, self.sampling)
+        return ScalePrediction(tokens, self.tokens_to_codes(tokens, scale_index), raw)
+
+    def add_codes(self, f_hat, codes, scale_index):
+        if self.patch != 1:
+            codes = F.pixel_shuffle(codes, self.patch)  # back to the VAE latent: f_hat is summed un-patchified
+        return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
+
+    def select_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
+        return condition.select_rows(rows)
+
+    # -- Infinity's own parts of those steps ----------------------------------------------------------------------
+    def embed_inputs(self, inputs_BLd: torch.Tensor, scale_index_L: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens ``(B, L, C)`` of later scales from their latent inputs (teacher-forced training feeds its
+        own inputs here)."""
+        # a no-op cast for inputs from next_inputs, which are already contiguous in this dtype
         return self.transformer.embed_scale_inputs(self._as_input(inputs_BLd), scale_index_L)
+
+    def rope_cos_sin(self, scale_indices: Sequence[int]) -> torch.Tensor:
+        """The RoPE tables of every token of ``scale_indices``, a slice of the schedule's table."""
+        return schedule_slice(self._rope, self._rope_offsets, scale_indices, dim=3)
 
     def _as_input(self, x_BLd: torch.Tensor) -> torch.Tensor:
         """``word_embed``'s dtype, contiguous: one kernel for the cast and the copy of the interpolation's transposed
         view (what the loop's concatenation then the cast gave, in one kernel instead of two)."""
         return x_BLd.to(compute_dtype(self.transformer.word_embed), memory_format=torch.contiguous_format)
-
-    def rope_cos_sin(self, scale_indices, condition=None):
-        return schedule_slice(self._rope, self._rope_offsets, scale_indices, dim=3)
-
-    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
-        return self.transformer(hidden_RLC, condition, context)
-
-    def select_condition_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
-        return condition.select_rows(rows)
 
     def _head_logits(self, hidden_RLC, cond_RC):
         """The head on these rows, its AdaLN terms computed once per call for each set of condition rows (the rows
@@ -167,6 +182,8 @@ class InfinityScaleFamily(ScaleModelFamily):
         return self.transformer.head_logits(hidden_RLC, head_modulation=modulation)
 
     def guided_logits(self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size):
+        """``(logits to sample from, raw head output)`` at one scale: temperature and guidance applied to the first
+        (guidance off, ``guidance_scale`` 1: the head runs on the conditional rows only)."""
         B = batch_size
         inverse_temperature = 1 / temperature
         if guidance_scale != 1:
@@ -181,10 +198,7 @@ class InfinityScaleFamily(ScaleModelFamily):
         # tau = 1 would multiply by 1.0 (exact): the raw logits are the logits (nothing writes to either)
         return (raw if inverse_temperature == 1 else raw.mul(inverse_temperature)), raw
 
-    def sample(self, logits_BLV, scale_index, generator):
-        return sample_bits(logits_BLV, self.top_k, self.top_p, generator, self.sampling)
-
-    def tokens_to_codes(self, tokens, scale_index, outputs=None):
+    def tokens_to_codes(self, tokens, scale_index):
         """Codes on the token grid, ``(B, p*p*d, h, w)``: with patchify the VAE's codes of the un-patchified bits,
         patchified again, so that a plan that masks or weights tokens (zero residual, code weights) sees one cell per token."""
         _, h, w = (1, *self.scale_schedule[scale_index][-2:])
@@ -200,11 +214,6 @@ class InfinityScaleFamily(ScaleModelFamily):
         if values is None:
             values = self._code_values[device] = self.vae.bit_code_values(torch.float32, device)
         return values
-
-    def add_codes(self, f_hat, codes, scale_index):
-        if self.patch != 1:
-            codes = F.pixel_shuffle(codes, self.patch)  # back to the VAE latent: f_hat is summed un-patchified
-        return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
 
     def next_inputs(self, f_hat, scale_index):
         """The interpolated latent of the scale in the transformer's input dtype, contiguous (see ``_as_input``)."""
@@ -556,7 +565,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
         self._guidance_scale = cfg if cfg_list is not None else float(guidance_scale)
         self._num_timesteps, self._interrupt = num_scales, False
-        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n)  # a callback may change it between scales
+        # a callback may change it between scales
+        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n, no_guidance=get_model_family(self.model_family).no_guidance)
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
@@ -594,7 +604,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             condition = self.transformer.encode_condition(text, mask)
 
         # 3. The next-scale loop
-        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p, self.sampling)
+        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p, self.sampling,
+                                     tables=self.schedule_tables)
         if teacher_tokens is not None:
             bits = int(self.transformer.config.codebook_dim)  # per token: p*p*d with spatial patchify
             check_teacher_tokens(teacher_tokens, [(batch_size, 1, h, w, bits) for _, h, w in scale_schedule],
@@ -608,7 +619,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         with progress, autocast:
             state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, scheduler,
                                         teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt,
-                                        pass_runner=self._pass_runner)
+                                        pass_runner=self._pass_runner, tables=self.schedule_tables)
         latents = state.f_hat
 
         # 4. Decode
