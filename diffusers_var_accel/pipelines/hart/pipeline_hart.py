@@ -144,11 +144,33 @@ class HARTScaleFamily(ScaleModelFamily):
         return self.transformer.embed_start(condition, self._levels()[: self.transformer.config.context_tokens])
 
     def embed(self, f_hat, scale_indices, condition: HARTCondition, scale_index_L):
-        rope = self._rope(scale_indices, condition)
         later = [si for si in scale_indices if si != 0]
-        if not later:
-            return None, rope
-        inputs_BLd = concat_scale_inputs([self.next_inputs(f_hat, si) for si in later])
+        x_BLC = self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L) if later else None
+        return x_BLC, self.rope_cos_sin(scale_indices, condition)
+
+    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
+        return self.transformer(hidden_RLC, condition, context)
+
+    def predict(self, hidden_RLC, condition: HARTCondition, scale_index, *, batch_size, guidance, temperature, generator,
+                residual_tokens=None, tokens=None) -> ScalePrediction:
+        """Guidance with HART's weight ``t = guidance`` (0: none), top-k / top-p sampling, then the codes
+        (:meth:`tokens_to_codes`)."""
+        logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
+        if tokens is None:
+            tokens = sample_categorical(mask_top_k_top_p(logits, self._top_k(scale_index), self.top_p), generator,
+                                        self.sampling)
+        codes = self.tokens_to_codes(tokens, scale_index, logits, hidden_RLC, guidance, generator, residual_tokens)
+        return ScalePrediction(tokens, codes, raw)
+
+    def add_codes(self, f_hat, codes, scale_index):
+        return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
+
+    def select_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
+        return condition.select_rows(rows)
+
+    # -- HART's own parts of those steps --------------------------------------------------------------------------
+    def embed_inputs(self, inputs_BLd: torch.Tensor, scale_index_L: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens of later scales: ``word_embed`` of their latent inputs plus their level embeddings."""
         # rows of the level table: the tokens of scale k (k >= 1) start at T + sum_{0<j<k} pn_j^2. Tensor ops only
         # (no host sync): a token's rank within its scale is its index minus that of its scale's first token.
         table = self._levels()
@@ -159,50 +181,10 @@ class HARTScaleFamily(ScaleModelFamily):
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        x_BLC = self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
-        return x_BLC, rope
+        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
 
-    def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
-        return self.transformer(hidden_RLC, condition, context)
-
-    def predict(self, hidden_RLC, condition: HARTCondition, scale_index, *, batch_size, guidance, temperature, generator,
-                residual_tokens=None, tokens=None) -> ScalePrediction:
-        """Guidance ``logits = (1 + t) cond - t uncond`` with HART's weight ``t = guidance`` (0: none), top-k / top-p
-        sampling, the tokens' codebook vectors (Gumbel-softmax mixtures with ``more_smooth``) and, at the last scale,
-        the residual diffusion head's continuous part (only where the plan keeps a residual)."""
-        B, t = batch_size, guidance
-        if t != 0:
-            raw = self.transformer.head_logits(hidden_RLC, condition.head_cond_RC)
-            guided = (1 + t) * raw[:B] - t * raw[B:]
-        else:
-            raw = self.transformer.head_logits(hidden_RLC[:B], condition.head_cond_RC[:B])
-            guided = raw
-        logits_BLV = guided if temperature == 1 else guided / temperature
-        if tokens is None:
-            tokens = sample_categorical(mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p), generator,
-                                        self.sampling)
-        side = self.patch_nums[scale_index]
-        codebook = self.vae.quantize.embedding.weight
-        hard_BLd = codebook[tokens]
-        codes_BLd = hard_BLd
-        if self.more_smooth:
-            ratio = self._ratio(scale_index)
-            masked = mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p)
-            tau = max(0.27 * (1 - ratio * 0.95), 0.005)
-            codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, generator) @ codebook.float().unsqueeze(0)
-        if scale_index == self.num_scales - 1 and self.use_diffusion_head:
-            codes_BLd = codes_BLd + on_computed_tokens(lambda hidden, hard: self.diffusion_residual(hidden, hard, t, B),
-                                                       residual_tokens, hidden_RLC, hard_BLd, codes_BLd)
-        return ScalePrediction(tokens, codes_BLd.transpose(1, 2).reshape(B, -1, side, side), raw)
-
-    def add_codes(self, f_hat, codes, scale_index):
-        return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
-
-    def select_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
-        return condition.select_rows(rows)
-
-    # -- HART's own parts of those steps --------------------------------------------------------------------------
-    def _rope(self, scale_indices, condition: HARTCondition):
+    def rope_cos_sin(self, scale_indices, condition: HARTCondition):
+        """The RoPE tables ``(2, R, 1, L, c)`` of every token of ``scale_indices`` for the rows of ``condition``."""
         # The rows of a condition are fixed for the call (all rows, or the conditional half under CFG halving): the
         # table of every scale is built once per row set and each pass takes its slice (tables are element-wise).
         positions, offsets = condition.position_ids_RT, condition.rope_offset_R
@@ -213,6 +195,37 @@ class HARTScaleFamily(ScaleModelFamily):
             tables += [self.transformer.image_rope(pn, offsets) for pn in self.patch_nums[1:]]
             self._rope_tables[key] = torch.cat(tables, dim=3)
         return schedule_slice(self._rope_tables[key], self._rope_offsets, scale_indices, dim=3)
+
+    def guided_logits(self, hidden_RLC, condition: HARTCondition, scale_index, guidance, temperature, batch_size):
+        """``(logits to sample from, raw head output)``: ``(1 + t) cond - t uncond`` with ``t = guidance`` (0: the head
+        runs on the conditional rows only), then the temperature."""
+        B, t = batch_size, guidance
+        if t != 0:
+            raw = self.transformer.head_logits(hidden_RLC, condition.head_cond_RC)
+            guided = (1 + t) * raw[:B] - t * raw[B:]
+        else:
+            raw = self.transformer.head_logits(hidden_RLC[:B], condition.head_cond_RC[:B])
+            guided = raw
+        return (guided if temperature == 1 else guided / temperature), raw
+
+    def tokens_to_codes(self, tokens, scale_index, logits_BLV, hidden_RLC, guidance, generator, residual_tokens=None):
+        """The codes ``(B, d, side, side)`` of a scale's tokens: codebook vectors (Gumbel-softmax mixtures of them with
+        ``more_smooth``, from the logits sampled from) and, at the last scale, the residual diffusion head's
+        continuous part, conditioned on the hidden states of every row, only where the plan keeps a residual."""
+        side = self.patch_nums[scale_index]
+        B = tokens.shape[0]
+        codebook = self.vae.quantize.embedding.weight
+        hard_BLd = codebook[tokens]
+        codes_BLd = hard_BLd
+        if self.more_smooth:
+            ratio = self._ratio(scale_index)
+            masked = mask_top_k_top_p(logits_BLV, self._top_k(scale_index), self.top_p)
+            tau = max(0.27 * (1 - ratio * 0.95), 0.005)
+            codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, generator) @ codebook.float().unsqueeze(0)
+        if scale_index == self.num_scales - 1 and self.use_diffusion_head:
+            codes_BLd = codes_BLd + on_computed_tokens(lambda hidden, hard: self.diffusion_residual(hidden, hard, guidance, B),
+                                                       residual_tokens, hidden_RLC, hard_BLd, codes_BLd)
+        return codes_BLd.transpose(1, 2).reshape(B, -1, side, side)
 
     def next_inputs(self, f_hat, scale_index):
         """The latent input ``(B, L, d)`` of ``scale_index`` interpolated from ``f_hat``."""
