@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch
 
 from benchmarks.latency import build_pipeline, pipeline_inputs
-from diffusers_var_accel.pipelines.pipeline_common import cudagraph_skips
+from diffusers_var_accel.pipelines.compiled_passes import cudagraph_skips
 from diffusers_var_accel.schedulers.registry import default_method_specs
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
 

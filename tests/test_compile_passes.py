@@ -132,12 +132,12 @@ def test_sampling_modes_give_the_same_images(pipelines):
 def test_passes_past_the_recompile_limit_raise_instead_of_running_eagerly(pipelines, monkeypatch):
     """Dynamo runs a frame eagerly, silently, past its recompile limit; compiled passes make that an error (reproduced
     with the limit lowered so that the embedded model's passes exceed it), and eager gives the setting back."""
-    from diffusers_var_accel.pipelines import pipeline_common
+    from diffusers_var_accel.pipelines import compiled_passes
 
     config = torch._dynamo.config
     pipe, kwargs = pipelines["hart"]
     saved = config.cache_size_limit, config.fail_on_recompile_limit_hit  # dynamo's config: not monkeypatch-able
-    monkeypatch.setattr(pipeline_common, "_GRAPH_CACHE_LIMITS", (("cache_size_limit", 2),))
+    monkeypatch.setattr(compiled_passes, "_GRAPH_CACHE_LIMITS", (("cache_size_limit", 2),))
     try:
         config.cache_size_limit, config.fail_on_recompile_limit_hit = 1, False
         pipe.compile_passes(backend="eager")
@@ -158,7 +158,7 @@ def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines)
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
     from diffusers_var_accel.next_scale.loop import run_family_blocks
-    from diffusers_var_accel.pipelines.pipeline_common import CompiledPassRunner
+    from diffusers_var_accel.pipelines.compiled_passes import CompiledPassRunner
 
     pipe, kwargs = pipelines["hart"]
     calls = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
-from diffusers_var_accel.pipelines.pipeline_common import InputTypeError
+from diffusers_var_accel.pipelines.input_checks import InputTypeError
 from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
 
 PROMPT = "a red circle"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from diffusers_var_accel.pipelines.pipeline_common import mask_top_k_top_p, sample_categorical
+from diffusers_var_accel.pipelines.sampling import mask_top_k_top_p, sample_categorical
 
 
 def _logits(shape, seed, kind):

@@ -35,12 +35,9 @@ from diffusers_var_accel.models.transformer_hart import HARTAttention
 from diffusers_var_accel.next_scale import ScaleModelFamily, ScalePrediction, VARForwardContext, execute_blocks, run_next_scale_loop
 from diffusers_var_accel.next_scale.state import concat_scale_inputs, schedule_slice
 from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
-from diffusers_var_accel.pipelines.pipeline_common import (
-    LiveGuidance,
-    NextScalePipelineMixin,
-    mask_top_k_top_p,
-    sample_categorical,
-)
+from diffusers_var_accel.pipelines.guidance import LiveGuidance
+from diffusers_var_accel.pipelines.pipeline_common import NextScalePipelineMixin
+from diffusers_var_accel.pipelines.sampling import mask_top_k_top_p, sample_categorical
 
 TOY = "toyvar"
 #: Text bytes per prompt (longer prompts are cut, shorter ones padded with 0).

@@ -17,12 +17,9 @@ from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
-from ..pipeline_common import (
-    InputTypeError,
-    LiveGuidance,
-    NextScalePipelineMixin,
+from ..guidance import LiveGuidance
+from ..input_checks import (
     check_generator,
-    check_loaded_pipeline,
     check_generator_count,
     check_max_sequence_length,
     check_output_type,
@@ -32,15 +29,19 @@ from ..pipeline_common import (
     check_real,
     check_teacher_tokens,
     check_text_embeds,
-    mask_top_k_top_p,
-    no_nested_progress_bars,
-    prepare_pipeline_loading,
-    save_pipeline_folder,
+    InputTypeError,
     resolve_size,
-    sample_categorical,
     warn_if_truncated,
     warn_unused_negative,
 )
+from ..pipeline_common import NextScalePipelineMixin
+from ..pipeline_loading import (
+    check_loaded_pipeline,
+    no_nested_progress_bars,
+    prepare_pipeline_loading,
+    save_pipeline_folder,
+)
+from ..sampling import mask_top_k_top_p, sample_categorical
 from ...next_scale import ScaleModelFamily, ScalePrediction, run_next_scale_loop
 from ...next_scale.state import concat_scale_inputs, schedule_slice
 
