@@ -222,7 +222,8 @@ def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optio
 
 
 def self_attention(processor: "VARAttnProcessor", attn, hidden_states_RLC: torch.Tensor, context: VARForwardContext,
-                   rope_cos_sin: Optional[torch.Tensor] = None, scale_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   rope_cos_sin: Optional[torch.Tensor] = None,
+                   scale_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The self-attention of both families' processors: ``processor.project_qkv`` (the family's q/k/v, normalisation
     and RoPE), then the shared part: keys/values stored in the per-call KV cache (or the view
     ``processor.key_value_source`` makes of it), the grouped pass's block-causal structure, recorded maps, the kernel
