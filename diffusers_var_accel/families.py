@@ -34,6 +34,9 @@ class ModelFamily:
         flop_counter (`str`): the FLOP counter of a named model of the family, ``"module:function"``, called as
             ``counter(model_name, **options)`` with its own keyword options, ``accel=spec`` among them (see
             :mod:`diffusers_var_accel.bench.flops`).
+        flop_breakdown (`str`): the family's part of the FLOP meter, ``"module:attribute"`` naming a
+            :class:`~diffusers_var_accel.pipelines.flop_meter.FamilyFlops` (its models, which step counts towards
+            which reported part, its report); ``""``: the meter does not know the family.
         no_guidance (`float`): the family's guidance value that means "no guidance" (the loop's guidance scales are in
             the family's own convention: Infinity's ``guidance_scale`` 1, HART's guidance weight 0). A call whose
             scales all equal it runs no unconditional rows.
@@ -48,6 +51,7 @@ class ModelFamily:
     no_guidance: float
     title: str = ""
     description: str = ""
+    flop_breakdown: str = ""
 
     def pipeline_class(self) -> type:
         """The family's pipeline class (imported on first use)."""
@@ -56,6 +60,10 @@ class ModelFamily:
     def count_flops(self) -> Callable[..., Dict[str, Any]]:
         """The family's FLOP counter (imported on first use)."""
         return _resolve(self.flop_counter)
+
+    def flop_breakdown_spec(self) -> Any:
+        """The family's ``FamilyFlops`` (imported on first use)."""
+        return _resolve(self.flop_breakdown)
 
 
 def _resolve(reference: str) -> Any:
@@ -95,13 +103,16 @@ def get_model_family(name: str) -> ModelFamily:
 
 register_model_family(ModelFamily("infinity", preset_model="infinity-2b",
                                   pipeline="diffusers_var_accel.pipelines.infinity.pipeline_infinity:InfinityPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_infinity_flops", no_guidance=1.0,
+                                  flop_counter="diffusers_var_accel.pipelines.infinity.flops:count_infinity_flops",
+                                  flop_breakdown="diffusers_var_accel.pipelines.infinity.flops:INFINITY_FLOPS",
+                                  no_guidance=1.0,
                                   title="Infinity",
                                   description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
                                               "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))"))
 register_model_family(ModelFamily("hart", preset_model="hart-0.7b",
                                   pipeline="diffusers_var_accel.pipelines.hart.pipeline_hart:HARTPipeline",
-                                  flop_counter="diffusers_var_accel.bench.flops:count_hart_flops", no_guidance=0.0,
+                                  flop_counter="diffusers_var_accel.pipelines.hart.flops:count_hart_flops",
+                                  flop_breakdown="diffusers_var_accel.pipelines.hart.flops:HART_FLOPS", no_guidance=0.0,
                                   title="HART",
                                   description="a hybrid autoregressive (next-scale prediction + residual diffusion) "
                                               "text-to-image model ([mit-han-lab/hart](https://github.com/mit-han-lab/hart))"))

@@ -51,7 +51,9 @@ def test_family_registry_names_preset_model_pipeline_and_flop_counter():
     assert get_model_family("hart").pipeline_class() is HARTPipeline
     for name, family in MODEL_FAMILIES.items():
         assert family.pipeline_class().model_family == name
-        assert callable(family.count_flops()) and family.count_flops().__module__ == "diffusers_var_accel.bench.flops"
+        # the counter lives beside the family's part of the FLOP meter, which knows the family's preset model
+        assert callable(family.count_flops()) and family.count_flops().__module__ == family.flop_breakdown.partition(":")[0]
+        assert family.preset_model in family.flop_breakdown_spec().models
     with pytest.raises(ValueError, match=r"unknown model family 'sd'.*\['hart', 'infinity'\]"):
         get_model_family("sd")
     with pytest.raises(ValueError, match=r"model_family must be one of \['hart', 'infinity'\]"):

@@ -29,6 +29,7 @@ from diffusers_var_accel.models.attention_processor import (
     half_pairing_signs,
     half_pairing_tables,
     rotate_pairs,
+    self_attention,
 )
 from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
@@ -286,9 +287,9 @@ def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypa
     context = VARForwardContext(kv_cache=ScaleKVCache(1), rope_cos_sin=torch.zeros(2, 1, 1, L, 2),
                                 token_scale_ids=torch.tensor([0, 1, 1, 1, 1]), scale_hws=((1, 1), (2, 2)))
     with torch.no_grad(), _HostReads() as reads:
-        processor._self_attention(attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
+        self_attention(processor, attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
         routed = context.for_tokens(torch.tensor([[0, 2, 3]]))  # counts unknown
-        processor._self_attention(attn, torch.randn(1, 3, 8), routed, None, None)
+        self_attention(processor, attn, torch.randn(1, 3, 8), routed, None, None)
     assert reads.seen == []
     assert masks[:2] == [None, None] and masks[2] is not None and masks[2].shape == (1, 1, 3, 5 + 3)
 

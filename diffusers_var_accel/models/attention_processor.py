@@ -19,13 +19,18 @@ taken from ``context.call_cache`` and the RoPE tables from ``context.pass_cache`
 as one stacked ``(R, L, 2, H, c)`` tensor, the normalisation and q's scale as one per-token factor, the rotation
 as one ``addcmul`` that writes the attention's dtype: within float rounding of the reference forms, fewer kernels.
 
+Both families' processors run one module-level :func:`self_attention` (they differ in ``project_qkv`` and the RoPE
+pairing only); its keys/values go through the public hook ``processor.key_value_source`` (``None``: the KV cache
+itself), which the FLOP meter uses for its counting conventions. :func:`get_active_backend` is the registry's active
+backend for the modules that need it.
+
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +45,19 @@ from .dtype_utils import fused_cast_out
 BACKENDS_TAKING_BOOL_MASK = frozenset(("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers"))
 
 
+def get_active_backend() -> str:
+    """The name of the attention backend ``diffusers`` runs where no processor sets one: the registry's active backend
+    (``with attention_backend("flash"): ...``, the ``DIFFUSERS_ATTN_BACKEND`` variable; ``"native"`` by default).
+
+    The one reader of diffusers' private registry state in this library: other modules ask here."""
+    backend = _AttentionBackendRegistry._active_backend
+    return getattr(backend, "value", backend)
+
+
 def resolve_backend(explicit: Union[str, AttentionBackendName, None]) -> str:
     """The name of the backend ``dispatch_attention_fn`` will run: the one set on the processor, else the registry's
     active one (names are compared as strings: no enum construction, which TorchDynamo may not trace)."""
-    backend = explicit if explicit is not None else _AttentionBackendRegistry._active_backend
-    return getattr(backend, "value", backend)
+    return get_active_backend() if explicit is None else getattr(explicit, "value", explicit)
 
 
 def apply_rope_2d(x_RHLc: torch.Tensor, rope_cos_sin: torch.Tensor) -> torch.Tensor:
@@ -208,6 +221,66 @@ def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optio
     return torch.cat(outs, dim=2), total / (H * L)
 
 
+def self_attention(processor: "VARAttnProcessor", attn, hidden_states_RLC: torch.Tensor, context: VARForwardContext,
+                   rope_cos_sin: Optional[torch.Tensor] = None,
+                   scale_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The self-attention of both families' processors: ``processor.project_qkv`` (the family's q/k/v, normalisation
+    and RoPE), then the shared part: keys/values stored in the per-call KV cache (or the view
+    ``processor.key_value_source`` makes of it), the grouped pass's block-causal structure, recorded maps, the kernel
+    call(s) and the output projection.
+
+    ``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a router selected them); ``None``:
+    the context's own.
+    """
+    R, L, C = hidden_states_RLC.shape
+    scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
+    q, k, v = processor.project_qkv(attn, hidden_states_RLC, rope_cos_sin, context)  # (R, L, H, c)
+    k_all, v_all = k, v
+    cache = context.kv_cache
+    if cache is not None and processor.key_value_source is not None:
+        cache = processor.key_value_source(cache)
+    cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
+    record = attn.layer_idx in context.record_attention_layers
+    lengths = context.token_scale_lengths(L) if scale_ids is not None else None
+    per_scale = (scale_ids is not None and not record
+                 and processor.uses_per_scale_calls(hidden_states_RLC.device))
+    if per_scale and lengths is None and resolve_backend(processor._attention_backend) in BACKENDS_TAKING_BOOL_MASK \
+            and processor.grouped_attention == "auto":
+        per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
+    mask = None
+    if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
+        mask = processor._grouped_pass_mask(context, cache_length, scale_ids, q.dtype, additive=not record)
+    if cache is not None:
+        # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
+        if context.cache_rows is not None and context.cache_rows != R:
+            # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
+            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx,
+                                        cache_rows=context.cache_rows, row_start=context.cache_row_start)
+        else:
+            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
+        k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
+    if record and context.attention_map == "full":
+        out, probs = _explicit_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                         attn.softmax_scale, mask)
+        context.attention_maps[attn.layer_idx] = probs
+        out = out.transpose(1, 2)
+    elif record:
+        # reduced as it is computed: 32 layers of full maps at 1M pixels take gigabytes, and one map hundreds of MB
+        out, key_mean = attention_with_key_mean(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
+                                                attn.softmax_scale, mask)
+        context.attention_maps[attn.layer_idx] = key_mean
+        out = out.transpose(1, 2)
+    elif per_scale and lengths is not None:
+        out = processor._attend_scale_prefixes(q, k_all, v_all, cache_length, lengths, attn.softmax_scale,
+                                               processor._attention_backend)
+    elif per_scale:
+        out = processor._attend_block_causal(q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale,
+                                             processor._attention_backend)
+    else:
+        out = processor._attend(q, k_all, v_all, mask, attn.softmax_scale, processor._attention_backend)
+    return attn.proj(out.reshape(R, L, C))
+
+
 class VARAttnProcessor:
     """Dense attention of Infinity's self- and cross-attention modules.
 
@@ -225,6 +298,13 @@ class VARAttnProcessor:
     #: How a grouped pass keeps its block-causal structure: ``"mask"`` (one call with a boolean mask), ``"per_scale"``
     #: (one mask-free call per scale) or ``"auto"`` (the mask where the backend takes one, else per scale).
     grouped_attention: Literal["auto", "mask", "per_scale"] = "auto"
+    #: Public hook of the self-attention's keys/values: ``None`` (the real model) or a callable ``cache -> view`` that
+    #: :func:`self_attention` stores and reads the keys/values through. The view takes the cache's
+    #: ``update(key_RHLc, value_RHLc, layer_idx, cache_rows=None, row_start=0) -> (keys, values)`` (it must store them,
+    #: so later passes see the shapes of the real run) and ``get_seq_length(layer_idx)`` (the cached keys the queries
+    #: see before their own pass). The FLOP meter sets it to count attention to the current pass's keys only
+    #: (:mod:`diffusers_var_accel.bench.flops`); set it on a copy of the processor, per module.
+    key_value_source: Optional[Callable[[Any], Any]] = None
 
     def _attend_block_causal(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale,
                              backend) -> torch.Tensor:
@@ -318,7 +398,7 @@ class VARAttnProcessor:
         if encoder_hidden_states is None:
             if encoder_rows is not None:
                 raise ValueError("encoder_rows selects rows of the text of a cross-attention; self-attention has none")
-            return self._self_attention(attn, hidden_states, context, rope_cos_sin, scale_ids)
+            return self_attention(self, attn, hidden_states, context, rope_cos_sin, scale_ids)
         return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context,
                                      encoder_rows)
 
@@ -387,54 +467,6 @@ class VARAttnProcessor:
             return True
         return device is not None and device.type == "cuda" and backend == "native"
 
-    def _self_attention(self, attn, hidden_states_RLC, context: VARForwardContext, rope_cos_sin, scale_ids):
-        """``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a router selected them)."""
-        R, L, C = hidden_states_RLC.shape
-        scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
-        q, k, v = self.project_qkv(attn, hidden_states_RLC, rope_cos_sin, context)  # (R, L, H, c)
-        k_all, v_all = k, v
-        cache = context.kv_cache
-        cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
-        record = attn.layer_idx in context.record_attention_layers
-        lengths = context.token_scale_lengths(L) if scale_ids is not None else None
-        per_scale = (scale_ids is not None and not record
-                     and self.uses_per_scale_calls(hidden_states_RLC.device))
-        if per_scale and lengths is None and resolve_backend(self._attention_backend) in BACKENDS_TAKING_BOOL_MASK \
-                and self.grouped_attention == "auto":
-            per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
-        mask = None
-        if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
-            mask = self._grouped_pass_mask(context, cache_length, scale_ids, q.dtype, additive=not record)
-        if cache is not None:
-            # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
-            if context.cache_rows is not None and context.cache_rows != R:
-                # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
-                k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx,
-                                            cache_rows=context.cache_rows, row_start=context.cache_row_start)
-            else:
-                k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
-            k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
-        if record and context.attention_map == "full":
-            out, probs = _explicit_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                             attn.softmax_scale, mask)
-            context.attention_maps[attn.layer_idx] = probs
-            out = out.transpose(1, 2)
-        elif record:
-            # reduced as it is computed: 32 layers of full maps at 1M pixels take gigabytes, and one map hundreds of MB
-            out, key_mean = attention_with_key_mean(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                                    attn.softmax_scale, mask)
-            context.attention_maps[attn.layer_idx] = key_mean
-            out = out.transpose(1, 2)
-        elif per_scale and lengths is not None:
-            out = self._attend_scale_prefixes(q, k_all, v_all, cache_length, lengths, attn.softmax_scale,
-                                              self._attention_backend)
-        elif per_scale:
-            out = self._attend_block_causal(q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale,
-                                            self._attention_backend)
-        else:
-            out = self._attend(q, k_all, v_all, mask, attn.softmax_scale, self._attention_backend)
-        return attn.proj(out.reshape(R, L, C))
-
     # -- cross-attention ------------------------------------------------------------------------------------------
     def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None,
                          text_rows: Optional[slice] = None):
@@ -461,7 +493,7 @@ class HARTAttnProcessor(VARAttnProcessor):
     """HART's llama attention: q/v biases, optional cosine normalisation, llama-pairing RoPE with per-row tables.
 
     Everything else (KV cache, grouped-pass mask, CFG-halving rows, recorded maps, kernel choice) is the shared
-    self-attention path of :class:`VARAttnProcessor`; the softmax scale is the module's ``softmax_scale``
+    :func:`self_attention` of :class:`VARAttnProcessor`; the softmax scale is the module's ``softmax_scale``
     (``0.25 / sqrt(c)`` without cosine normalisation, as the official model). There is no cross-attention.
     """
 
