@@ -148,7 +148,7 @@ def hart_generation(
 
     def loop(condition, on_scale_end):
         teacher = [torch.zeros(B, pn * pn, dtype=torch.long, device=device) for pn in patch_nums]  # token ids 0
-        return run_next_scale_loop(family, condition, family.scale_schedule, B, [1.0 + t for t in weights],
+        return run_next_scale_loop(family, condition, family.scale_schedule, B, list(weights),
                                    [1.0] * num_scales, None, scheduler, teacher, on_scale_end)
 
     def decode(state):
@@ -179,7 +179,7 @@ def _sublayers(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
 #: per-token condition ``decoder_norm(x + word_embed(code))`` and the sampler's ``net`` evaluations; it runs inside
 #: ``tokens_to_codes`` and is attributed to itself), ``codes`` (the tokenizer's f_hat update: the Phi convolutions);
 #: a scheduler's own work is ``scheduler``, and the transformer is blocks + head + embed + scheduler.
-_STEP_PARTS = {"start_tokens": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
+_STEP_PARTS = {"start": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
                "tokens_to_codes": "codes", "diffusion_residual": "diffusion", "add_codes": "codes",
                "next_inputs": "codes"}
 

@@ -375,7 +375,7 @@ INFINITY_FLOPS = FamilyFlops(
     models=tuple(MODEL_SPECS),
     transformer_class=InfinityTransformer,
     prepare=infinity_generation,
-    step_parts={"start_tokens": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
+    step_parts={"start": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
                 "tokens_to_codes": "codes", "add_codes": "codes", "next_inputs": "codes"},
     scale_fields=(("blocks", ("blocks",)), ("head", ("head",)), ("embed", ("embed",))),
     loop_totals=(("transformer", "flops"),),
