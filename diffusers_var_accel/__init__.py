@@ -5,7 +5,7 @@ Submodules are imported eagerly: diffusers 0.42 resolves the classes named in ``
 that are already imported.
 """
 
-__version__ = "0.1.0.dev0"
+from .version import __version__  # noqa: F401  (a leaf module: hub.py and setup.py read it there)
 
 from .models.autoencoder_bsq import InfinityBSQVAE
 from .models.autoencoder_hart import HARTHybridTokenizer

@@ -111,7 +111,8 @@ def run_demo(
 
     from .comparison import time_spread, to_pil
     from .data.scorer import score
-    from .embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+    from .embedded import EMBEDDED_SAMPLING
+    from .loading import load_embedded_pipeline
     from .metrics import psnr, ssim
     from .schedulers.scheduling_var_base import load_acceleration
 

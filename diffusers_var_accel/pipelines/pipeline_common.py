@@ -282,8 +282,10 @@ def check_teacher_tokens(teacher_tokens: Any, expected_shapes: Sequence[Tuple[in
 # ---------------------------------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------------------------------
-#: The pipeline classes a saved folder's ``model_index.json`` may name.
-PIPELINE_CLASS_NAMES = ("HARTPipeline", "InfinityPipeline")
+from ..families import MODEL_FAMILIES  # noqa: E402  (the registry imports nothing: no circle)
+
+#: The pipeline classes a saved folder's ``model_index.json`` may name: the registered families', sorted.
+PIPELINE_CLASS_NAMES = tuple(sorted(family.pipeline_class_name for family in MODEL_FAMILIES.values()))
 
 
 def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[str, Any],
