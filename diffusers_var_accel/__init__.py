@@ -25,8 +25,10 @@ from .schedulers.scheduling_stagevar import StageVARScheduler
 from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 from .pipelines.diffusers_registration import register_pipelines_with_diffusers
 
+from .families import MODEL_FAMILIES  # noqa: E402
+
 # DiffusionPipeline / AutoPipelineForText2Image.from_pretrained(folder) resolve "_class_name" by name in diffusers
-register_pipelines_with_diffusers(InfinityPipeline, HARTPipeline)
+register_pipelines_with_diffusers(*(family.pipeline_class() for family in MODEL_FAMILIES.values()))
 
 # model_index.json may name this package as the library of a component (["diffusers_var_accel", "InfinityTransformer"]):
 # diffusers then recognises a loadable class by looking its base classes up in that module, so the package holds them

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 if TYPE_CHECKING:  # annotations only: the registry imports nothing at run time
     import argparse
@@ -179,6 +179,20 @@ def sampling_option_names() -> List[str]:
 def families_with_option(option: str) -> List[ModelFamily]:
     """The families whose pipelines take the sampling option ``option``."""
     return [family for family in MODEL_FAMILIES.values() if option in family.sampling_options]
+
+
+def check_sampling_options(family_name: str, options: Iterable[str], spell: Callable[[str], str] = str) -> None:
+    """Refuse a sampling option of another family (Infinity's ``tau`` for a HART pipeline) with a ``ValueError``
+    naming the families that take it and the family's own options; names that are no family's sampling option
+    (``height``, ``acceleration``, ...) pass. ``spell`` writes an option as the caller's user knows it
+    (``--top-k`` on the command line)."""
+    family = get_model_family(family_name)
+    every = sampling_option_names()
+    for option in options:
+        if option in every and option not in family.sampling_options:
+            takers = " / ".join(f.title for f in families_with_option(option))
+            raise ValueError(f"{spell(option)} is an option of {takers} only; {family.title} samples with "
+                             + ", ".join(spell(o) for o in family.sampling_options))
 
 
 register_model_family(ModelFamily(

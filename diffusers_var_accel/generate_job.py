@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .families import families_with_option, family_of_tiny_model, get_model_family, sampling_option_names
+from .families import check_sampling_options, family_of_tiny_model, sampling_option_names
 from .files import atomic_file, remove_stale_temporaries, write_atomic
 from .user_errors import UserInputError, user_errors
 
@@ -145,17 +145,6 @@ def _flag(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
-def check_sampling_options(family_name: str, sampling: Dict[str, Any]) -> None:
-    """Refuse a sampling option (given, not ``None``) that the family ``family_name`` does not take, naming the
-    families that take it and the family's own options (from the registry)."""
-    family = get_model_family(family_name)
-    for option, value in sampling.items():
-        if value is not None and option not in family.sampling_options:
-            takers = " / ".join(f.title for f in families_with_option(option)) or "no registered family"
-            raise UserInputError(f"{_flag(option)} is an option of {takers} only; {family.title} samples with "
-                                 + ", ".join(_flag(o) for o in family.sampling_options))
-
-
 def _default_side(pipe, model: Optional[str]) -> int:
     """The image side a call makes when no ``--height`` is given: the tiny model's registered size, else the
     pipeline's ``default_size`` (one side, or ``(height, width)``)."""
@@ -264,7 +253,10 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
             pipe = load_pipeline(job.model, device, job.dtype)
         pipe.set_progress_bar_config(disable=state.num_processes > 1 or not job.progress)
         is_embedded = job.model is None or job.model in EMBEDDED_MODEL_NAMES
-        check_sampling_options(pipe.model_family, job.sampling)
+        try:  # an option of another family (--tau for HART), from the registry
+            check_sampling_options(pipe.model_family, [k for k, v in job.sampling.items() if v is not None], _flag)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
         with user_errors(f"--accel {job.accel}: ", job.debug):
             acceleration = load_acceleration(job.accel, pipe.model_family, getattr(pipe, "preset_model", None))
         height = job.height or _default_side(pipe, job.model)

@@ -29,7 +29,7 @@ from diffusers_var_accel.calibration import (
     write_calibration,
 )
 from diffusers_var_accel.cli import main
-from diffusers_var_accel.demo import count_call_flops
+from diffusers_var_accel.bench.probe import count_call_flops
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
 
