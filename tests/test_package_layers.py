@@ -286,3 +286,12 @@ def test_the_family_name_check_sees_a_family_named_in_code():
     assert {"infinity", "hart", "tiny", "tiny-hart", "InfinityPipeline", "HARTPipeline"} <= names
     source = 'def load(model):\n    """tiny or tiny-hart: prose"""\n    return model == "tiny-hart"\n'
     assert [text for _, text in string_constants(source) if text in names] == ["tiny-hart"]
+
+
+
+def test_the_last_alias_module_serves_only_the_flop_counter():
+    """``pipelines/next_scale.py`` (an alias of ``next_scale``) stays only while ``bench/flops.py``, owned by another
+    change, imports it: nothing else may, and once nothing does, the alias goes (delete it and this test)."""
+    alias = f"{PACKAGE}.pipelines.next_scale"
+    users = sorted(m for m, targets in import_graph(top_level_only=False).items() if alias in targets)
+    assert users == [f"{PACKAGE}.bench.flops"], f"{alias} is imported by {users}: import next_scale instead"
