@@ -168,7 +168,8 @@ def tiny_model_names() -> List[str]:
 
 def family_of_tiny_model(model: Optional[str]) -> Optional[ModelFamily]:
     """The family whose tiny pipeline ``--model model`` names, or ``None`` (another name, a folder, ``None``)."""
-    return next((family for family in MODEL_FAMILIES.values() if family.tiny_model and family.tiny_model == model), None)
+    return next((family for family in MODEL_FAMILIES.values() if family.tiny_model and family.tiny_model == model),
+                None)
 
 
 def sampling_option_names() -> List[str]:

@@ -246,8 +246,9 @@ def string_constants(source: str) -> List[Tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                docstrings.add(id(first.value))
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.add(id(value))
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
@@ -273,8 +274,9 @@ def family_named_outside_its_files() -> Dict[str, List[Tuple[int, str]]]:
 
 
 def test_no_module_outside_the_family_files_names_a_family():
-    """A family's names (``"hart"``, ``"tiny-hart"``, ``"hart-0.7b"``, ``"HARTPipeline"``...) appear as string constants
-    only in models/, pipelines/<family>/ and the allowed modules: everything else reads them from the registry."""
+    """A family's names (``"hart"``, ``"tiny-hart"``, ``"hart-0.7b"``, ``"HARTPipeline"``...) appear as string
+    constants only in models/, pipelines/<family>/ and the allowed modules: everything else reads them from the
+    registry."""
     found = family_named_outside_its_files()
     assert {path: hits for path, hits in found.items() if path not in FAMILY_NAMES_ALLOWED} == {}
     stale = sorted(set(FAMILY_NAMES_ALLOWED) - set(found))

@@ -71,7 +71,8 @@ def load_original_hart_pipeline(
 # ---------------------------------------------------------------------------------------------------------------------
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``var-accel convert hart``: the official folder and which of its weights."""
-    parser.add_argument("--checkpoint", required=True, help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
+    parser.add_argument("--checkpoint", required=True,
+                        help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
     parser.add_argument("--no-ema", action="store_true", help="use the main weights instead of llm/ema_model.bin")
 
 

@@ -76,7 +76,8 @@ class HARTLaunchStructures:
     def call_options(self, pipe, config, generator: torch.Generator) -> Dict[str, Any]:
         """Random Qwen2-like context features (the model's ``context_tokens``)."""
         tconf = pipe.transformer.config
-        return {"prompt_embeds": torch.randn(config.batch_size, tconf.context_tokens, tconf.context_dim, generator=generator)}
+        embeds = torch.randn(config.batch_size, tconf.context_tokens, tconf.context_dim, generator=generator)
+        return {"prompt_embeds": embeds}
 
 
 LAUNCH_STRUCTURES = HARTLaunchStructures()

@@ -122,11 +122,13 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
                         "(infinity_8b_weights/ with model.safetensors.index.json)")
     parser.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
                         "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors")
-    parser.add_argument("--config", choices=tuple(INFINITY_CONFIGS), help="named config (default: inferred from the shapes)")
+    parser.add_argument("--config", choices=tuple(INFINITY_CONFIGS),
+                        help="named config (default: inferred from the shapes)")
 
 
 def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -> InfinityPipeline:
-    """``var-accel convert infinity``: the pipeline of ``args.transformer`` / ``args.vae`` (+ ``args.text_encoder``)."""
+    """``var-accel convert infinity``: the pipeline of ``args.transformer`` / ``args.vae`` (+ ``args.text_encoder``,
+    ``args.tokenizer``)."""
     for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
         if not (Path(value).is_file() or (flag == "--transformer" and Path(value).is_dir())):
             raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
