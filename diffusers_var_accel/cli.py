@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from .families import MODEL_FAMILIES, get_model_family
-from .generate_job import MANIFEST_NAME, SAMPLING_KEYS, image_file_name  # noqa: F401  (image_file_name: public here)
+from .generate_job import SAMPLING_KEYS
 from .loading import load_pipeline
 from .schedulers.registry import default_method_specs, method_names, method_titles
 from .user_errors import UserInputError, one_line, user_errors
