@@ -2,7 +2,14 @@
 
 Install torch first on CPU-only machines (``pip install torch==2.13.0``), otherwise pip may pull a large CUDA build.
 """
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# The version lives in one leaf module; read as text, since importing the package needs its dependencies installed.
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "diffusers_var_accel" / "version.py")
+                    .read_text(encoding="utf-8"), re.M).group(1)
 
 # The documentation site (mkdocs.yml, docs/): `mkdocs build --strict`; tests/test_docs_site.py builds it, so the test
 # extra includes it.
@@ -25,7 +32,7 @@ extras = {
 
 setup(
     name="diffusers-var-accel",
-    version="0.1.0.dev0",
+    version=VERSION,
     description="Infinity and HART visual autoregressive models in the style of Diffusers, with training-free acceleration.",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",

@@ -54,13 +54,13 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
     from diffusers_var_accel.utils.tiny import randomize_weights_
 
     if model == "tiny":
-        from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         pipe = build_tiny_infinity_pipeline(seed=0, depth=tiny_depth, with_text_encoder=False).to(device)
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
     if model == "tiny-hart":
         from diffusers_var_accel.models.transformer_hart import HART_CONFIGS
-        from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+        from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
         pipe = build_tiny_hart_pipeline(seed=0, depth=tiny_depth, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"],
                                         with_text_encoder=False).to(device)

@@ -5,7 +5,7 @@ Submodules are imported eagerly: diffusers 0.42 resolves the classes named in ``
 that are already imported.
 """
 
-__version__ = "0.1.0.dev0"
+from .version import __version__  # noqa: F401  (a leaf module: hub.py and setup.py read it there)
 
 from .models.autoencoder_bsq import InfinityBSQVAE
 from .models.autoencoder_hart import HARTHybridTokenizer
@@ -25,8 +25,10 @@ from .schedulers.scheduling_stagevar import StageVARScheduler
 from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 from .pipelines.diffusers_registration import register_pipelines_with_diffusers
 
+from .families import MODEL_FAMILIES  # noqa: E402
+
 # DiffusionPipeline / AutoPipelineForText2Image.from_pretrained(folder) resolve "_class_name" by name in diffusers
-register_pipelines_with_diffusers(InfinityPipeline, HARTPipeline)
+register_pipelines_with_diffusers(*(family.pipeline_class() for family in MODEL_FAMILIES.values()))
 
 # model_index.json may name this package as the library of a component (["diffusers_var_accel", "InfinityTransformer"]):
 # diffusers then recognises a loadable class by looking its base classes up in that module, so the package holds them

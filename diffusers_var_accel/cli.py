@@ -15,53 +15,29 @@ exit status 2; ``--debug`` shows the traceback instead. Anything else is a bug a
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import inspect
 import json
 import math
 import os
-import re
 import sys
-import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional
 
-from .files import atomic_file, remove_stale_temporaries, write_atomic
+from .families import MODEL_FAMILIES, get_model_family
+from .generate_job import SAMPLING_KEYS
 from .loading import load_pipeline
 from .schedulers.registry import default_method_specs, method_names, method_titles
+from .user_errors import UserInputError, one_line, user_errors
 
 #: ``var-accel bench``'s default methods (``diffusers_var_accel.bench.DEFAULT_METHODS``, without importing it).
 #: ``var-accel bench --methods`` default: the baseline and every registered method (the registry's order).
 DEFAULT_BENCH_METHODS = default_method_specs()
 
-#: Exceptions that loading or calling a pipeline raises for bad input (a folder, a file, a value): exit status 2.
-USER_INPUT_ERRORS = (ValueError, TypeError, OSError, KeyError)
-
-#: The manifest ``var-accel generate`` writes into its output folder.
-MANIFEST_NAME = "generations.json"
-
-
-class CLIError(Exception):
-    """A bad value given on the command line: printed as one ``error:`` line on stderr, exit status 2."""
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
-
-
-@contextlib.contextmanager
-def _user_errors(prefix: str = "", debug: bool = False) -> Iterator[None]:
-    """Turn the ``USER_INPUT_ERRORS`` of a step that reads user input into a :class:`CLIError` (``--debug``: re-raise)."""
-    try:
-        yield
-    except USER_INPUT_ERRORS as err:
-        if debug:
-            raise
-        message = _one_line(err)
-        flag = prefix.split(" ")[0]
-        raise CLIError(message if flag and message.startswith(flag) else f"{prefix}{message}") from err
+#: A bad value given on the command line: printed as one ``error:`` line on stderr, exit status 2 (the generate job
+#: raises the same type).
+CLIError = UserInputError
+_one_line = one_line
+_user_errors = user_errors
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -266,89 +242,12 @@ def _read_prompts(args: argparse.Namespace) -> List[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# generate
+# generate (the job itself: diffusers_var_accel.generate_job)
 # ---------------------------------------------------------------------------------------------------------------------
-#: The sampling arguments ``generate`` records (and takes as options).
-SAMPLING_KEYS = ("guidance_scale", "tau", "top_k", "top_p")
-
-
-def image_file_name(prompt: str, seed: int) -> str:
-    """The PNG file of ``(prompt, seed)``: ``<prompt slug>-s<seed>.png``, e.g. ``two-red-circles-s0.png``. A prompt
-    that is not exactly its lower-case words (capitals, punctuation, more than 60 characters) gets 8 hex digits of
-    its SHA-1 too, so two prompts never share a file."""
-    words = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")
-    slug = words[:60].rstrip("-") or "prompt"
-    if slug.replace("-", " ") != prompt:
-        slug += "-" + hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:8]
-    return f"{slug}-s{seed}.png"
-
-
-def _json_normal(value: Any) -> Any:
-    """``value`` as JSON reads it back (tuples become lists), for comparing settings."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def _journal_files(out_dir: Path) -> List[Path]:
-    return sorted(out_dir.glob(".generations-process*.jsonl"))
-
-
-def _read_manifest(out_dir: Path) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]]]:
-    """``(settings, records)`` already in ``out_dir``: the manifest's, then the journals' of an interrupted run."""
-    path = out_dir / MANIFEST_NAME
-    settings, records = None, []
-    if path.is_file():
-        try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CLIError(f"--output {out_dir}: its {MANIFEST_NAME} is not valid JSON ({err}); pass --overwrite to "
-                           "start the folder afresh, or another --output") from None
-        settings = manifest.get("settings") if isinstance(manifest, dict) else None
-        records = list(manifest.get("images", [])) if isinstance(manifest, dict) else []
-        if settings is None:  # written by an older version (0000.png, ...): its images are not named by prompt and seed
-            settings = {"version": "older var-accel (files numbered 0000.png, ...)"}
-    for journal in _journal_files(out_dir):
-        for line in journal.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                pass  # the last line of a process killed while writing it: that image is redone
-    return settings, records
-
-
-def _differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
-    """The settings that differ between two runs (the acceleration by its configuration, not by how it was named)."""
-    out = []
-    for key in dict.fromkeys([*old, *new]):
-        if key == "acceleration" or old.get(key) == new.get(key):
-            continue
-        if key == "acceleration_config":
-            out.append(f"acceleration: {old.get('acceleration', 'baseline')!r} there, {new.get('acceleration')!r} now")
-        else:
-            out.append(f"{key}: {old.get(key)!r} there, {new.get(key)!r} now")
-    return out
-
-
-def _sampling_settings(pipe, options: Dict[str, Any]) -> Dict[str, Any]:
-    """The sampling values a call uses: ``options``, else the pipeline's own defaults (``null``: the pipeline picks
-    per size, e.g. HART's top-k)."""
-    parameters = inspect.signature(pipe.__call__).parameters
-    settings = {}
-    for key in SAMPLING_KEYS:
-        if key in options:
-            settings[key] = options[key]
-        elif key in parameters and parameters[key].default is not inspect.Parameter.empty:
-            settings[key] = parameters[key].default
-    return settings
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
+    from .generate_job import GenerateJob, run_generate_job
 
-    from .bench.runner import finish_distributed, process_share, process_state
-    from .embedded import EMBEDDED_MODEL_NAMES, EMBEDDED_SAMPLING
-    from .pipelines.hart import HARTPipeline
-
-    # 1. Everything that needs no model
+    # everything that needs no model; the job checks the rest (the model's family, the output folder's contents)
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size}: must be 1 or more")
     for flag, value in (("--height", args.height), ("--width", args.width)):
@@ -358,190 +257,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     check_device(args.device)
     out_dir = check_output_folder(args.output)
     check_acceleration_overrides(args.accel)
-    if _nothing_to_do(out_dir, args, prompts):
-        print(f"{out_dir}: all {len(prompts)} images of this command are already there (same command, same files): "
-              "nothing to generate", file=sys.stderr)
-        return 0
-
-    # 2. Processes (torchrun / accelerate launch), pipeline, acceleration
-    state, device = process_state(args.device)
-    try:
-        with _user_errors(f"--model {args.model or 'embedded'}: ", args.debug):
-            pipe = _load_pipeline(args.model, device, args.dtype)
-        pipe.set_progress_bar_config(disable=state.num_processes > 1 or not args.progress)
-        is_hart = isinstance(pipe, HARTPipeline)
-        is_embedded = args.model is None or args.model in EMBEDDED_MODEL_NAMES
-        if is_hart and args.tau is not None:
-            raise CLIError("--tau is an Infinity option; HART samples with top-k/top-p (and --guidance-scale)")
-        with _user_errors(f"--accel {args.accel}: ", args.debug):
-            acceleration = _load_accel(args.accel, pipe.model_family, getattr(pipe, "preset_model", None))
-        if is_hart:
-            height = args.height or pipe.default_size
-        else:
-            height = args.height or (256 if args.model == "tiny" else pipe.default_size[0])
-        width = args.width or height
-        options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
-        options.update({k: getattr(args, k) for k in SAMPLING_KEYS if getattr(args, k) is not None})
-        settings = {
-            "model": "embedded" if is_embedded else (args.model if args.model in ("tiny", "tiny-hart")
-                                                     else str(Path(args.model).resolve())),
-            "pipeline": type(pipe).__name__, "height": height, "width": width,
-            **_sampling_settings(pipe, options),
-            "acceleration": args.accel or "baseline",
-            "acceleration_config": None if acceleration is None else
-            {"_class_name": type(acceleration).__name__, **{k: v for k, v in acceleration.config.items() if not k.startswith("_")}},
-            "dtype": args.dtype, "device_type": torch.device(device).type,
-        }
-        settings = _json_normal(settings)
-
-        # 3. The output folder: a new one, the same run again (resumed: finished images are skipped), or refused
-        try:
-            old_settings, old_records = _read_manifest(out_dir) if out_dir.is_dir() else (None, [])
-        except CLIError:
-            if not args.overwrite:
-                raise
-            old_settings, old_records = {"manifest": "unreadable"}, []  # --overwrite: start afresh
-        state.wait_for_everyone()  # every process has read the folder before the main process changes it
-        same_run = old_settings is None or not _differences(old_settings, settings)
-        if not same_run and not args.overwrite:
-            raise CLIError(f"--output {out_dir} holds images generated with other settings ("
-                           + "; ".join(_differences(old_settings, settings))
-                           + "); pass another --output, or --overwrite to delete them and start afresh")
-        if not same_run:  # --overwrite
-            if state.is_main_process:
-                for record in old_records:
-                    name = str(record.get("file", "")) if isinstance(record, dict) else ""
-                    if name and Path(name).name == name and name.endswith(".png"):  # only images of this folder
-                        (out_dir / name).unlink(missing_ok=True)
-                for stale in [out_dir / MANIFEST_NAME, *_journal_files(out_dir)]:
-                    stale.unlink(missing_ok=True)
-            old_records = []
-        finished = {r["file"]: r for r in old_records if isinstance(r, dict) and (out_dir / str(r.get("file"))).is_file()}
-        if state.is_main_process:
-            _make_output_folder(out_dir)
-            remove_stale_temporaries(out_dir)  # what a killed earlier run was writing (never a finished image)
-            _write_manifest(out_dir, settings, args, list(finished.values()))
-        state.wait_for_everyone()
-
-        # 4. This process's share of the (prompt, seed) items, minus the finished ones
-        items, seen = [], set()
-        for i, prompt in enumerate(prompts):
-            name = image_file_name(prompt, args.seed + i)
-            if name not in seen:  # the same prompt and seed twice: one image
-                seen.add(name)
-                items.append({"position": i, "prompt": prompt, "seed": args.seed + i, "file": name})
-        mine = process_share(state, items)
-        todo = [item for item in mine if item["file"] not in finished]
-        if not todo and mine:
-            print(f"{out_dir}: all {len(mine)} of this run's images are already there (same settings): nothing to "
-                  "generate", file=sys.stderr)
-        elif len(todo) < len(mine):
-            print(f"{out_dir}: {len(mine) - len(todo)} of this run's {len(mine)} images are already there (same settings); "
-                  f"generating the other {len(todo)}", file=sys.stderr)
-        if acceleration is not None:
-            options["acceleration"] = acceleration
-        journal = out_dir / f".generations-process{state.process_index}.jsonl"
-        for first in range(0, len(todo), args.batch_size):
-            batch = todo[first:first + args.batch_size]
-            generators = [torch.Generator("cpu").manual_seed(item["seed"]) for item in batch]  # each image its own seed
-            start = time.perf_counter()
-            with _user_errors("", args.debug):
-                if len(batch) == 1:
-                    images = pipe(batch[0]["prompt"], height=height, width=width, generator=generators[0], **options).images
-                else:
-                    images = pipe([item["prompt"] for item in batch], height=height, width=width, generator=generators,
-                                  **options).images
-            seconds = (time.perf_counter() - start) / len(batch)
-            for item, image in zip(batch, images):
-                path = out_dir / item["file"]
-                with atomic_file(path) as tmp:  # a killed run leaves no half-written image behind
-                    image.save(tmp)
-                record = {"prompt": item["prompt"], "seed": item["seed"], "file": item["file"],
-                          "seconds": round(seconds, 3), "process": state.process_index}
-                with journal.open("a", encoding="utf-8") as stream:
-                    stream.write(json.dumps(record) + "\n")
-                print(f"{path}  ({seconds:.2f} s)  {item['prompt']}")
-
-        # 5. One manifest: the main process merges every process's journal
-        state.wait_for_everyone()
-        if state.is_main_process:
-            _, records = _read_manifest(out_dir)
-            order = {item["file"]: n for n, item in enumerate(items)}
-            merged: Dict[str, Dict[str, Any]] = {}
-            for record in records:
-                if isinstance(record, dict) and (out_dir / str(record.get("file"))).is_file():
-                    merged.setdefault(record["file"], record)
-            earlier = [r for f, r in merged.items() if f not in order]
-            this_run = sorted((r for f, r in merged.items() if f in order), key=lambda r: order[r["file"]])
-            # the invocation lets the same command again skip loading the model when every image is there
-            _write_manifest(out_dir, settings, args, earlier + this_run, invocation=_invocation(args, prompts))
-            for journal_file in _journal_files(out_dir):
-                journal_file.unlink()
-            print(f"wrote {out_dir / MANIFEST_NAME} ({len(merged)} images)", file=sys.stderr)
-    except BaseException:
-        # A process that fails leaves at once (torchrun then stops the others): a barrier here would wait forever
-        # for processes that are still generating or waiting at another barrier.
-        _leave_process_group()
-        raise
-    finish_distributed()
-    return 0
-
-
-def _leave_process_group() -> None:
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-def _files_stamp(path: Path) -> List[List[Any]]:
-    """``[[relative path, size, mtime_ns]]`` of every file under ``path`` (a file or a folder): a change of any of
-    them (a replaced checkpoint, an edited config) changes the stamp; only ``stat`` is read."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return [[str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
-
-
-def _invocation(args: argparse.Namespace, prompts: List[str]) -> Dict[str, Any]:
-    """What decides a run's images that is known before any model loads: the arguments that change an image, the
-    package version, and the stamp of the files the arguments name (the model folder, an acceleration file or
-    folder). The same invocation over a folder that holds all its images has nothing to do."""
-    from . import __version__
-    from .embedded import EMBEDDED_MODEL_PATH
-
-    key: Dict[str, Any] = {name: getattr(args, name) for name in ("model", "height", "width", "seed", "dtype", "accel",
-                                                                  "device", *SAMPLING_KEYS)}
-    key["version"] = __version__
-    key["num_prompts"] = len(prompts)
-    model_path = EMBEDDED_MODEL_PATH if args.model is None else Path(args.model)
-    key["model_files"] = _files_stamp(model_path) if model_path.exists() else None
-    accel = Path(args.accel) if args.accel else None
-    key["accel_files"] = _files_stamp(accel) if accel is not None and accel.exists() else None
-    return _json_normal(key)
-
-
-def _nothing_to_do(out_dir: Path, args: argparse.Namespace, prompts: List[str]) -> bool:
-    """Whether the folder's manifest records this very invocation and holds every image it makes (then no model
-    needs loading). Only for a single process: under torchrun every process takes part in the run."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or args.overwrite or not (out_dir / MANIFEST_NAME).is_file():
-        return False
-    try:
-        manifest = json.loads((out_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, OSError):
-        return False  # the full path reports it
-    if not isinstance(manifest, dict) or manifest.get("invocation") != _invocation(args, prompts):
-        return False
-    recorded = {r.get("file") for r in manifest.get("images", []) if isinstance(r, dict)}
-    names = {image_file_name(prompt, args.seed + i) for i, prompt in enumerate(prompts)}
-    return names <= recorded and all((out_dir / name).is_file() for name in names)
-
-
-def _write_manifest(out_dir: Path, settings: Dict[str, Any], args: argparse.Namespace, records: List[Dict[str, Any]],
-                    invocation: Optional[Dict[str, Any]] = None) -> None:
-    manifest = {"settings": settings, "height": settings["height"], "width": settings["width"],
-                "acceleration": settings["acceleration"], "batch_size": args.batch_size, "images": records}
-    if invocation is not None:
-        manifest["invocation"] = invocation
-    write_atomic(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
+    job = GenerateJob(prompts=prompts, output=out_dir, model=args.model, height=args.height, width=args.width,
+                      seed=args.seed, sampling={k: getattr(args, k) for k in SAMPLING_KEYS}, accel=args.accel,
+                      device=args.device, dtype=args.dtype, batch_size=args.batch_size, overwrite=args.overwrite,
+                      progress=args.progress, debug=args.debug)
+    # the loader is looked up here, at the call: tests replace cli._load_pipeline
+    return run_generate_job(job, load_pipeline=_load_pipeline, load_acceleration=_load_accel)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -665,16 +386,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _load_local_tokenizer(folder: str):
-    """The tokenizer class named by the folder's ``tokenizer_config.json`` (else ``AutoTokenizer``), offline."""
-    import transformers
-
-    config = Path(folder) / "tokenizer_config.json"
-    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
-    cls = getattr(transformers, name, None) if name else None
-    return (cls or transformers.AutoTokenizer).from_pretrained(folder, local_files_only=True)
-
-
 def convert_script_main(family: str, argv: Optional[List[str]] = None) -> int:
     """``scripts/convert_<family>_original.py``: ``var-accel convert <family>``, replacing an existing output folder
     as those scripts always have."""
@@ -702,30 +413,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     try:
-        if args.family == "infinity":
-            for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
-                if not (Path(value).is_file() or (flag == "--transformer" and Path(value).is_dir())):
-                    raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
-                                            "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies; "
-                                            "for 8B the infinity_8b_weights/ shard folder)")
-            from .pipelines.infinity.convert import convert_infinity_original
-
-            pipe = convert_infinity_original(args.transformer, args.vae, text_encoder_path=args.text_encoder,
-                                             tokenizer_path=args.tokenizer, config=args.config, torch_dtype=dtype)
-        else:
-            if not Path(args.checkpoint).is_dir():
-                raise FileNotFoundError(f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
-                                        "(hart-0.7b-1024px/ with llm/config.json and tokenizer/) or its llm/ folder")
-            from .pipelines.hart.convert import load_original_hart_pipeline
-
-            text_encoder = tokenizer = None
-            if args.text_encoder is not None:
-                from transformers import AutoModel
-
-                text_encoder = AutoModel.from_pretrained(args.text_encoder, torch_dtype=dtype, local_files_only=True)
-                tokenizer = _load_local_tokenizer(args.tokenizer or args.text_encoder)
-            pipe = load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=dtype,
-                                               text_encoder=text_encoder, tokenizer=tokenizer)
+        pipe = get_model_family(args.family).convert_command().convert(args, dtype)
     except FileNotFoundError as err:  # a checkpoint file or folder that is not there, or not of the official layout
         if args.debug:
             raise
@@ -1069,25 +757,14 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="official Infinity / HART checkpoints -> a diffusers pipeline folder",
                           description=_CONVERT_DESCRIPTION, epilog=_CONVERT_EPILOG,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    families = conv.add_subparsers(dest="family", required=True, metavar="{infinity,hart}")
-    inf = families.add_parser("infinity", help="Infinity: transformer .pth + VAE .pth (+ a local T5 folder)",
-                              description="Convert the official Infinity transformer and VAE checkpoints.",
-                              epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    inf.add_argument("--transformer", required=True, help="official transformer .pth (plain state dict, e.g. "
-                     "infinity_2b_reg.pth), a .safetensors copy with the official keys, or the 8B shard folder "
-                     "(infinity_8b_weights/ with model.safetensors.index.json)")
-    inf.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
-                     "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors")
-    inf.add_argument("--config", choices=("infinity-2b", "infinity-8b"), help="named config (default: inferred from the shapes)")
-    _add_convert_common(inf)
-    inf.set_defaults(func=_cmd_convert)
-    hart = families.add_parser("hart", help="HART: the official folder (llm/ + tokenizer/) (+ a local Qwen2 folder)",
-                               description="Convert the official HART folder (hart-0.7b-1024px/: llm/ and tokenizer/).",
-                               epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    hart.add_argument("--checkpoint", required=True, help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
-    hart.add_argument("--no-ema", action="store_true", help="use the main weights instead of llm/ema_model.bin")
-    _add_convert_common(hart)
-    hart.set_defaults(func=_cmd_convert)
+    families = conv.add_subparsers(dest="family", required=True, metavar="{" + ",".join(MODEL_FAMILIES) + "}")
+    for name, family in MODEL_FAMILIES.items():  # each family's own options, next to its converter
+        command = family.convert_command()
+        family_parser = families.add_parser(name, help=command.help, description=command.description,
+                                            epilog=_CONVERT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        command.add_arguments(family_parser)
+        _add_convert_common(family_parser)
+        family_parser.set_defaults(func=_cmd_convert)
 
     # parsed by diffusers_var_accel.bench.flops itself (main() forwards the arguments); listed here for --help
     sub.add_parser("flops", add_help=False,

@@ -5,7 +5,7 @@ measured as ``var-accel bench`` measures it: every method runs once untimed firs
 per-size plans, lazy imports), then ``repeats`` rounds in which every method runs once, interleaved, so that a slow
 drift of the machine hits every method alike; the median and the spread (``(max - min) / median``) of each method's
 times are reported, with a note when the spread is large. The untimed call is the FLOP count: one real call under
-``var-accel bench``'s counter (:func:`~.demo.count_call_flops`, text encoder and decoder included). Every call of a
+``var-accel bench``'s counter (:func:`~.bench.probe.count_call_flops`, text encoder and decoder included). Every call of a
 method uses the same seed, so its image is the same in every round; PSNR and SSIM are against the baseline image.
 """
 
@@ -97,7 +97,7 @@ def compare_methods(pipe: Any, prompt: str, schedulers: Dict[str, Any], *, seed:
         progress: called as ``progress(fraction, message)`` before each call.
         lock: held around every pipeline call (a pipeline shared between threads runs one call at a time).
     """
-    from .demo import count_call_flops
+    from .bench.probe import count_call_flops
     from .metrics import psnr, ssim
 
     if not isinstance(repeats, int) or repeats < 1:

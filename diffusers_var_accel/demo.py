@@ -36,18 +36,6 @@ def default_prompts(n: int) -> List[str]:
     return [p["prompt"] for p in heldout_prompts()[:n]]
 
 
-def count_call_flops(pipe, prompt: str, **kwargs) -> int:
-    """FLOPs (2 x multiply-accumulates) of one real pipeline call, counted by ``torch.utils.flop_counter`` with the
-    counter ``var-accel bench`` uses (:func:`~.bench.probe.make_flop_counter`: PyTorch's CPU attention kernel, which
-    has no formula in torch, is counted like the CUDA ones)."""
-    from .bench.probe import make_flop_counter
-
-    counter = make_flop_counter()
-    with counter:
-        pipe(prompt, output_type="pt", **kwargs)
-    return int(counter.get_total_flops())
-
-
 #: Height of one text line in the grid's captions (PIL's default bitmap font), in pixels.
 _LINE = 12
 
@@ -109,9 +97,11 @@ def run_demo(
     """
     from tqdm.auto import tqdm
 
+    from .bench.probe import count_call_flops
     from .comparison import time_spread, to_pil
     from .data.scorer import score
-    from .embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+    from .embedded import EMBEDDED_SAMPLING
+    from .loading import load_embedded_pipeline
     from .metrics import psnr, ssim
     from .schedulers.scheduling_var_base import load_acceleration
 

@@ -17,7 +17,7 @@
 Examples:
     ```py
     >>> from diffusers_var_accel.hub import write_model_card
-    >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     >>> build_tiny_infinity_pipeline().save_pretrained("tiny-infinity")
     >>> readme = write_model_card("tiny-infinity", repo_id="my-org/tiny-infinity")   # also writes the shim
@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from . import __version__
+from .version import __version__
 from .embedded import EMBEDDED_MODEL_PATH, EMBEDDED_PRESET_MODEL
 from .families import MODEL_FAMILIES
 from .schedulers.presets import FAMILY_PRESET_MODELS, is_preset_name, load_preset_config, save_presets
@@ -161,7 +161,7 @@ def write_hub_shim(folder: PathLike, overwrite: bool = False) -> Path:
         ```py
         >>> from diffusers import DiffusionPipeline
         >>> from diffusers_var_accel.hub import write_hub_shim
-        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         >>> build_tiny_infinity_pipeline().save_pretrained("tiny-infinity")
         >>> write_hub_shim("tiny-infinity")

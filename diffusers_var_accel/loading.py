@@ -1,7 +1,8 @@
 """Loading a pipeline by the name the command line and the benchmark take (``--model``).
 
 Below both :mod:`diffusers_var_accel.cli` and :mod:`diffusers_var_accel.bench`, above the pipelines and the Hub helpers,
-so neither front end imports the other.
+so neither front end imports the other. The families' own names (their tiny models, their convert sub-commands) come
+from :mod:`diffusers_var_accel.families`.
 """
 
 from __future__ import annotations
@@ -11,32 +12,49 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from .families import MODEL_FAMILIES, family_of_tiny_model, tiny_model_names
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load_embedded_pipeline(**kwargs):
+    """The embedded pipeline (the packaged shapes model, :mod:`diffusers_var_accel.embedded`), offline;
+    ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``). Its class is the one its ``model_index.json`` names."""
+    from .embedded import embedded_model_path
+    from .hub import pipeline_class
+
+    folder = embedded_model_path()
+    return pipeline_class(folder).from_pretrained(folder, **kwargs)
+
+
+def model_names_hint() -> str:
+    """The ``--model`` names that need no folder, for messages: ``'embedded', 'tiny' or 'tiny-hart'``."""
+    names = [f"'{name}'" for name in ("embedded", *tiny_model_names())]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
 
 def load_pipeline(model: Optional[str], device: str, dtype: str):
     """The pipeline ``--model`` names, on ``device`` in ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``).
 
-    ``model``: ``None`` / an embedded model name (the packaged model), ``"tiny"`` / ``"tiny-hart"`` (random weights,
-    built locally), or a converted pipeline folder (its ``model_index.json``, plain or Hub-shim form, names the class).
+    ``model``: ``None`` / an embedded model name (the packaged model), a family's tiny model (``"tiny"`` /
+    ``"tiny-hart"``: random weights, built locally), or a converted pipeline folder (its ``model_index.json``, plain or
+    Hub-shim form, names the class).
 
     Raises:
         ValueError: a folder without ``model_index.json``, or a Hub-shim folder whose ``pipeline.py`` is not ours.
     """
     import torch
 
-    from .pipelines.infinity import InfinityPipeline
+    torch_dtype = {name: getattr(torch, name) for name in _TORCH_DTYPES}[dtype]
+    from .embedded import EMBEDDED_MODEL_NAMES
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    from .embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
-
+    tiny_family = family_of_tiny_model(model)
     if model is None or model in EMBEDDED_MODEL_NAMES:
-        return InfinityPipeline.from_pretrained(embedded_model_path(), dtype=torch_dtype).to(device)
-    if model in ("tiny", "tiny-hart"):
-        from .utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
-
-        name = "HART" if model == "tiny-hart" else "Infinity"
-        print(f"Using a tiny {name} pipeline with RANDOM weights (built locally, no download). Its images are noise-like; "
-              "pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
-        pipe = build_tiny_hart_pipeline(seed=0) if model == "tiny-hart" else build_tiny_infinity_pipeline(seed=0)
+        return load_embedded_pipeline(dtype=torch_dtype).to(device)
+    if tiny_family is not None:
+        print(f"Using a tiny {tiny_family.title} pipeline with RANDOM weights (built locally, no download). Its images "
+              "are noise-like; pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
+        pipe = tiny_family.build_tiny_pipeline(seed=0)
         for component in pipe.components.values():  # --dtype holds for the tiny models too (built in float32)
             if isinstance(component, torch.nn.Module):
                 # plain Module.to: diffusers' ModelMixin.to warns about float32-kept modules even when there are none
@@ -46,9 +64,9 @@ def load_pipeline(model: Optional[str], device: str, dtype: str):
 
         index = Path(model) / "model_index.json"
         if not index.is_file():
+            converts = " or ".join(f"'var-accel convert {name} ...'" for name in MODEL_FAMILIES)
             raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints first with "
-                             "'var-accel convert infinity ...' or 'var-accel convert hart ...' (see var-accel convert --help), "
-                             "or pass 'embedded', 'tiny' or 'tiny-hart'")
+                             f"{converts} (see var-accel convert --help), or pass {model_names_hint()}")
         cls = pipeline_class(model)  # plain or Hub-shim form (["pipeline", "<class>"]) of model_index.json
         # A folder with the Hub shim (hub.write_hub_shim) makes diffusers execute its pipeline.py, which is the
         # one-line import of our own class: loading it needs trust_remote_code=True. Only our exact shim is trusted.

@@ -52,8 +52,9 @@ def main(argv=None) -> int:
     from diffusers_var_accel.calibration import build_candidate, choose
     from diffusers_var_accel.data.scorer import score_batch
     from diffusers_var_accel.data.shapes import heldout_prompts
-    from diffusers_var_accel.demo import count_call_flops
-    from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+    from diffusers_var_accel.bench.probe import count_call_flops
+    from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+    from diffusers_var_accel.loading import load_embedded_pipeline
     from diffusers_var_accel.metrics import psnr, ssim
     from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 

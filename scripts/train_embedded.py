@@ -299,7 +299,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     tokenizer)``). With ``--self-correction P``, an image of the batch is, with probability P, fed its own sampled
     bits from a random scale on (a no-grad teacher-forced pass first), with the targets re-quantised from that sum."""
     from diffusers_var_accel import InfinityPipeline, InfinityTransformer
-    from diffusers_var_accel.models.forward_context import VARForwardContext
+    from diffusers_var_accel.next_scale.context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
     device = args.device
@@ -402,7 +402,7 @@ def own_samples(transformer, text_encoder, tokenizer, family, captions, inputs, 
                 tau: float, generator) -> torch.Tensor:
     """Bits (B, L, d) sampled from the transformer's teacher-forced logits (one block-causal pass over the true
     prefix of every scale), with classifier-free guidance and temperature as in generation."""
-    from diffusers_var_accel.models.forward_context import VARForwardContext
+    from diffusers_var_accel.next_scale.context import VARForwardContext
 
     B, device = inputs.shape[0], inputs.device
     tokens = tokenizer(captions, padding="longest", return_tensors="pt").to(device)

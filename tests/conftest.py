@@ -40,7 +40,8 @@ def tiny_hart_patch_nums():
 def pipes():
     """``pipes(family)``: the tiny pipeline of each family (a 6-block Infinity, a 4-block HART on the first 10
     HART-0.7B scales), built on first use and shared by the module's tests."""
-    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     built = {}
 

@@ -9,7 +9,7 @@ import torch
 
 from diffusers_var_accel import FastVARScheduler, IdentityScheduler, InfinityPipeline, LazyVARScheduler
 from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler, load_acceleration
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 SIZE = dict(height=256, width=256)
 

@@ -17,7 +17,8 @@ from diffusers_var_accel import HART_CONFIGS, LazyVARScheduler
 from diffusers_var_accel.models import attention_processor
 from diffusers_var_accel.models.attention_processor import VARAttnProcessor
 from diffusers_var_accel.next_scale.context import block_causal_mask
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -222,7 +222,7 @@ def _strict_json(path):
 
 @pytest.fixture(scope="module")
 def embedded_pipe():
-    from diffusers_var_accel.embedded import load_embedded_pipeline
+    from diffusers_var_accel.loading import load_embedded_pipeline
 
     return load_embedded_pipeline()
 

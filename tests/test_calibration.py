@@ -29,7 +29,7 @@ from diffusers_var_accel.calibration import (
     write_calibration,
 )
 from diffusers_var_accel.cli import main
-from diffusers_var_accel.demo import count_call_flops
+from diffusers_var_accel.bench.probe import count_call_flops
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
 
@@ -49,7 +49,7 @@ PROMPTS = ["two purple squares", "a yellow circle and a blue square"]
 
 @pytest.fixture(scope="module")
 def pipe():
-    from diffusers_var_accel.embedded import load_embedded_pipeline
+    from diffusers_var_accel.loading import load_embedded_pipeline
 
     return load_embedded_pipeline()
 
@@ -283,7 +283,7 @@ def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
 
 
 def test_the_embedded_model_picks_its_own_presets(pipe):
-    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     assert pipe.preset_model == "embedded"
     for method, cls in METHODS.items():

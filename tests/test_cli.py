@@ -33,7 +33,7 @@ def test_generate_with_the_tiny_hart_model(tmp_path, capsys):
 
 
 def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, capsys):
-    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+    from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
     build_tiny_hart_pipeline(seed=0).save_pretrained(tmp_path / "hart")
     assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--output", str(tmp_path / "out")]) == 0

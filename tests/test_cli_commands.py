@@ -98,7 +98,7 @@ def test_generate_loads_a_hub_shimmed_folder(tmp_path, capsys):
     from diffusers_var_accel import HARTPipeline
     from diffusers_var_accel.bench.runner import load_bench_pipeline
     from diffusers_var_accel.hub import has_hub_shim, write_hub_shim
-    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+    from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
     folder = tmp_path / "shimmed"
     build_tiny_hart_pipeline(seed=0).save_pretrained(folder)

@@ -9,7 +9,8 @@ import PIL.Image
 import pytest
 
 from diffusers_var_accel import HARTPipeline, InfinityPipeline
-from diffusers_var_accel.cli import image_file_name, main
+from diffusers_var_accel.cli import main
+from diffusers_var_accel.generate_job import image_file_name
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 
 PROMPTS = ["a circle", "two red circles", "a blue square"]

@@ -7,7 +7,8 @@ the test checks graph capture and results on a CPU in seconds; inductor is the s
 import pytest
 import torch
 
-from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+from diffusers_var_accel.loading import load_embedded_pipeline
 from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
 
 PROMPT = "a blue square to the left of a yellow triangle"

@@ -12,7 +12,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from diffusers_var_accel import HART_CONFIGS, LazyVARScheduler, supported_sizes
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 HART_PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
 INFINITY_SIZE = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]

@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from diffusers_var_accel import InfinityPipeline
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.models.transformer_hart import HART_CONFIGS
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
 METHODS = ["baseline", "fastvar", "lazyvar", "depthvar", "arvar"]
 

@@ -18,7 +18,8 @@ from diffusers_var_accel import (
 )
 from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
 from diffusers_var_accel.schedulers.scheduling_lazyvar import PivotalGroupTokens
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -27,7 +27,7 @@ from diffusers_var_accel import HARTPipeline
 from diffusers_var_accel.models.autoencoder_hart import hart_tokenizer_state_dict_from_original
 from diffusers_var_accel.models.transformer_hart import IGNORED_ORIGINAL_KEYS, convert_hart_checkpoint, hart_config_from_original
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
-from diffusers_var_accel.utils.tiny import build_tiny_qwen2
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_qwen2
 
 from fixture_utils import replay_hart_run
 

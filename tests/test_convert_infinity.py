@@ -19,7 +19,7 @@ import torch
 
 from diffusers_var_accel import InfinityPipeline
 from diffusers_var_accel.pipelines.infinity.convert import convert_infinity_original
-from diffusers_var_accel.utils.tiny import build_tiny_t5
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_t5
 
 from fixture_utils import load_fixture, official_call_kwargs, padded_text
 

@@ -44,7 +44,7 @@ def test_docs_quote_the_prompts_the_demo_draws(doc):
 def test_demo_and_bench_count_the_same_flops(tmp_path):
     from diffusers_var_accel.bench import run_bench
     from diffusers_var_accel.demo import run_demo
-    from diffusers_var_accel.embedded import load_embedded_pipeline
+    from diffusers_var_accel.loading import load_embedded_pipeline
 
     pipe = load_embedded_pipeline()
     demo = run_demo(num_prompts=1, methods=["baseline", "lazyvar"], output_dir=tmp_path / "demo", pipe=pipe,
@@ -73,7 +73,7 @@ def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch
     """One untimed call per method before the timed, interleaved ones; each method's spread is in the report, and a
     note names a method whose times spread widely."""
     from diffusers_var_accel import demo as demo_module
-    from diffusers_var_accel.embedded import load_embedded_pipeline
+    from diffusers_var_accel.loading import load_embedded_pipeline
 
     pipe = load_embedded_pipeline()
     calls = []

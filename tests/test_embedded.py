@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from diffusers_var_accel import InfinityPipeline
-from diffusers_var_accel.embedded import EMBEDDED_MODEL_PATH, EMBEDDED_SAMPLING, load_embedded_pipeline
+from diffusers_var_accel.embedded import EMBEDDED_MODEL_PATH, EMBEDDED_SAMPLING
+from diffusers_var_accel.loading import load_embedded_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 
 from diffusers_var_accel import VARAccelScheduler
 from diffusers_var_accel.next_scale.plan import PassRoutes, TokenRoute
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SCHEDULERS = Path(__file__).resolve().parents[1] / "diffusers_var_accel" / "schedulers"

@@ -126,7 +126,7 @@ def test_calibrate_killed_while_writing_its_record_then_run_again(tmp_path):
 
 SAVE = textwrap.dedent('''
     import torch
-    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
     pipe = build_tiny_infinity_pipeline(seed={seed})
     pipe.save_pretrained(sys.argv[1] if len(sys.argv) > 1 else {folder!r})
 ''')
@@ -138,7 +138,7 @@ def test_save_pretrained_killed_over_an_earlier_save_leaves_a_loadable_folder(tm
     """Killed while saving over an earlier save: every file there is whole (the earlier save's or the new one's), the
     folder loads, and the same save again gives the new pipeline."""
     from diffusers_var_accel import InfinityPipeline
-    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     folder = tmp_path / "pipe"
     assert run_child("import sys\n" + SAVE.format(seed=0, folder=str(folder))).returncode == 0

@@ -21,7 +21,8 @@ from diffusers_var_accel import (
     IdentityScheduler,
     LazyVARScheduler,
 )
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
 PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"]

@@ -13,7 +13,8 @@ from diffusers import DiffusionPipeline
 
 from diffusers_var_accel import HARTPipeline, InfinityPipeline
 from diffusers_var_accel.hub import has_hub_shim, hub_shim_source, remove_hub_shim, write_hub_shim, write_to_hub_cache
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 PROMPT = "a red fox in the snow"
 KINDS = {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from diffusers_var_accel import supported_sizes
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 D = 4  # VAE latent channels; 16 bits per token
 SIZES = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+from diffusers_var_accel.loading import load_embedded_pipeline
 from diffusers_var_accel.pipelines.input_checks import InputTypeError
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
 PROMPT = "a red circle"
 NAN, INF = float("nan"), float("inf")

@@ -26,7 +26,8 @@ from diffusers_var_accel import (
 )
 from diffusers_var_accel.models.checkpoint_utils import CheckpointFileError, load_original_state_dict, resolve_torch_dtype
 from diffusers_var_accel.schedulers.presets import preset_folder
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "infinity"
 WEIGHTS = "diffusion_pytorch_model.safetensors"

@@ -385,7 +385,7 @@ def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
     rounding); HART's diffusion head is off so that only the tokens carry the images."""
     from conftest import tiny_hart_patch_nums
     from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTScaleFamily
-    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+    from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
     pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(), tokenizer_ch_mult=(1,))
     transformer = pipe.transformer

@@ -24,7 +24,8 @@ import torch
 from diffusers import DiffusionPipeline
 
 from diffusers_var_accel import HARTPipeline, InfinityPipeline
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 PROMPT = "a red fox in the snow"
 PROMPTS = ["a red fox in the snow", "two cats", "a blue square"]

@@ -1,6 +1,6 @@
 """HARTPipeline behaviour on tiny random-weight components of the real architectures (CPU, offline).
 
-The weights are random (``diffusers_var_accel.utils.tiny``), so these tests check the mechanics: outputs and their
+The weights are random (``pipelines/<family>/tiny.py``), so these tests check the mechanics: outputs and their
 types, determinism, the save/load round trip, the text-encoder bypass and prompt encoding, guidance, callbacks, the
 diffusion head switch, input errors and that the modules keep no per-call state. Numerical faithfulness to the
 official code is ``test_parity_hart.py``. Sizes are read from the pipeline, never hard-coded.
@@ -17,7 +17,7 @@ import torch
 
 from diffusers_var_accel import HARTPipeline
 from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTScaleFamily
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
 PROMPT = "a red fox in the snow"
 PROMPTS = ["a red fox in the snow", "two cats"]  # 6 and 2 words (+ </s>): the second is padded further

@@ -1,6 +1,6 @@
 """InfinityPipeline behaviour on tiny random-weight components of the real architectures (CPU, offline).
 
-The weights are random (``diffusers_var_accel.utils.tiny``), so these tests check the mechanics: outputs and their
+The weights are random (``pipelines/<family>/tiny.py``), so these tests check the mechanics: outputs and their
 types, determinism, batching, guidance, the text-encoder bypass, callbacks, input errors, strict checkpoint loading and
 that the modules keep no per-call state. Numerical faithfulness to the official code is ``test_parity_infinity.py``.
 """
@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from diffusers_var_accel import InfinityPipeline, InfinityTransformer, schedule_for_size, supported_sizes
-from diffusers_var_accel.utils.tiny import TINY_VOCABULARY, build_tiny_infinity_pipeline, build_tiny_t5
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline, build_tiny_t5
+from diffusers_var_accel.utils.tiny import TINY_VOCABULARY
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "infinity"
@@ -148,7 +149,7 @@ def test_import_of_the_package_suffices_for_from_pretrained(saved_dir):
     """In a fresh interpreter, ``import diffusers_var_accel`` alone lets from_pretrained resolve our classes."""
     code = (
         "import sys, diffusers_var_accel\n"
-        "assert 'diffusers_var_accel.utils.tiny' not in sys.modules\n"
+        "assert 'diffusers_var_accel.pipelines.infinity.tiny' not in sys.modules\n"
         f"p = diffusers_var_accel.InfinityPipeline.from_pretrained({str(saved_dir)!r})\n"
         "print(type(p.transformer).__name__, type(p.vae).__name__, type(p.text_encoder).__name__)\n"
     )

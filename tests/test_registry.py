@@ -16,7 +16,7 @@ from diffusers_var_accel.families import MODEL_FAMILIES, get_model_family, model
 from diffusers_var_accel.schedulers.registry import METHODS, get_method, method_names, unregister_method
 from diffusers_var_accel.schedulers.scheduling_var_base import (ComposedScheduler, VARAccelScheduler, build_acceleration,
                                                                 load_acceleration)
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "acceleration.md"
 SIZE = dict(height=256, width=256)

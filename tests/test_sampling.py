@@ -94,7 +94,7 @@ def test_mask_returns_a_new_float_tensor(dtype):
 
 def _tiny_family():
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
-    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
     schedule, grid = pipe.scale_schedule_for(256, 256)

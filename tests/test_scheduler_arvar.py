@@ -39,7 +39,7 @@ def upsample_tokens(x_RlC, source_hw, hw, mode="bilinear"):
 def structural_reconstruction(canvas_RlC, source_hw, hw, index_RK, computed_RKC, mode="bilinear"):
     """Eq. (3) as the executor carries it out: the upsampled canvas, the kept positions overwritten."""
     return scatter_tokens(upsample_tokens(canvas_RlC, source_hw, hw, mode), index_RK, computed_RKC)
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 FIXTURE = Path(__file__).parent / "fixtures" / "infinity"
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)

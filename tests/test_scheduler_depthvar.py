@@ -26,7 +26,7 @@ from diffusers_var_accel.next_scale.executor import weight_codes
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
 from diffusers_var_accel.next_scale.maps import resize_map
 from diffusers_var_accel.next_scale.rows import match_rows
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 DEPTH = 8
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)

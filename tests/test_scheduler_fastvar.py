@@ -19,7 +19,7 @@ from diffusers_var_accel.next_scale.context import scatter_tokens
 from diffusers_var_accel.next_scale.executor import interpolate_tokens
 from diffusers_var_accel.next_scale.plan import RecordRequest
 from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores, pivotal_tokens
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 PROMPT = "a red fox in the snow"
 DEPTH = 6  # the Infinity preset prunes layers 3..27: layers 3, 4, 5 of this model
@@ -325,7 +325,7 @@ def test_a_routed_scale_in_a_grouped_pass_raises():
 
 def test_ratio_one_restores_every_token_from_the_cache():
     """r = 1 keeps no token: every sublayer update of the pruned layers comes from the area-interpolated cache."""
-    from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
     pipe = build_tiny_infinity_pipeline(seed=1, depth=4)
     pipe.set_progress_bar_config(disable=True)

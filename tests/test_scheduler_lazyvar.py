@@ -22,7 +22,7 @@ from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, VARAccelScheduler
 from diffusers_var_accel.schedulers.scheduling_lazyvar import lazyvar_keep_indices, num_kept_tokens, update_index
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 FIXTURE = Path(__file__).parent / "fixtures" / "infinity"
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)

@@ -10,7 +10,7 @@ import torch
 from diffusers_var_accel import supported_sizes
 from diffusers_var_accel.schedulers.scheduling_stagevar import (RepresentativeMixer, StageVARScheduler,
                                                                 representative_probabilities, stage_rank)
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WIDE = next(hw for hw, tb in supported_sizes().items() if tb == (0.5, "0.06M"))  # h:w = 1:2

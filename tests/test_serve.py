@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from diffusers_var_accel.comparison import Comparison, MethodResult, compare_methods, to_pil
-from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
+from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+from diffusers_var_accel.loading import load_embedded_pipeline
 from diffusers_var_accel.serve import ComparisonService, parse_size
 
 PROMPT = "a red circle above a blue square"
@@ -229,7 +230,7 @@ def test_the_page_in_a_real_browser(app_url, tmp_path):
 
 
 def test_the_service_runs_a_hart_pipeline_with_its_own_presets():
-    from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline
+    from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
     hart = build_tiny_hart_pipeline(seed=0)
     service = ComparisonService(hart)

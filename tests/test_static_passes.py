@@ -32,7 +32,7 @@ from diffusers_var_accel.models.attention_processor import (
     self_attention,
 )
 from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
-from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 
 def _kv(rows, length, generator, heads=2, dim=4):

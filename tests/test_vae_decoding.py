@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -89,6 +89,7 @@ __all__ = [
     "format_per_scale",
     "format_syncs",
     "format_table",
+    "launch_model_names",
     "main",
 ]
 
@@ -380,10 +381,32 @@ def count_generation(pipe, acceleration=None, **call_kwargs) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 # the real structures at a tiny width
 # ---------------------------------------------------------------------------------------------------------------------
-#: ``--models`` defaults: the two real structures.
-DEFAULT_MODELS = ("infinity-2b", "hart-0.7b")
-#: HART-0.7B's tokenizer (the official ``hart-0.7b-1024px/tokenizer``) but for its width ``ch`` (160).
-_HART_TOKENIZER = dict(vocab_size=4096, z_channels=32, ch_mult=(1, 1, 2, 2, 4))
+def _launch_structures() -> Dict[str, Any]:
+    """``{model: (family, its launch structures)}`` of every model a registered family builds for the counter."""
+    from ..families import MODEL_FAMILIES
+
+    out: Dict[str, Any] = {}
+    for family in MODEL_FAMILIES.values():
+        if family.launch_structures:
+            structures = family.launch_structure_builder()
+            out.update({model: (family, structures) for model in structures.models})
+    return out
+
+
+def _families_structures() -> List[Any]:
+    """The registered families' launch structures, in registration order (each once)."""
+    from ..families import MODEL_FAMILIES
+
+    return [family.launch_structure_builder() for family in MODEL_FAMILIES.values() if family.launch_structures]
+
+
+#: ``--models`` defaults: each family's default real structures (Infinity-2B and HART-0.7B).
+DEFAULT_MODELS = tuple(model for structures in _families_structures() for model in structures.default_models)
+
+
+def launch_model_names() -> List[str]:
+    """Every model the counter builds: the defaults first, then the others (``infinity-8b``)."""
+    return list(DEFAULT_MODELS) + [m for m in _launch_structures() if m not in DEFAULT_MODELS]
 
 
 @dataclass(frozen=True)
@@ -393,7 +416,8 @@ class LaunchConfig:
     ``width`` (transformer width, ``heads`` heads) and ``vae_channels`` (the decoders' base channels) change no op
     count, only the time the CPU takes. ``depth=None``: the model's real depth. ``size``: Infinity's image side
     (1024: 13 scales; 256: 7). ``hart_scales=None``: HART's 14 scales at 1024x1024; ``k``: its first ``k`` patch
-    numbers (the image is 16x the last one).
+    numbers (the image is 16x the last one); HART's launch structures read and check it (the family's own option,
+    ``--hart-scales``, added by its ``add_arguments``).
     """
 
     depth: Optional[int] = None
@@ -405,7 +429,7 @@ class LaunchConfig:
     text_tokens: int = 32
     vae_channels: int = 32
     batch_size: int = 1
-    cfg: bool = True  # False: guidance off (Infinity guidance_scale 1, HART guidance weight 0)
+    cfg: bool = True  # False: guidance off (each family's registered no_guidance value)
 
     def __post_init__(self):
         for name in ("width", "heads", "text_channels", "text_tokens", "batch_size"):
@@ -413,8 +437,8 @@ class LaunchConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.depth is not None and (not isinstance(self.depth, int) or self.depth < 1):
             raise ValueError(f"depth must be a positive integer or None (the real depth), got {self.depth!r}")
-        if self.hart_scales is not None and not (isinstance(self.hart_scales, int) and 2 <= self.hart_scales <= 14):
-            raise ValueError(f"hart_scales must be an integer in [2, 14] or None (all 14), got {self.hart_scales!r}")
+        for structures in _families_structures():  # the families' own options
+            structures.check_config(self)
         if self.width % self.heads:
             raise ValueError(f"width {self.width} must be a multiple of heads {self.heads}")
         if self.vae_channels % 32 and self.vae_channels % 24:
@@ -422,46 +446,23 @@ class LaunchConfig:
 
 
 def build_launch_pipeline(model: str, config: LaunchConfig = LaunchConfig(), dtype: torch.dtype = torch.bfloat16):
-    """The pipeline of ``model`` (``infinity-2b`` or ``hart-0.7b``) at its real structure and a tiny width, random weights.
+    """The pipeline of ``model`` (``infinity-2b``, ``hart-0.7b``, ...: :func:`launch_model_names`) at its real
+    structure and a tiny width, random weights.
 
-    Everything but the widths comes from the real configuration (depth, heads' layout, MLP ratio, scale schedule,
-    codebook, text length; HART's 300 context tokens, vocabulary, diffusion head depth and steps, tokenizer levels);
-    no text encoder (the counter passes random ``prompt_embeds``). Weights in ``dtype`` on the CPU: half precision
-    runs under autocast, as on a GPU.
+    Everything but the widths comes from the real configuration (the family's launch structures: depth, heads'
+    layout, MLP ratio, scale schedule, codebook, text length; HART's 300 context tokens, vocabulary, diffusion head
+    depth and steps, tokenizer levels); no text encoder (the counter passes random ``prompt_embeds``). Weights in
+    ``dtype`` on the CPU: half precision runs under autocast, as on a GPU.
     """
     from ..utils.tiny import randomize_weights_
 
+    structures = _launch_structures()
+    if model not in structures:
+        raise ValueError(f"unknown model {model!r}; the counter builds {launch_model_names()}")
+    family, builder = structures[model]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        if model in ("infinity-2b", "infinity-8b"):
-            from ..models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, INFINITY_VAE_D56_PATCHIFY_CONFIG, InfinityBSQVAE
-            from ..models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
-            from ..pipelines.infinity.pipeline_infinity import InfinityPipeline
-
-            tconf = {**INFINITY_CONFIGS[model], "embed_dim": config.width, "num_heads": config.heads,
-                     "text_channels": config.text_channels}
-            if config.depth is not None:
-                tconf["depth"] = config.depth
-            vconf = dict(INFINITY_VAE_D56_PATCHIFY_CONFIG if model == "infinity-8b" else INFINITY_VAE_D32_CONFIG)
-            vconf["base_ch"] = config.vae_channels
-            transformer, vae = InfinityTransformer(**tconf), InfinityBSQVAE(**vconf)
-            pipe_cls = InfinityPipeline
-        elif model == "hart-0.7b":
-            from ..models.autoencoder_hart import HARTHybridTokenizer
-            from ..models.transformer_hart import HART_CONFIGS, HARTTransformer
-            from ..pipelines.hart.pipeline_hart import HARTPipeline
-
-            tconf = {**HART_CONFIGS[model], "embed_dim": config.width, "num_heads": config.heads,
-                     "context_dim": config.text_channels, "diffusion_width": config.width}
-            if config.depth is not None:
-                tconf["depth"] = config.depth
-            if config.hart_scales is not None:
-                tconf["patch_nums"] = tuple(tconf["patch_nums"][: config.hart_scales])
-            transformer = HARTTransformer(**tconf)
-            vae = HARTHybridTokenizer(**_HART_TOKENIZER, ch=config.vae_channels, v_patch_nums=tconf["patch_nums"])
-            pipe_cls = HARTPipeline
-        else:
-            raise ValueError(f"unknown model {model!r}; the counter builds {list(DEFAULT_MODELS) + ['infinity-8b']}")
+        transformer, vae = builder.build(model, config)
     generator = torch.Generator().manual_seed(0)
     randomize_weights_(transformer, generator)
     randomize_weights_(vae, generator)
@@ -474,33 +475,27 @@ def build_launch_pipeline(model: str, config: LaunchConfig = LaunchConfig(), dty
             transformer, vae = transformer.to(dtype), vae.to(dtype)
         finally:
             diffusers_logging.set_verbosity(verbosity)
-    return pipe_cls(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
+    return family.pipeline_class()(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
 
 
 def real_kv_cache_bytes(pipe, model: str, acceleration, config: LaunchConfig, dtype: torch.dtype) -> int:
     """The bytes the KV cache of one call allocates at ``model``'s real width and depth (``pipe`` is its narrow,
     maybe shallower stand-in: the same schedule and plan), in ``dtype``, for the counted call's size, batch and CFG."""
-    from ..models.transformer_hart import HART_CONFIGS
-    from ..models.transformer_infinity import INFINITY_CONFIGS
-
-    real = {**INFINITY_CONFIGS, **HART_CONFIGS}[model]
-    size = {} if pipe.model_family == "hart" else {"height": config.size, "width": config.size}
+    _, builder = _launch_structures()[model]
+    real = builder.real_config(model)
     per_layer = pipe.kv_cache_bytes(acceleration, batch_size=config.batch_size, cfg=config.cfg,
-                                    kv_channels=int(real["embed_dim"]), dtype=dtype, **size) // len(pipe.transformer.blocks)
+                                    kv_channels=int(real["embed_dim"]), dtype=dtype,
+                                    **builder.size_options(config)) // len(pipe.transformer.blocks)
     return per_layer * int(real["depth"])
 
 
-def _call_kwargs(pipe, config: LaunchConfig) -> Dict[str, Any]:
-    tconf = pipe.transformer.config
-    g = torch.Generator().manual_seed(0)
-    if pipe.model_family == "hart":
-        embeds = torch.randn(config.batch_size, tconf.context_tokens, tconf.context_dim, generator=g)
-        kwargs: Dict[str, Any] = {"prompt_embeds": embeds}
-    else:
-        embeds = torch.randn(config.batch_size, config.text_tokens, tconf.text_channels, generator=g)
-        kwargs = {"prompt_embeds": embeds, "height": config.size, "width": config.size}
-    if not config.cfg:  # the pipelines' own "no guidance" values; CFG on keeps each pipeline's default scale
-        kwargs["guidance_scale"] = 0.0 if pipe.model_family == "hart" else 1.0
+def _call_kwargs(pipe, model: str, config: LaunchConfig) -> Dict[str, Any]:
+    from ..families import get_model_family
+
+    _, builder = _launch_structures()[model]
+    kwargs = builder.call_options(pipe, config, torch.Generator().manual_seed(0))
+    if not config.cfg:  # the family's own "no guidance" value; CFG on keeps each pipeline's default scale
+        kwargs["guidance_scale"] = get_model_family(pipe.model_family).no_guidance
     kwargs["generator"] = torch.Generator().manual_seed(0)
     return kwargs
 
@@ -533,8 +528,8 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
                     progress(f"{model} {str(dtype).replace('torch.', '')} {method}: "
                              + ("warm-up call, then the counted call" if warmup else "the counted call"))
                 if warmup:
-                    first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))["syncs"]
-                result = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, config))
+                    first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, model, config))["syncs"]
+                result = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, model, config))
                 scales = len(result["per_scale"])
                 record = {"model": model, "family": family, "method": method, "dtype": str(dtype).replace("torch.", ""),
                           "depth": len(pipe.transformer.blocks), "num_scales": scales, "batch_size": config.batch_size,
@@ -614,11 +609,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _known_models() -> Tuple[str, ...]:
+    """``--models``' allowed names, each family's in registration order (infinity-2b, infinity-8b, hart-0.7b)."""
+    return tuple(_launch_structures())
+
+
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                      epilog="Convention and window: see the module docstring (docs/benchmarks.md).")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated: infinity-2b, infinity-8b, hart-0.7b (default {','.join(DEFAULT_MODELS)})")
+                        help=f"comma-separated: {', '.join(_known_models())} (default {','.join(DEFAULT_MODELS)})")
     parser.add_argument("--methods", default=None,
                         help="comma-separated specs: baseline, method presets, name:key=value, a+b (default: baseline and "
                              "every registered method)")
@@ -626,8 +626,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="comma-separated weight dtypes: bfloat16 (default; autocast as on a GPU), float32, float16")
     parser.add_argument("--depth", type=_positive, default=None, help="transformer blocks (default: the real depth)")
     parser.add_argument("--size", type=_positive, default=1024, help="Infinity image side (default 1024)")
-    parser.add_argument("--hart-scales", type=_positive, default=None,
-                        help="HART: its first N scales (default: all 14, 1024x1024)")
+    for structures in _families_structures():  # each family's own options (HART's --hart-scales)
+        structures.add_arguments(parser)
     parser.add_argument("--batch-size", type=_positive, default=1, help="images per call (default 1)")
     parser.add_argument("--no-cfg", action="store_true", help="no guidance (default: CFG on)")
     parser.add_argument("--per-scale", action="store_true", help="also print kernels/syncs per scale")
@@ -648,7 +648,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     args = build_parser(prog).parse_args(argv)
     try:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
-        known = ("infinity-2b", "infinity-8b", "hart-0.7b")
+        known = _known_models()
         bad = [m for m in models if m not in known]
         if bad or not models:
             raise ValueError(f"--models {args.models!r}: unknown {bad or 'empty'}; allowed: {', '.join(known)}")
@@ -660,8 +660,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         methods = split_acceleration_specs(args.methods) if args.methods else list(default_method_specs())
         if not methods:
             raise ValueError(f"--methods {args.methods!r} names no method")
-        config = LaunchConfig(depth=args.depth, size=args.size, hart_scales=args.hart_scales, batch_size=args.batch_size,
-                              cfg=not args.no_cfg)
+        family_options = {k: v for structures in _families_structures() for k, v in structures.config_options(args).items()}
+        config = LaunchConfig(depth=args.depth, size=args.size, batch_size=args.batch_size, cfg=not args.no_cfg,
+                              **family_options)
         records = count_launches(models, methods, dtypes, config,
                                  progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
                                  warmup=not args.no_warmup)

@@ -148,3 +148,13 @@ class PeakMemory:
         else:
             return None, None
         return int(peak), int(max(peak - self._base, 0))
+
+
+def count_call_flops(pipe, prompt: str, **kwargs) -> int:
+    """FLOPs (2 x multiply-accumulates) of one real pipeline call, counted by ``torch.utils.flop_counter`` with the
+    counter ``var-accel bench`` uses (:func:`make_flop_counter`: PyTorch's CPU attention kernel, which
+    has no formula in torch, is counted like the CUDA ones)."""
+    counter = make_flop_counter()
+    with counter:
+        pipe(prompt, output_type="pt", **kwargs)
+    return int(counter.get_total_flops())

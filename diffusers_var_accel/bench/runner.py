@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -52,7 +52,7 @@ from .metrics import MetricUnavailable, frechet_distance, image_sha256, load_fid
 from .probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from .prompts import PromptSet, load_prompt_set
 from ..files import atomic_file, write_atomic, write_text_atomic
-from ..families import MODEL_FAMILIES, model_family_names
+from ..families import MODEL_FAMILIES, check_sampling_options, model_family_names
 from ..schedulers.registry import default_method_specs, method_names
 
 #: Methods run when none are given: the baseline and every registered method (read when this module is imported;
@@ -172,23 +172,24 @@ def _load_schedulers(methods: Sequence[str], family: str, preset_model: Optional
 
 
 def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], dtype: str = "float32"):
-    """``(pipeline, is_embedded)`` for ``model``: ``None`` / ``"embedded"`` (the packaged model), ``"tiny"`` /
-    ``"tiny-hart"`` (random weights), a converted pipeline folder, or a Hub id (``owner/name``) whose
-    ``model_index.json`` names an ``InfinityPipeline`` or ``HARTPipeline``.
+    """``(pipeline, is_embedded)`` for ``model``: ``None`` / ``"embedded"`` (the packaged model), a family's tiny
+    model (``"tiny"`` / ``"tiny-hart"``: random weights), a converted pipeline folder, or a Hub id (``owner/name``)
+    whose ``model_index.json`` names a registered family's pipeline (``InfinityPipeline``, ``HARTPipeline``).
 
     Raises:
         ValueError: a folder without a pipeline, or a Hub id that cannot be resolved.
     """
-    from ..loading import load_pipeline
     from ..embedded import EMBEDDED_MODEL_NAMES
+    from ..families import family_of_tiny_model
+    from ..loading import load_pipeline, model_names_hint
 
     device = str(device)
     is_embedded = model is None or model in EMBEDDED_MODEL_NAMES
-    if is_embedded or model in ("tiny", "tiny-hart") or Path(model).exists():
+    if is_embedded or family_of_tiny_model(model) is not None or Path(model).exists():
         return load_pipeline(model, device, dtype), is_embedded
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-        raise ValueError(f"model {model!r}: not 'embedded', 'tiny', 'tiny-hart', an existing pipeline folder or a Hub id "
-                         "(owner/name)")
+        raise ValueError(f"model {model!r}: not {model_names_hint().replace(' or ', ', ')}, an existing pipeline folder "
+                         "or a Hub id (owner/name)")
     from huggingface_hub import hf_hub_download
 
     try:
@@ -328,7 +329,7 @@ def run_bench(
     (also in ``results.json``) and ``None`` on the other processes of a distributed run.
 
     Args:
-        model (`str`, *optional*): ``None`` / ``"embedded"`` (default), ``"tiny"`` / ``"tiny-hart"``, a pipeline folder or
+        model (`str`, *optional*): ``None`` / ``"embedded"`` (default), a family's tiny model (``"tiny"``), a pipeline folder or
             a Hub id (:func:`load_bench_pipeline`). Ignored when ``pipe`` is given.
         prompts (`str`, *optional*, defaults to `"shapes"`): ``"shapes"``, ``"geneval"`` or a prompt file
             (:func:`~diffusers_var_accel.bench.prompts.load_prompt_set`).
@@ -362,13 +363,57 @@ def run_bench(
     Raises:
         ValueError / FileNotFoundError: bad prompts, seeds, methods, numbers or model, naming the bad value.
     """
-    from accelerate.utils import gather_object
-    from tqdm.auto import tqdm
+    plan = _plan_bench(model, prompts, num_prompts, seeds, methods, repeats, warmup, batch_size, output_dir, device,
+                       dtype, height, width, sampling, save_images, progress, pipe)
+    networks = _metric_networks(plan, fid_feature_extractor, lpips_fn)
+    run = _run_bench(plan, networks)
+    gathered = _gather_runs(plan, run)
+    if gathered is None:  # a process other than the main one: its records went to the main process
+        return None
+    results = _aggregate_bench(plan, networks, run, *gathered)
+    _write_bench(plan, networks, run, results, verbose)
+    return results
 
-    from ..data.scorer import score
-    from ..metrics import psnr, ssim
 
-    # 1. Inputs
+@dataclass
+class _BenchPlan:
+    """What the benchmark runs: the checked inputs, the pipeline, its schedulers and this process's work items."""
+
+    seed_list: List[int]
+    method_list: List[str]
+    prompt_set: PromptSet
+    state: Any
+    device: torch.device
+    pipe: Any
+    model_name: str
+    family: str
+    call_kwargs: Dict[str, Any]
+    schedulers: Dict[str, Any]
+    folders: Dict[str, str]
+    items: List[Tuple[int, int]]
+    mine: List[Tuple[int, int]]
+    batches: List[List[Tuple[int, int]]]
+    out_dir: Path
+    repeats: int
+    warmup: int
+    batch_size: int
+    dtype: str
+    save_images: bool
+    progress: bool
+
+    def generate(self, method: str, batch: Sequence[Tuple[int, int]], callback=None) -> np.ndarray:
+        """The uint8 images of ``batch``'s (prompt, seed) items with ``method``; each image its own generator."""
+        gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        texts = [self.prompt_set.prompts[p].prompt for p, _ in batch]
+        generators = [torch.Generator(gen_device).manual_seed(self.seed_list[k]) for _, k in batch]
+        images = self.pipe(texts, generator=generators, output_type="np", acceleration=self.schedulers[method],
+                           callback_on_step_end=callback, **self.call_kwargs).images
+        return (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def _plan_bench(model, prompts, num_prompts, seeds, methods, repeats, warmup, batch_size, output_dir, device, dtype,
+                height, width, sampling, save_images, progress, pipe) -> _BenchPlan:
+    """1. the inputs, checked; 2. processes, device, pipeline, schedulers; this process's share of the work items."""
     for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -377,7 +422,6 @@ def run_bench(
     check_methods(method_list)
     prompt_set: PromptSet = load_prompt_set(prompts, num_prompts)
 
-    # 2. Processes, device, pipeline, schedulers
     if pipe is not None:
         device = str(pipe.device) if device is None else device
     state, device = process_state(device)
@@ -399,21 +443,31 @@ def run_bench(
 
         call_kwargs.update(EMBEDDED_SAMPLING)
     call_kwargs.update({k: v for k, v in (sampling or {}).items()})
-    if family == "hart" and "tau" in call_kwargs:
-        raise ValueError("tau is an Infinity option; HART samples with top-k / top-p and guidance_scale")
+    check_sampling_options(family, call_kwargs)  # an option of another family (tau for HART) is refused
     call_kwargs.update({k: v for k, v in (("height", height), ("width", width)) if v is not None})
     schedulers = _load_schedulers(method_list, family, getattr(pipe, "preset_model", None))
-    folders = method_folders(method_list)
-    gen_device = device_t if device_t.type == "cuda" else torch.device("cpu")
 
-    def generate(method: str, batch: Sequence[Tuple[int, int]], callback=None) -> np.ndarray:
-        texts = [prompt_set.prompts[p].prompt for p, _ in batch]
-        generators = [torch.Generator(gen_device).manual_seed(seed_list[k]) for _, k in batch]
-        images = pipe(texts, generator=generators, output_type="np", acceleration=schedulers[method],
-                      callback_on_step_end=callback, **call_kwargs).images
-        return (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
+    items = [(p, k) for p in range(len(prompt_set)) for k in range(len(seed_list))]
+    mine = process_share(state, items)
+    return _BenchPlan(
+        seed_list=seed_list, method_list=method_list, prompt_set=prompt_set, state=state, device=device_t, pipe=pipe,
+        model_name=model_name, family=family, call_kwargs=call_kwargs, schedulers=schedulers,
+        folders=method_folders(method_list), items=items, mine=mine,
+        batches=[mine[i:i + batch_size] for i in range(0, len(mine), batch_size)], out_dir=Path(output_dir),
+        repeats=repeats, warmup=warmup, batch_size=batch_size, dtype=dtype, save_images=save_images, progress=progress)
 
-    # 3. Metrics that need networks: used when available, else skipped with the reason
+
+@dataclass
+class _MetricNetworks:
+    """3. the metrics that need networks (used when available, else skipped with the reason) and the shapes scorer."""
+
+    extractor: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    lpips_distance: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+    scorable: List[bool]
+    skipped: Dict[str, str]
+
+
+def _metric_networks(plan: _BenchPlan, fid_feature_extractor, lpips_fn) -> _MetricNetworks:
     skipped: Dict[str, str] = {}
 
     def resolve(option, loader, name: str):
@@ -422,7 +476,7 @@ def run_bench(
             return None
         if option == USE_STANDARD_NETWORK:
             try:
-                return loader(device_t)
+                return loader(plan.device)
             except MetricUnavailable as err:
                 skipped[name] = str(err)
                 return None
@@ -432,28 +486,48 @@ def run_bench(
 
     extractor = resolve(fid_feature_extractor, load_fid_extractor, "fid_star")
     lpips_distance = resolve(lpips_fn, load_lpips, "lpips")
-    scorable = [_scorable(p.prompt) for p in prompt_set.prompts]
+    scorable = [_scorable(p.prompt) for p in plan.prompt_set.prompts]
     if not any(scorable):
         skipped["scorer"] = "no prompt is in the shapes grammar (the scorer only judges shapes prompts)"
+    return _MetricNetworks(extractor, lpips_distance, scorable, skipped)
 
-    # 4. This process's share of the work items
-    items = [(p, k) for p in range(len(prompt_set)) for k in range(len(seed_list))]
-    mine = process_share(state, items)
-    batches = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
-    out_dir = Path(output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meter = PeakMemory(device_t)
+
+@dataclass
+class _BenchRun:
+    """What one process measured: per-item records, times, peaks, the grid's images, the probed scales."""
+
+    records: List[Dict[str, Any]]
+    image_size: Optional[List[int]]
+    per_image_seconds: Dict[str, List[float]]
+    peaks: Dict[str, List[Optional[int]]]
+    nondeterministic: set
+    grid_rows: Dict[str, List[np.ndarray]]
+    per_scale: Dict[str, Optional[Dict[str, Any]]]
+    flops: Dict[str, Optional[Dict[str, Any]]]
+    peak_memory_kind: str
+
+
+def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
+    """4.-5. warm-up (discarded), then interleaved timed rounds per batch, every image compared with the baseline's;
+    6. on the main process, per-scale time and FLOPs of the first work item."""
+    from tqdm.auto import tqdm
+
+    from ..data.scorer import score
+    from ..metrics import psnr, ssim
+
+    method_list, batches, state = plan.method_list, plan.batches, plan.state
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    meter = PeakMemory(plan.device)
     if meter.unavailable:
-        skipped["peak_memory"] = meter.unavailable
-    show = progress and state.is_main_process
-    bar = tqdm(total=len(method_list) * (warmup + repeats * len(batches)) if batches else 0, desc="bench", disable=not show,
-               unit="call")
+        networks.skipped["peak_memory"] = meter.unavailable
+    show = plan.progress and state.is_main_process
+    bar = tqdm(total=len(method_list) * (plan.warmup + plan.repeats * len(batches)) if batches else 0, desc="bench",
+               disable=not show, unit="call")
 
-    # 5. Warm-up (discarded), then interleaved timed rounds per batch
     if batches:
-        for _ in range(warmup):
+        for _ in range(plan.warmup):
             for m in method_list:
-                generate(m, batches[0])
+                plan.generate(m, batches[0])
                 bar.update()
     records: List[Dict[str, Any]] = []
     image_size: Optional[List[int]] = None
@@ -464,13 +538,13 @@ def run_bench(
     for batch in batches:
         images: Dict[str, np.ndarray] = {}
         seconds: Dict[str, List[float]] = {m: [] for m in method_list}
-        for r in range(repeats):
+        for r in range(plan.repeats):
             for m in (method_list if r % 2 == 0 else method_list[::-1]):
                 meter.start()
-                synchronize(device_t)
+                synchronize(plan.device)
                 start = time.perf_counter()
-                out = generate(m, batch)
-                synchronize(device_t)
+                out = plan.generate(m, batch)
+                synchronize(plan.device)
                 elapsed = time.perf_counter() - start
                 peak, increase = meter.stop()
                 if peak is not None:
@@ -485,11 +559,11 @@ def run_bench(
             per_image_seconds[m] += seconds[m] * len(batch)
         image_size = [int(images[_BASELINE].shape[1]), int(images[_BASELINE].shape[2])]
         for j, (p, k) in enumerate(batch):
-            entry = prompt_set.prompts[p]
+            entry = plan.prompt_set.prompts[p]
             reference = images[_BASELINE][j]
             ref_t = _as_tensor(reference)
             record: Dict[str, Any] = {"prompt_position": p, "prompt_index": entry.index, "prompt": entry.prompt,
-                                      "category": entry.category, "seed": seed_list[k], "seed_position": k,
+                                      "category": entry.category, "seed": plan.seed_list[k], "seed_position": k,
                                       "process": state.process_index, "methods": {}, "features": {}}
             for m in method_list:
                 image = images[m][j]
@@ -499,94 +573,125 @@ def run_bench(
                     "sha256": image_sha256(image),
                     "psnr": float(psnr(image, reference)),
                     "ssim": float(ssim(image, reference)),
-                    "lpips": float(lpips_distance(image_t, ref_t).reshape(-1)[0]) if lpips_distance else None,
-                    "scorer_correct": bool(score(entry.prompt, image)["correct"]) if scorable[p] else None,
+                    "lpips": float(networks.lpips_distance(image_t, ref_t).reshape(-1)[0]) if networks.lpips_distance
+                    else None,
+                    "scorer_correct": bool(score(entry.prompt, image)["correct"]) if networks.scorable[p] else None,
                 }
-                if extractor is not None:
-                    record["features"][m] = extractor(image_t).detach().to("cpu", torch.float32).reshape(-1).numpy()
+                if networks.extractor is not None:
+                    record["features"][m] = networks.extractor(image_t).detach().to("cpu", torch.float32).reshape(-1).numpy()
                 record["methods"][m] = row
-                if save_images:
-                    _save_image(out_dir / folders[m], entry, seed_list[k], k, image, prompt_set.geneval)
+                if plan.save_images:
+                    _save_image(plan.out_dir / plan.folders[m], entry, plan.seed_list[k], k, image, plan.prompt_set.geneval)
                 if state.is_main_process and len(grid_rows[m]) < GRID_IMAGES:
                     grid_rows[m].append(image)
             records.append(record)
     bar.close()
+    per_scale, flops = _probe_first_item(plan)
+    return _BenchRun(records, image_size, per_image_seconds, peaks, nondeterministic, grid_rows, per_scale, flops,
+                     meter.kind)
 
-    # 6. Main process: per-scale time and FLOPs on the first work item (one image)
+
+def _probe_first_item(plan: _BenchPlan):
+    """``(per_scale, flops)`` per method: the main process's per-scale time (median of ``repeats`` interleaved
+    probed calls) and counted FLOPs on the first work item (one image); ``None`` on the other processes."""
+    method_list = plan.method_list
     per_scale: Dict[str, Optional[Dict[str, Any]]] = {m: None for m in method_list}
     flops: Dict[str, Optional[Dict[str, Any]]] = {m: None for m in method_list}
-    if state.is_main_process:
-        first = [(0, 0)]
-        runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in method_list}
-        for r in range(repeats):
-            for m in (method_list if r % 2 == 0 else method_list[::-1]):
-                with CallProbe(pipe, device_t) as probe:
-                    generate(m, first, probe.on_scale_end)
-                runs[m].append(probe.breakdown())
-        for m in method_list:
-            secs = [run["seconds"] for run in runs[m]]
-            per_scale[m] = {
-                "seconds": [statistics.median(s["scales"][i] for s in secs) for i in range(len(secs[0]["scales"]))],
-                "text_encoder_seconds": statistics.median(s["text_encoder"] for s in secs),
-                "decode_seconds": statistics.median(s["decode"] for s in secs),
-                "other_seconds": statistics.median(s["other"] for s in secs),
-                "scale_shapes": runs[m][0]["scale_shapes"],
-            }
-            counter = make_flop_counter()
-            with counter:
-                with CallProbe(pipe, device_t, counter) as probe:
-                    generate(m, first, probe.on_scale_end)
-            flops[m] = probe.breakdown()["flops"]
-            per_scale[m]["flops"] = flops[m]["scales"]
+    if not plan.state.is_main_process:
+        return per_scale, flops
+    first = [(0, 0)]
+    runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in method_list}
+    for r in range(plan.repeats):
+        for m in (method_list if r % 2 == 0 else method_list[::-1]):
+            with CallProbe(plan.pipe, plan.device) as probe:
+                plan.generate(m, first, probe.on_scale_end)
+            runs[m].append(probe.breakdown())
+    for m in method_list:
+        secs = [run["seconds"] for run in runs[m]]
+        per_scale[m] = {
+            "seconds": [statistics.median(s["scales"][i] for s in secs) for i in range(len(secs[0]["scales"]))],
+            "text_encoder_seconds": statistics.median(s["text_encoder"] for s in secs),
+            "decode_seconds": statistics.median(s["decode"] for s in secs),
+            "other_seconds": statistics.median(s["other"] for s in secs),
+            "scale_shapes": runs[m][0]["scale_shapes"],
+        }
+        counter = make_flop_counter()
+        with counter:
+            with CallProbe(plan.pipe, plan.device, counter) as probe:
+                plan.generate(m, first, probe.on_scale_end)
+        flops[m] = probe.breakdown()["flops"]
+        per_scale[m]["flops"] = flops[m]["scales"]
+    return per_scale, flops
 
-    # 7. Gather on the main process
-    summary = {"process": state.process_index, "device_name": _device_name(device_t), "num_items": len(mine),
-               "image_size": image_size, "median_seconds": {m: statistics.median(v) if v else None for m, v in per_image_seconds.items()},
-               "peaks": peaks, "nondeterministic": sorted(nondeterministic)}
-    all_records = gather_object(records)
+
+def _gather_runs(plan: _BenchPlan, run: _BenchRun):
+    """7. every process's records and summary on the main process, in (prompt, seed) / process order; ``None`` on the
+    other processes."""
+    from accelerate.utils import gather_object
+
+    state = plan.state
+    summary = {"process": state.process_index, "device_name": _device_name(plan.device), "num_items": len(plan.mine),
+               "image_size": run.image_size,
+               "median_seconds": {m: statistics.median(v) if v else None for m, v in run.per_image_seconds.items()},
+               "peaks": run.peaks, "nondeterministic": sorted(run.nondeterministic)}
+    all_records = gather_object(run.records)
     summaries = gather_object([summary])
     if not state.is_main_process:
         return None
     all_records.sort(key=lambda rec: (rec["prompt_position"], rec["seed_position"]))
     summaries.sort(key=lambda s: s["process"])
+    return all_records, summaries
 
-    # 8. Aggregate
+
+def _aggregate_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, all_records, summaries) -> Dict[str, Any]:
+    """8. the results: per method (time, speed-up, FLOPs, memory, fidelity, KV cache), the run's settings, the items."""
+    method_list, call_kwargs, pipe = plan.method_list, plan.call_kwargs, plan.pipe
     guidance = {k: call_kwargs[k] for k in ("guidance_scale", "cfg_list") if k in call_kwargs}
-    kv_cache_bytes = {m: pipe.kv_cache_bytes(schedulers[m], height=call_kwargs.get("height"), width=call_kwargs.get("width"),
-                                             batch_size=batch_size, cfg=pipe.guided_call(**guidance)) for m in method_list}
-    results = _aggregate(all_records, summaries, method_list, folders, per_scale, flops, extractor is not None,
-                         lpips_distance is not None, skipped, meter.kind)
+    kv_cache_bytes = {m: pipe.kv_cache_bytes(plan.schedulers[m], height=call_kwargs.get("height"),
+                                             width=call_kwargs.get("width"), batch_size=plan.batch_size,
+                                             cfg=pipe.guided_call(**guidance)) for m in method_list}
+    results = _aggregate(all_records, summaries, method_list, plan.folders, run.per_scale, run.flops,
+                         networks.extractor is not None, networks.lpips_distance is not None, networks.skipped,
+                         run.peak_memory_kind)
     results["run"] = {
-        "model": model_name, "family": family, "height": None, "width": None,
-        "device": str(device_t), "device_name": summaries[0]["device_name"], "dtype": str(getattr(pipe, "dtype", dtype)).replace("torch.", ""),
-        "num_processes": state.num_processes, "processes": [{k: s[k] for k in ("process", "device_name", "num_items")} for s in summaries],
-        "prompt_source": prompt_set.source, "prompts_in_source": prompt_set.total, "num_prompts": len(prompt_set),
-        "geneval_layout": prompt_set.geneval, "seeds": seed_list, "num_items": len(all_records),
-        "methods": method_list, "method_folders": folders, "repeats": repeats, "warmup": warmup, "batch_size": batch_size,
+        "model": plan.model_name, "family": plan.family, "height": None, "width": None,
+        "device": str(plan.device), "device_name": summaries[0]["device_name"],
+        "dtype": str(getattr(pipe, "dtype", plan.dtype)).replace("torch.", ""),
+        "num_processes": plan.state.num_processes,
+        "processes": [{k: s[k] for k in ("process", "device_name", "num_items")} for s in summaries],
+        "prompt_source": plan.prompt_set.source, "prompts_in_source": plan.prompt_set.total,
+        "num_prompts": len(plan.prompt_set), "geneval_layout": plan.prompt_set.geneval, "seeds": plan.seed_list,
+        "num_items": len(all_records), "methods": method_list, "method_folders": plan.folders,
+        "repeats": plan.repeats, "warmup": plan.warmup, "batch_size": plan.batch_size,
         "sampling": {k: v for k, v in call_kwargs.items() if k not in ("height", "width")},
-        "peak_memory_kind": meter.kind, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "peak_memory_kind": run.peak_memory_kind, "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
     results["run"]["height"], results["run"]["width"] = summaries[0]["image_size"]
     for m in method_list:  # counted from the plan (pipe.kv_cache_bytes), for one call of the benchmark's batch
         results["methods"][m]["kv_cache_bytes"] = kv_cache_bytes[m]
-    results["run"]["scale_schedule"] = per_scale[_BASELINE]["scale_shapes"] if per_scale[_BASELINE] else None
+    results["run"]["scale_schedule"] = run.per_scale[_BASELINE]["scale_shapes"] if run.per_scale[_BASELINE] else None
     results["items"] = [{k: v for k, v in rec.items() if k != "features"} for rec in all_records]
+    return results
 
-    # 9. Files
+
+def _write_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, results: Dict[str, Any],
+                 verbose: bool) -> None:
+    """9. results.json, results.md, the two plots and the grid (main process); the table when ``verbose``."""
     from .report import format_markdown, format_table, plot_scale_breakdown, plot_speedup_vs_fidelity, save_grid
 
+    out_dir = plan.out_dir
     write_text_atomic(out_dir / "results.json", json.dumps(_json_safe(results), indent=2, allow_nan=False))
     write_text_atomic(out_dir / "results.md", format_markdown(results))
     plot_speedup_vs_fidelity(results, out_dir / "speedup_vs_fidelity.png")
     plot_scale_breakdown(results, out_dir / "scale_breakdown.png")
-    save_grid({m: grid_rows[m] for m in method_list}, out_dir / "grid.png")
+    save_grid({m: run.grid_rows[m] for m in plan.method_list}, out_dir / "grid.png")
     if verbose:
         print(format_table(results))
-        for name, reason in skipped.items():
+        for name, reason in networks.skipped.items():
             print(f"skipped {name}: {reason}")
         print(f"wrote {out_dir / 'results.json'}, results.md, speedup_vs_fidelity.png, scale_breakdown.png, grid.png"
-              + (" and the images" if save_images else ""))
-    return results
+              + (" and the images" if plan.save_images else ""))
 
 
 def _save_image(folder: Path, entry, seed: int, seed_position: int, image: np.ndarray, geneval: bool) -> None:

@@ -4,11 +4,15 @@
 ``docs/embedded.md``). It loads offline::
 
     from diffusers_var_accel import InfinityPipeline
-    pipe = InfinityPipeline.from_pretrained("embedded")          # or load_embedded_pipeline()
+    pipe = InfinityPipeline.from_pretrained("embedded")   # or diffusers_var_accel.loading.load_embedded_pipeline()
     image = pipe("a blue square to the left of a yellow triangle", **EMBEDDED_SAMPLING).images[0]
 
 It makes 64x64 images of 1-3 circles / squares / triangles; prompts outside the shapes world's vocabulary map to
 ``<unk>``.
+
+This module holds only the packaged folder's path and names (it imports nothing of the package, so the pipelines can
+resolve the name ``"embedded"`` without an import circle); :func:`diffusers_var_accel.loading.load_embedded_pipeline`
+loads it.
 """
 
 from __future__ import annotations
@@ -37,9 +41,3 @@ def embedded_model_path() -> Path:
                                 "reinstall the package or train it with scripts/train_embedded.py")
     return EMBEDDED_MODEL_PATH
 
-
-def load_embedded_pipeline(**kwargs):
-    """The embedded :class:`~diffusers_var_accel.InfinityPipeline` (offline)."""
-    from ..pipelines.infinity import InfinityPipeline
-
-    return InfinityPipeline.from_pretrained(embedded_model_path(), **kwargs)

@@ -364,7 +364,7 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller
-    (``pipelines/next_scale.py``). One :meth:`forward` runs the blocks over the tokens of one scale (or one group of
+    (the next-scale loop, ``next_scale/``). One :meth:`forward` runs the blocks over the tokens of one scale (or one group of
     scales); :meth:`encode_condition`, :meth:`embed_start`, :meth:`embed_scale_inputs` and :meth:`head` are the other
     steps of the official ``autoregressive_infer_cfg``.
 

@@ -160,7 +160,7 @@ def make_enable_shortcut(name: str, scheduler_class: Type[VARAccelScheduler]) ->
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_{name}()

@@ -26,12 +26,16 @@ from typing import Dict, Type
 
 from diffusers.utils import logging
 
+from ..families import MODEL_FAMILIES
+
 logger = logging.get_logger(__name__)
 
 _AUTO_PIPELINE_MODULE = "diffusers.pipelines.auto_pipeline"
 
-#: Keys of our pipelines in ``AUTO_TEXT2IMAGE_PIPELINES_MAPPING`` (diffusers keys it by model name).
-AUTO_TEXT2IMAGE_KEYS: Dict[str, str] = {"InfinityPipeline": "infinity-var-accel", "HARTPipeline": "hart-var-accel"}
+#: Keys of our pipelines in ``AUTO_TEXT2IMAGE_PIPELINES_MAPPING`` (diffusers keys it by model name):
+#: ``{pipeline class name: "<family>-var-accel"}`` of every registered family.
+AUTO_TEXT2IMAGE_KEYS: Dict[str, str] = {family.pipeline_class_name: f"{name}-var-accel"
+                                        for name, family in MODEL_FAMILIES.items()}
 
 _registered: Dict[str, Type] = {}
 

@@ -9,12 +9,15 @@ import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 
+from ..families import MODEL_FAMILIES
 from ..schedulers.presets import close_names
 
 # loading
 # ---------------------------------------------------------------------------------------------------------------------
-#: The pipeline classes a saved folder's ``model_index.json`` may name.
-PIPELINE_CLASS_NAMES = ("HARTPipeline", "InfinityPipeline")
+def pipeline_class_names() -> Tuple[str, ...]:
+    """The pipeline classes a saved folder's ``model_index.json`` may name: the registered families', sorted (read
+    when a folder is loaded, so a family registered later counts)."""
+    return tuple(sorted(family.pipeline_class_name for family in MODEL_FAMILIES.values()))
 
 
 def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[str, Any],
@@ -66,11 +69,12 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
         stored = index.get("_class_name") if isinstance(index, dict) else None
         name = stored[1] if isinstance(stored, list) and len(stored) == 2 else stored
         if name not in [c.__name__ for c in cls.__mro__]:  # the class itself or a pipeline class it extends
-            if name in PIPELINE_CLASS_NAMES:
+            allowed = pipeline_class_names()
+            if name in allowed:
                 raise ValueError(f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained")
-            hint = close_names(name, PIPELINE_CLASS_NAMES) if isinstance(name, str) else ""
+            hint = close_names(name, allowed) if isinstance(name, str) else ""
             raise ValueError(f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
-                             f"allowed: {list(PIPELINE_CLASS_NAMES)}")
+                             f"allowed: {list(allowed)}")
         # components passed to from_pretrained are not read from the folder
         stored_components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
                              and k not in kwargs]

@@ -1,5 +1,5 @@
-"""Utilities: offline builders of tiny random-weight components (:mod:`diffusers_var_accel.utils.tiny`)."""
+"""Utilities: the shared parts of the families' tiny random-weight builders (:mod:`diffusers_var_accel.utils.tiny`)."""
 
-from .tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline, build_tiny_qwen2, build_tiny_t5, build_tiny_tokenizer
+from .tiny import TINY_VOCABULARY, build_tiny_tokenizer, randomize_weights_
 
-__all__ = ["build_tiny_hart_pipeline", "build_tiny_infinity_pipeline", "build_tiny_qwen2", "build_tiny_t5", "build_tiny_tokenizer"]
+__all__ = ["TINY_VOCABULARY", "build_tiny_tokenizer", "randomize_weights_"]

@@ -14,6 +14,7 @@ its tokenizer) when you have them locally, or generate from ``prompt_embeds``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Optional, Union
 
 import torch
 
+from ...families import ConvertCommand
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.transformer_hart import HARTTransformer
 from .pipeline_hart import HARTPipeline
@@ -62,3 +64,45 @@ def load_original_hart_pipeline(
         raise ValueError(f"the tokenizer (V={vae.config.vocab_size}, Cv={vae.config.z_channels}) does not match the transformer "
                          f"(V={transformer.config.vocab_size}, Cv={transformer.config.token_channels})")
     return HARTPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command line: ``var-accel convert hart`` (the shared options and the saving are the CLI's)
+# ---------------------------------------------------------------------------------------------------------------------
+def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``var-accel convert hart``: the official folder and which of its weights."""
+    parser.add_argument("--checkpoint", required=True,
+                        help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
+    parser.add_argument("--no-ema", action="store_true", help="use the main weights instead of llm/ema_model.bin")
+
+
+def _load_local_tokenizer(folder: str):
+    """The tokenizer class named by the folder's ``tokenizer_config.json`` (else ``AutoTokenizer``), offline."""
+    import transformers
+
+    config = Path(folder) / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    cls = getattr(transformers, name, None) if name else None
+    return (cls or transformers.AutoTokenizer).from_pretrained(folder, local_files_only=True)
+
+
+def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -> HARTPipeline:
+    """``var-accel convert hart``: the pipeline of ``args.checkpoint`` (+ the Qwen2 ``args.text_encoder``)."""
+    if not Path(args.checkpoint).is_dir():
+        raise FileNotFoundError(f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
+                                "(hart-0.7b-1024px/ with llm/config.json and tokenizer/) or its llm/ folder")
+    text_encoder = tokenizer = None
+    if args.text_encoder is not None:
+        from transformers import AutoModel
+
+        text_encoder = AutoModel.from_pretrained(args.text_encoder, torch_dtype=torch_dtype, local_files_only=True)
+        tokenizer = _load_local_tokenizer(args.tokenizer or args.text_encoder)
+    return load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=torch_dtype,
+                                       text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+#: The ``var-accel convert hart`` sub-command (registered as the family's ``converter``).
+CONVERT_COMMAND = ConvertCommand(
+    help="HART: the official folder (llm/ + tokenizer/) (+ a local Qwen2 folder)",
+    description="Convert the official HART folder (hart-0.7b-1024px/: llm/ and tokenizer/).",
+    add_arguments=add_convert_arguments, convert=convert_from_arguments)

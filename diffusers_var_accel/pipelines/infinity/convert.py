@@ -18,11 +18,14 @@ Examples:
 
 from __future__ import annotations
 
+import argparse
 import os
+from pathlib import Path
 from typing import Optional, Union
 
 import torch
 
+from ...families import ConvertCommand
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...models.checkpoint_utils import SHARDED_INDEX_NAME, resolve_torch_dtype
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
@@ -107,3 +110,36 @@ def convert_infinity_original(
             )
 
     return InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command line: ``var-accel convert infinity`` (the shared options and the saving are the CLI's)
+# ---------------------------------------------------------------------------------------------------------------------
+def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``var-accel convert infinity``: the official checkpoint files."""
+    parser.add_argument("--transformer", required=True, help="official transformer .pth (plain state dict, e.g. "
+                        "infinity_2b_reg.pth), a .safetensors copy with the official keys, or the 8B shard folder "
+                        "(infinity_8b_weights/ with model.safetensors.index.json)")
+    parser.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
+                        "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors")
+    parser.add_argument("--config", choices=tuple(INFINITY_CONFIGS),
+                        help="named config (default: inferred from the shapes)")
+
+
+def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -> InfinityPipeline:
+    """``var-accel convert infinity``: the pipeline of ``args.transformer`` / ``args.vae`` (+ ``args.text_encoder``,
+    ``args.tokenizer``)."""
+    for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
+        if not (Path(value).is_file() or (flag == "--transformer" and Path(value).is_dir())):
+            raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
+                                    "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies; "
+                                    "for 8B the infinity_8b_weights/ shard folder)")
+    return convert_infinity_original(args.transformer, args.vae, text_encoder_path=args.text_encoder,
+                                     tokenizer_path=args.tokenizer, config=args.config, torch_dtype=torch_dtype)
+
+
+#: The ``var-accel convert infinity`` sub-command (registered as the family's ``converter``).
+CONVERT_COMMAND = ConvertCommand(
+    help="Infinity: transformer .pth + VAE .pth (+ a local T5 folder)",
+    description="Convert the official Infinity transformer and VAE checkpoints.",
+    add_arguments=add_convert_arguments, convert=convert_from_arguments)
