@@ -11,10 +11,7 @@ import torch
 
 from diffusers_var_accel import (
     ARVARScheduler,
-    DepthVARScheduler,
-    FastVARScheduler,
     LazyVARScheduler,
-    StageVARScheduler,
     VARAccelScheduler,
 )
 from diffusers_var_accel.calibration import (
@@ -32,11 +29,10 @@ from diffusers_var_accel.cli import main
 from diffusers_var_accel.demo import count_call_flops
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
+from registry_lists import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
-           "stagevar": StageVARScheduler}
 
 #: Two LazyVAR settings of the embedded model: the first is too mild for 1.5x, the second reaches it.
 TINY_GRID = [

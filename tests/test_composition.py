@@ -12,19 +12,15 @@ from diffusers_var_accel import (
     ARVARScheduler,
     ComposedScheduler,
     DepthVARScheduler,
-    FastVARScheduler,
     LazyVARScheduler,
-    StageVARScheduler,
 )
 from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
 from diffusers_var_accel.schedulers.scheduling_lazyvar import PivotalGroupTokens
 from diffusers_var_accel.utils.tiny import build_tiny_hart_pipeline, build_tiny_infinity_pipeline
+from registry_lists import FAMILIES, METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
-           "stagevar": StageVARScheduler}
-FAMILIES = ("infinity", "hart")
 
 #: Every pair of presets (both orders behave alike): ``None`` = composes, else the reason the error gives. The table in
 #: docs/acceleration.md is this one.

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+import registry_lists
 from diffusers_var_accel.embedded import EMBEDDED_MODEL_PATH
 from diffusers_var_accel.hub import has_hub_shim, make_model_card, read_benchmark_results, write_hub_shim, write_model_card
 from diffusers_var_accel.schedulers.presets import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ["arvar", "depthvar", "fastvar", "lazyvar", "stagevar"]
+METHODS = sorted(registry_lists.METHODS)  # every library method, from the registry (the cards list them sorted)
 
 HART_INDEX = {
     "_class_name": "HARTPipeline", "_diffusers_version": "0.42.1", "acceleration": [None, None],

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusers_var_accel import (ARVARScheduler, DepthVARScheduler, FastVARScheduler, HARTPipeline, InfinityPipeline,
-                                 LazyVARScheduler, StageVARScheduler)
+import diffusers_var_accel.schedulers
+from diffusers_var_accel import ARVARScheduler, HARTPipeline, InfinityPipeline, LazyVARScheduler
 from diffusers_var_accel.families import MODEL_FAMILIES, get_model_family, model_family_names
 from diffusers_var_accel.schedulers.registry import METHODS, get_method, method_names, unregister_method
 from diffusers_var_accel.schedulers.scheduling_var_base import (ComposedScheduler, VARAccelScheduler, build_acceleration,
@@ -20,8 +20,11 @@ from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "acceleration.md"
 SIZE = dict(height=256, width=256)
-LIBRARY_METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler,
-                   "arvar": ARVARScheduler, "stagevar": StageVARScheduler}
+#: The package's scheduler modules and their methods, found by a rule (``scheduling_<method>.py`` defines the method
+#: ``<method>``), not typed by hand; the registry must hold exactly these, in the order the package imports them.
+SCHEDULERS_DIR = Path(diffusers_var_accel.schedulers.__file__).parent
+METHOD_MODULES = sorted(p.stem for p in SCHEDULERS_DIR.glob("scheduling_*.py") if p.stem != "scheduling_var_base")
+LIBRARY_METHODS = {name: cls for name, cls in METHODS.items() if cls.__module__.startswith("diffusers_var_accel.")}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +40,14 @@ def _latents(pipe, **kwargs):
 
 
 # -- registry contents ------------------------------------------------------------------------------------------------
-def test_method_registry_holds_the_four_methods_in_order_with_their_presets():
-    assert method_names()[:5] == list(LIBRARY_METHODS)
+def test_method_registry_holds_every_scheduler_module_of_the_package_in_order_with_their_presets():
+    assert sorted(f"scheduling_{name}" for name in LIBRARY_METHODS) == METHOD_MODULES and len(METHOD_MODULES) >= 5
+    # the registration order is the package's import order (schedulers/__init__.py), the order of every method list
+    init = (SCHEDULERS_DIR / "__init__.py").read_text(encoding="utf-8")
+    assert list(LIBRARY_METHODS) == sorted(LIBRARY_METHODS, key=lambda name: init.index(f".scheduling_{name} import"))
+    assert method_names()[:len(LIBRARY_METHODS)] == list(LIBRARY_METHODS)
     for name, cls in LIBRARY_METHODS.items():
-        assert get_method(name) is cls
+        assert get_method(name) is cls and cls.__module__ == f"diffusers_var_accel.schedulers.scheduling_{name}"
         assert set(cls.presets) == set(MODEL_FAMILIES), name  # every method has a preset per family
         assert cls.presets.names() == {f: f"{MODEL_FAMILIES[f].preset_model}/{name}" for f in MODEL_FAMILIES}
 
@@ -115,7 +122,7 @@ def test_enable_a_composition_by_name(pipe):
 
 def test_bad_names_and_overrides_fail_clearly(pipe):
     with pytest.raises(ValueError, match=r"unknown acceleration method 'lazyvra' \(did you mean 'lazyvar'\?\); known "
-                                         r"methods: \['fastvar', 'lazyvar', 'depthvar', 'arvar', 'stagevar'"):
+                                         r"methods: " + re.escape(str(method_names()))):
         pipe.enable_acceleration("lazyvra")
     with pytest.raises(ValueError, match=r"unknown acceleration method 'nope'.*known methods"):
         pipe.enable_acceleration("lazyvar+nope")
