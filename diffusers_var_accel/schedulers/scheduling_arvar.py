@@ -33,7 +33,7 @@ Shape legend: ``R`` rows (``2B`` under CFG, conditional first), ``H`` heads, ``L
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from diffusers.configuration_utils import register_to_config
@@ -206,6 +206,26 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
     def kept_tokens(self, state) -> Dict[Tuple[int, int], torch.Tensor]:
         """The positions each pruned layer computed in the call of ``state``: ``{(T, layer): (R of T - M, K)}``."""
         return self.call_state(state).kept
+
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect
+        pruning of none / the last / the last 2 scales at 25, 50 or 75 %."""
+        grid = []
+        for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
+            for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
+                if not halved and not pruned:
+                    continue
+                grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Branch halving only (the last 1, 2, 3 or 5 scales): its attention-retrospect pruning routes the same blocks
+        as the other methods' token selections, which a composition refuses."""
+        return [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
+                for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])]
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(self, scale_schedule):

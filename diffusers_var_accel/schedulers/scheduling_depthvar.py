@@ -336,6 +336,22 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         """The percentile rotation of a dynamic scale."""
         return (self.config.rotation_step * (scale_index - min(budgets))) % 1.0
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Reference scale R = -2 .. -6 (from the end), rotation step 0, 0.05 or 0.25, code blending on or off."""
+        grid = []
+        for reference in (-2, -3, -4, -5, -6):
+            for rotation in (0.0, 0.05, 0.25):
+                for blending in (True, False):
+                    grid.append(dict(reference_scale=reference, rotation_step=rotation, code_blending=blending))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Reference scale R = -2, -3 or -4, no rotation, code blending on."""
+        return [dict(reference_scale=r, rotation_step=0.0, code_blending=True) for r in (-2, -3, -4)]
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         budgets = self.budgets(scale_schedule)

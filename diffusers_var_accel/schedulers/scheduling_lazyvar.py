@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -253,6 +253,34 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
     def kept_tokens(self, state) -> Dict[int, torch.Tensor]:
         """The tokens each pruned scale computed in the call of ``state``: ``{scale: (B, n) flat indices}``."""
         return self.call_state(state).kept
+
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The last scale alone, or a group of the last 2, 3 or 4 scales decoded in one pass or scale by scale; keep
+        ratios flat or halving towards the largest scale (the paper's 20/10/5/1 % halve), starting at 85, 70, 50, 35,
+        20 or 10 %."""
+        grid = []
+        firsts = (0.85, 0.7, 0.5, 0.35, 0.2, 0.1)
+        for first in firsts:
+            grid.append(dict(group_scales=[-1], keep_ratios=[first], parallel_decoding=False))
+        for size in (2, 3, 4):
+            for parallel in (False, True):
+                for profile in ("flat", "halving"):
+                    for first in firsts:
+                        ratios = [round(first * (0.5 ** i if profile == "halving" else 1.0), 4) for i in range(size)]
+                        grid.append(dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The last one, two or three scales, pruned scale by scale or as one parallel group."""
+        return [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
+                dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+                dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)]
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):

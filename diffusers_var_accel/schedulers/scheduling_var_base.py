@@ -192,6 +192,39 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         if unknown:
             raise ValueError(f"{cls.__name__} has no setting(s) {unknown}; allowed: {allowed}")
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The settings ``var-accel calibrate`` searches for this method on a model of ``num_layers`` blocks, in search
+        order: a small, explicit and deterministic grid of the constructor's real settings (scale indices counted
+        from the end, so one grid fits every schedule), each a dict of constructor keywords (``model_family`` is
+        added by the search). A method ships one by overriding this classmethod; the default says it has none
+        (:func:`~diffusers_var_accel.calibration.calibrate` then refuses the method, naming the ones that have one).
+
+        Raises:
+            NotImplementedError: the method has no calibration grid.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no calibration grid (override {cls.__name__}.calibration_grid)")
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The settings this method takes as a member of a calibrated composition (``var-accel calibrate --method
+        a+b``): few, and on scales or routes the other methods can share; the search tries the product of the
+        members' lists. Default: the method has none.
+
+        Raises:
+            NotImplementedError: the method has no composition settings.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no calibration settings as a composition member (override "
+                                  f"{cls.__name__}.composition_calibration_grid)")
+
+    @classmethod
+    def has_calibration_grid(cls, as_member: bool = False) -> bool:
+        """Whether the method overrides :meth:`calibration_grid` (with ``as_member``:
+        :meth:`composition_calibration_grid`)."""
+        name = "composition_calibration_grid" if as_member else "calibration_grid"
+        return getattr(cls, name).__func__ is not getattr(VARAccelScheduler, name).__func__
+
     def to_dict(self) -> Dict[str, Any]:
         """The configuration with the class name (what ``acceleration_config.json`` holds)."""
         return {"_class_name": type(self).__name__, **{k: v for k, v in dict(self.config).items() if not k.startswith("_")}}
