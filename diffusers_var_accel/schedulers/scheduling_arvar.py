@@ -169,7 +169,7 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
                 raise ValueError(f"pruned_layers must be a range [start, end) with 0 <= start < end, or None; got {pruned_layers!r}")
         if upsample_mode not in UPSAMPLE_MODES:
             raise ValueError(f"upsample_mode must be one of {list(UPSAMPLE_MODES)}, got {upsample_mode!r}")
-        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        # the stored configuration holds the validated values (ratios as floats, index lists as lists)
         self.register_to_config(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=ratios, pruned_layers=pruned_layers)
 
     # -- the setting on one schedule ------------------------------------------------------------------------------------

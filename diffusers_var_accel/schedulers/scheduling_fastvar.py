@@ -166,7 +166,7 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
             raise ValueError(f"skip_last_scales must be a bool, got {skip_last_scales!r}")
         if skip_last_scales and set(skipped_scales) & set(prune_scales):
             raise ValueError(f"scales {sorted(set(skipped_scales) & set(prune_scales))} are both pruned and skipped")
-        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        # the stored configuration holds the validated values (ratios as floats, index lists as lists)
         self.register_to_config(prune_scales=prune_scales, prune_ratios=prune_ratios, pruned_layers=pruned_layers,
                                 skipped_scales=skipped_scales)
 

@@ -39,6 +39,15 @@ if TYPE_CHECKING:  # pragma: no cover
 _SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
 
 
+def plain_config_value(value: Any) -> Any:
+    """``value`` with every tuple, at any depth of lists, tuples and dicts, as a list (what JSON gives back)."""
+    if isinstance(value, (list, tuple)):
+        return [plain_config_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain_config_value(v) for k, v in value.items()}
+    return value
+
+
 def check_ratio(value: float, name: str) -> float:
     """A ratio in [0, 1], or a ``ValueError`` naming it."""
     if not (isinstance(value, (int, float)) and 0.0 <= float(value) <= 1.0):
@@ -226,8 +235,12 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         return getattr(cls, name).__func__ is not getattr(VARAccelScheduler, name).__func__
 
     def to_dict(self) -> Dict[str, Any]:
-        """The configuration with the class name (what ``acceleration_config.json`` holds)."""
-        return {"_class_name": type(self).__name__, **{k: v for k, v in dict(self.config).items() if not k.startswith("_")}}
+        """The configuration with the class name (what ``acceleration_config.json`` holds), in plain JSON types: every
+        tuple, at any depth, as a list (settings given as tuples, as presets and defaults often are, would otherwise
+        reach the Hub model card's YAML as ``!!python/tuple`` and compare unequal to the same configuration loaded
+        from JSON). This is the one place a configuration is normalised for output."""
+        settings = {k: v for k, v in dict(self.config).items() if not k.startswith("_")}
+        return {"_class_name": type(self).__name__, **{k: plain_config_value(v) for k, v in settings.items()}}
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
