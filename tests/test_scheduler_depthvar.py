@@ -335,7 +335,7 @@ class _HalveLastScale(VARAccelScheduler):
     def __init__(self, model_family=None):
         super().__init__()
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         return [ScalePlan((k,), cfg_halve=k == len(scale_schedule) - 1) for k in range(len(scale_schedule))]
 
 

@@ -18,7 +18,7 @@ tokens, ``C`` width, ``l = h w`` tokens of a source scale.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -207,11 +207,42 @@ class TokenRoute:
         if (self.index is None) == (self.selector is None):
             raise ValueError("a TokenRoute takes exactly one of index and selector")
 
+    @classmethod
+    def none(cls, rows: int, device: Optional[Union[str, torch.device]] = None, fill: "Fill" = PASS_THROUGH) -> "TokenRoute":
+        """A route that computes no token: every position takes ``fill`` (with the default :class:`PassThrough`, a
+        block keeps its input and a sublayer adds a zero update).
+
+        Args:
+            rows: ``B`` (one choice per image) or ``R`` (per row) of the index.
+            device: the device of the index (the pass's).
+            fill: how the positions get their values.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"a route's index needs at least one row, got rows={rows!r}")
+        return cls(index=torch.empty(rows, 0, dtype=torch.long, device=device), fill=fill)
+
     def within(self, outer: "TokenRoute") -> "TokenRoute":
         """This route nested inside ``outer`` (``outer``'s kept tokens, then this route's selection among them)."""
         if outer.inner is not None:
             return TokenRoute(outer.index, outer.selector, outer.fill, self.within(outer.inner), outer.scale_counts)
         return TokenRoute(outer.index, outer.selector, outer.fill, self, outer.scale_counts)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSelection:
+    """The tokens an earlier member of a composition keeps in a pass, handed to the members asked after it
+    (:meth:`~diffusers_var_accel.schedulers.scheduling_var_base.VARAccelScheduler.route_pass_within`), so that they
+    may select again within them (:meth:`TokenRoute.within`) without reading another member's routes.
+
+    Args:
+        route: the block route of the pass's first layer: the tokens the selecting member's blocks compute.
+        tokens: ``{scale: (B, n) positions}`` of each scale of the pass that the route keeps, as the member names them
+            (its ``residual_tokens``); a scale is missing when its positions are not known before the pass (a selector
+            chooses them inside it).
+    """
+
+    route: TokenRoute
+    tokens: Mapping[int, torch.Tensor]
 
 
 #: ``mixer(x_RLC) -> (positions (R, r), projection (R, L, r))``: evaluated by the executor on the residual stream
@@ -304,6 +335,23 @@ class PassRoutes:
     residual_tokens: Dict[int, torch.Tensor] = field(default_factory=dict)
     code_weights: Dict[int, torch.Tensor] = field(default_factory=dict)
     mixing: Dict[int, MixingRoute] = field(default_factory=dict)
+
+    @classmethod
+    def for_layers(cls, route: TokenRoute, layers: Iterable[int], sublayer: str = "block", **fields: Any) -> "PassRoutes":
+        """The same ``route`` on the ``sublayer`` of every layer of ``layers`` (one route object: the executor runs
+        consecutive blocks of one block route as a span, gathering once and scattering once), with the other fields
+        (``record``, ``residual_tokens``, ...) as given.
+
+        Raises:
+            ValueError: ``sublayer`` is not one of :data:`SUBLAYER_KINDS`, or a layer is not an integer >= 0.
+        """
+        if sublayer not in SUBLAYER_KINDS:
+            raise ValueError(f"sublayer must be one of {list(SUBLAYER_KINDS)}, got {sublayer!r}")
+        layers = list(layers)
+        bad = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0]
+        if bad:
+            raise ValueError(f"layers must be integers >= 0, got {bad[0]!r}")
+        return cls(routes={(layer, sublayer): route for layer in layers}, **fields)
 
     def routed_layers(self) -> FrozenSet[int]:
         """The layers any route touches."""

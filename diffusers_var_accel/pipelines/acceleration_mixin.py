@@ -102,12 +102,14 @@ class VARAccelerationMixin:
                 runs under autocast in that dtype).
         """
         from ..next_scale.loop import cached_positions, identity_plans, kv_cache_nbytes
+        from ..next_scale.plan import ModelInfo
 
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         scheduler = self._acceleration_for_call(acceleration)
         schedule, num_start_tokens = self._kv_cache_layout(height, width)
-        plans = identity_plans(schedule) if scheduler is None else scheduler.plan_scales(schedule)
+        model = ModelInfo(len(self.transformer.blocks), self.model_family)
+        plans = identity_plans(schedule) if scheduler is None else scheduler.plan_scales(schedule, model)
         positions = cached_positions(num_start_tokens, schedule, plans)
         config = self.transformer.config
         channels = kv_channels if kv_channels is not None else int(config.embed_dim)

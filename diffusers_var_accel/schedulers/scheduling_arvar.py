@@ -46,9 +46,10 @@ from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 UPSAMPLE_MODES = ("bilinear", "bicubic", "area", "nearest")
-#: ``pruned_layers=None`` records the layers below this bound (plans are made before the model's depth is known; a
-#: deeper model stops with a "no attention map" error at the pruned scale).
-MAX_LAYERS = 1024
+#: Without a :class:`ModelInfo` (a caller that plans without the model), ``pruned_layers=None`` records the attention
+#: of the layers below this bound (a deeper model stops with a "no attention map" error at the pruned scale). The loop
+#: gives the model, and the plans then record exactly the pruned layers it has.
+_LAYERS_WITHOUT_MODEL = 1024
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -228,9 +229,15 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
                 for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])]
 
     # -- extension points ---------------------------------------------------------------------------------------------
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
+        """BH scales halve the CFG rows; each attention source ``T - M`` records the pruned layers' attention (those
+        of ``model``; without it, every layer the setting could name)."""
         scales = self.resolve(scale_schedule)
-        record, recorded = frozenset(range(*(self.config.pruned_layers or (0, MAX_LAYERS)))), set(scales.attention_sources.values())
+        if model is not None:
+            record = frozenset(self._layers(model.num_layers))
+        else:
+            record = frozenset(range(*(self.config.pruned_layers or (0, _LAYERS_WITHOUT_MODEL))))
+        recorded = set(scales.attention_sources.values())
         return [ScalePlan((k,), cfg_halve=k in scales.halved, record_attention_layers=record if k in recorded else frozenset())
                 for k in range(len(scale_schedule))]
 

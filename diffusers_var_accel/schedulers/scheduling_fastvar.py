@@ -232,7 +232,7 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
         scales = self.resolve(scale_schedule)
         return frozenset(scales.prune_ratios) | (frozenset() if scales.cache_scale is None else frozenset({scales.cache_scale}))
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         skipped = self.resolve(scale_schedule).skipped
         return [ScalePlan((i,), skip=i in skipped) for i in range(len(scale_schedule))]
 

@@ -287,7 +287,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         group = self.group(len(scale_schedule))
         return frozenset(group) | frozenset(self._indexed_scales(group))
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         num_scales = len(scale_schedule)
         group, ratios = self.group(num_scales), [float(r) for r in self.config.keep_ratios]
         plans = [ScalePlan((k,)) for k in range(group[0])]
@@ -330,8 +330,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
             return None  # every token kept: the dense pass
         counts = tuple(int(kept[k].shape[1]) for k in plan.scale_indices) if len(plan.scale_indices) > 1 else None
         route = TokenRoute(index=index_BK, scale_counts=counts)
-        return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
-                          residual_tokens={k: kept[k] for k in plan.scale_indices})
+        return PassRoutes.for_layers(route, range(state.model.num_layers),
+                                     residual_tokens={k: kept[k] for k in plan.scale_indices})
 
     def _pivotal_routes(self, state, plan) -> PassRoutes:
         group, schedule = self.group(state.num_scales), state.scale_schedule

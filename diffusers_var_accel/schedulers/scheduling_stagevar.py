@@ -262,7 +262,7 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         size = num_layers // k
         return [(j * size, (j + 1) * size) for j in range(k)]
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         unconditional, _, skipped = self._resolve(scale_schedule)
         return [ScalePlan((k,), skip=k in skipped, cfg_uncond_only=k in unconditional and k not in skipped)
                 for k in range(len(scale_schedule))]

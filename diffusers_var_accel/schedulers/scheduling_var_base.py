@@ -30,7 +30,15 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from ..families import MODEL_FAMILIES  # noqa: F401  (re-exported: the registry of model families)
-from ..next_scale.plan import ATTENTION_MAP_KINDS, PassRoutes, ScalePlan, resolve_scale_index, validate_plans  # noqa: F401
+from ..next_scale.plan import (  # noqa: F401  (re-exported for the methods)
+    ATTENTION_MAP_KINDS,
+    ModelInfo,
+    PassRoutes,
+    ScalePlan,
+    TokenSelection,
+    resolve_scale_index,
+    validate_plans,
+)
 from .registry import BASELINE, COMPOSE_SEPARATOR, METHODS, get_method, method_names, register_method
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -243,8 +251,15 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         return {"_class_name": type(self).__name__, **{k: plain_config_value(v) for k, v in settings.items()}}
 
     # -- extension points ---------------------------------------------------------------------------------------------
-    def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
-        """One plan per transformer pass; the default decodes every scale alone and in full."""
+    def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]], model: Optional[ModelInfo] = None) -> List[ScalePlan]:
+        """One plan per transformer pass; the default decodes every scale alone and in full.
+
+        Args:
+            scale_schedule: the call's ``(t, h, w)`` per scale.
+            model (`ModelInfo`, *optional*): the model the plans are for (its depth and family), as the loop gives it
+                (``ModelInfo(num_layers, family)``); `None` when a caller plans without a model (a method whose plans
+                depend on the depth then plans for every layer it could have).
+        """
         return [ScalePlan((i,)) for i in range(len(scale_schedule))]
 
     def before_scale(self, state: "NextScaleState", plan: ScalePlan) -> None:
@@ -252,9 +267,16 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
 
     def route_pass(self, state: "NextScaleState", plan: ScalePlan) -> Optional[PassRoutes]:
         """What the pass computes beyond its plan (token routes, records, residual positions, code weights), or
-        ``None`` for a dense pass (default). In a composition, ``state.pass_routes`` holds what the members before
-        this one declared for the pass, so a selection may nest inside theirs (:meth:`TokenRoute.within`)."""
+        ``None`` for a dense pass (default)."""
         return None
+
+    def route_pass_within(self, state: "NextScaleState", plan: ScalePlan, selection: TokenSelection) -> Optional[PassRoutes]:
+        """:meth:`route_pass` in a composition whose earlier member keeps only some tokens of the pass
+        (``selection``: its route and, per scale, the positions it keeps). A method that can select within another's
+        tokens nests its routes inside ``selection.route`` (:meth:`TokenRoute.within`); the default ignores the
+        selection (``route_pass``), and the composition then refuses a route of this method on a layer the selection
+        routes."""
+        return self.route_pass(state, plan)
 
     def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC) -> None:
         """Hook after a pass and its sampling, before the next plan (default: nothing); ``state.records`` holds
@@ -329,9 +351,11 @@ class ComposedScheduler(VARAccelScheduler):
       (:meth:`VARAccelScheduler.acted_scales`), and the error names both members and the scale.
     * **Rows and maps.** A pass is CFG-halved if any member halves one of its scales (halving combines with every
       routing); the recorded attention layers are the union of the members'.
-    * **Routes.** Members are asked in order; each sees what the earlier ones declared (``state.pass_routes``). Two
-      members may shape one layer only by nesting: the later one selects within the earlier one's kept tokens
-      (:meth:`TokenRoute.within`: DepthVAR's depth within LazyVAR's kept tokens). Any other pair of routes on one
+    * **Routes.** Members are asked in order, the ones that select tokens first. Once a member routes the pass's
+      first block, the members asked after it get its selection handed to them
+      (:meth:`VARAccelScheduler.route_pass_within` with a :class:`~diffusers_var_accel.next_scale.plan.TokenSelection`;
+      no member reads another's routes). Two members may shape one layer only by nesting: the later one selects within
+      the earlier one's kept tokens (:meth:`TokenRoute.within`: DepthVAR's depth within LazyVAR's kept tokens). Any other pair of routes on one
       layer, or a layer that one member records (attention, outputs, deltas, updates) while another routes it, is an
       error naming both members, the layer and the scales. Zero-residual positions of one scale may come from one
       member only; code weights multiply.
@@ -380,9 +404,9 @@ class ComposedScheduler(VARAccelScheduler):
     def acted_scales(self, scale_schedule):
         return frozenset().union(*(m.acted_scales(scale_schedule) for m in self.members))
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         num_scales, names = len(scale_schedule), self._names()
-        member_plans = [m.plan_scales(scale_schedule) for m in self.members]
+        member_plans = [m.plan_scales(scale_schedule, model) for m in self.members]
         for plans in member_plans:
             validate_plans(plans, num_scales)
         groupers = [i for i, p in enumerate(member_plans) if any(len(x.scale_indices) > 1 for x in p)]
@@ -424,12 +448,15 @@ class ComposedScheduler(VARAccelScheduler):
         order = sorted(range(len(self.members)), key=lambda i: not self.members[i].selects_tokens)
         for i in order:
             m = self.members[i]
-            recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule)
+            recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule, state.model)
                                            if scales & set(x.scale_indices)))
             if recorded:
                 records.append((i, "attention map", recorded))
-            state.pass_routes = merged
-            routes = m.route_pass(state, plan)
+            outer = merged.routes.get((0, "block"))
+            if outer is None:
+                routes = m.route_pass(state, plan)
+            else:  # what the earlier members keep, handed over (the residual positions they name per scale)
+                routes = m.route_pass_within(state, plan, TokenSelection(outer, merged.residual_tokens))
             if not routes:
                 continue
             for key, route in routes.routes.items():
@@ -481,7 +508,6 @@ class ComposedScheduler(VARAccelScheduler):
                     raise ValueError(f"{names[i]} records the {what} of layer {key[0]} at scales {list(plan.scale_indices)}, "
                                      f"but {names[j]} routes that layer there: the recorded tensor would come from routed "
                                      "tokens; compose them on other scales")
-        state.pass_routes = None
         return merged if merged else None
 
     def after_scale(self, state, plan, hidden_states_RLC):
