@@ -298,21 +298,60 @@ class RecordRequest:
         block_outputs: layers whose full block output ``(R, L, C)`` is kept (ARVAR's canvas source).
         block_deltas: layers whose ``output - input`` is kept (DepthVAR's proxies and ranking).
         sublayer_updates: ``(layer, sublayer)`` pairs whose full residual update is kept (FastVAR's cache scale).
+        selections: ``(layer, sublayer)`` keys (``"block"`` for a block route) whose route's chosen positions
+            ``(R, K)`` are kept (``records.selections``; a span of one block route: its first layer): what a selector
+            chose inside the pass, for whoever needs it after the pass (the selector itself writes nothing).
     """
 
     block_outputs: FrozenSet[int] = frozenset()
     block_deltas: FrozenSet[int] = frozenset()
     sublayer_updates: FrozenSet[Tuple[int, str]] = frozenset()
+    selections: FrozenSet[Tuple[int, str]] = frozenset()
 
     def __or__(self, other: "RecordRequest") -> "RecordRequest":
         return RecordRequest(self.block_outputs | other.block_outputs, self.block_deltas | other.block_deltas,
-                             self.sublayer_updates | other.sublayer_updates)
+                             self.sublayer_updates | other.sublayer_updates, self.selections | other.selections)
 
     def __bool__(self) -> bool:
-        return bool(self.block_outputs or self.block_deltas or self.sublayer_updates)
+        return bool(self.block_outputs or self.block_deltas or self.sublayer_updates or self.selections)
 
 
 NO_RECORD = RecordRequest()
+
+
+class SelectedTokens(Mapping):
+    """``{scale: (B, n) positions}`` that a route's selector chooses inside a pass, for ``PassRoutes.residual_tokens``
+    when they are not known before the pass: the pass records the selection (``RecordRequest.selections``) and this
+    mapping reads it from the pass's records once the pass has run (before, it is empty). The selector stays pure: it
+    returns its positions and writes nothing.
+
+    Args:
+        records: returns the records of the current pass (``lambda: state.records``).
+        key: the ``(layer, sublayer)`` whose selection is read.
+        split: ``(R, K)`` selection -> ``{scale: (B, n)}`` positions.
+    """
+
+    def __init__(self, records: Callable[[], Any], key: Tuple[int, str],
+                 split: Callable[[torch.Tensor], Dict[int, torch.Tensor]]):
+        self._records, self.key, self._split = records, key, split
+        self._chosen: Optional[Dict[int, torch.Tensor]] = None
+
+    def _resolved(self) -> Dict[int, torch.Tensor]:
+        if self._chosen is None:
+            index = self._records().selections.get(self.key)
+            if index is None:  # the pass has not run yet
+                return {}
+            self._chosen = self._split(index)  # the pass's choice, kept: later passes' records do not change it
+        return self._chosen
+
+    def __getitem__(self, scale: int) -> torch.Tensor:
+        return self._resolved()[scale]
+
+    def __iter__(self):
+        return iter(self._resolved())
+
+    def __len__(self) -> int:
+        return len(self._resolved())
 
 
 @dataclass
