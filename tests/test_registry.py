@@ -141,12 +141,13 @@ def test_bad_names_and_overrides_fail_clearly(pipe):
     assert getattr(pipe, "acceleration", None) is None  # nothing was attached by a failed call
 
 
-# -- generated shortcuts ----------------------------------------------------------------------------------------------
+# -- shortcuts: written out for the library's methods, generated for a plug-in's --------------------------------------
 @pytest.mark.parametrize("name", list(LIBRARY_METHODS))
-def test_shortcuts_are_generated_with_docstrings(name):
+def test_library_shortcuts_are_written_out_with_docstrings(name):
     cls = LIBRARY_METHODS[name]
     shortcut = getattr(InfinityPipeline, f"enable_{name}")
     assert shortcut is getattr(HARTPipeline, f"enable_{name}") and shortcut.__name__ == f"enable_{name}"
+    assert not hasattr(shortcut, "registered_method")  # not a generated one
     doc = inspect.getdoc(shortcut)
     summary = " ".join(inspect.getdoc(cls).split("\n\n")[0].split())
     assert summary in " ".join(doc.split()) and f"[`{cls.__name__}`]" in doc
@@ -154,9 +155,16 @@ def test_shortcuts_are_generated_with_docstrings(name):
     assert str(inspect.signature(shortcut)) == "(self, **overrides: 'Any') -> 'VARAccelScheduler'"
 
 
-def test_the_mixin_has_no_hand_written_shortcut():
-    source = inspect.getsource(inspect.getmodule(InfinityPipeline.enable_lazyvar))
-    assert not re.search(r"def enable_(fastvar|lazyvar|depthvar|arvar)\b", source)
+def test_the_mixin_writes_out_exactly_the_library_methods_shortcuts():
+    """Grep-able: ``def enable_<method>(self, **overrides)`` for every library method, and no other."""
+    from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
+
+    source = inspect.getsource(VARAccelerationMixin)
+    written = re.findall(r"\n    def enable_(\w+)\(self, \*\*overrides: Any\) -> VARAccelScheduler:", source)
+    assert written == list(LIBRARY_METHODS)
+    for name in LIBRARY_METHODS:  # each calls its own method
+        body = inspect.getsource(getattr(InfinityPipeline, f"enable_{name}"))
+        assert f'return self._enable_method("{name}", overrides)' in body
 
 
 # -- the fifth method of the docs -------------------------------------------------------------------------------------
