@@ -49,7 +49,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from .schedulers.registry import COMPOSE_SEPARATOR, get_method, method_names
-from .schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler
+from .schedulers.composition import ComposedScheduler
+from .schedulers.scheduling_var_base import VARAccelScheduler
 
 #: Seed of the default calibration prompts (the held-out set uses ``HELDOUT_SEED``; validation used seed 1).
 CALIBRATION_PROMPT_SEED = 7

@@ -113,7 +113,7 @@ def run_demo(
     from .data.scorer import score
     from .embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
     from .metrics import psnr, ssim
-    from .schedulers.scheduling_var_base import load_acceleration
+    from .schedulers.specs import load_acceleration
 
     def stage(message: str) -> None:
         if progress:

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from diffusers_var_accel.demo import count_call_flops
     from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
     from diffusers_var_accel.metrics import psnr, ssim
-    from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+    from diffusers_var_accel.schedulers.specs import load_acceleration
 
     pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)

@@ -31,7 +31,8 @@ from diffusers_var_accel.cli import main
 from diffusers_var_accel.demo import count_call_flops
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.schedulers.registry import COMPOSE_SEPARATOR, unregister_method
-from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
+from diffusers_var_accel.schedulers.composition import ComposedScheduler
+from diffusers_var_accel.schedulers.specs import load_acceleration
 from registry_lists import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

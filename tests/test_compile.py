@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING, load_embedded_pipeline
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
 
 PROMPT = "a blue square to the left of a yellow triangle"
 

@@ -18,7 +18,7 @@ from diffusers_var_accel.schedulers.presets import (
     available_presets,
     save_presets,
 )
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
 from registry_lists import METHODS
 from registry_lists import PRESET_MODELS as MODELS
 

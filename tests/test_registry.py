@@ -14,8 +14,9 @@ import diffusers_var_accel.schedulers
 from diffusers_var_accel import ARVARScheduler, HARTPipeline, InfinityPipeline, LazyVARScheduler
 from diffusers_var_accel.families import MODEL_FAMILIES, get_model_family, model_family_names
 from diffusers_var_accel.schedulers.registry import METHODS, get_method, method_names, unregister_method
-from diffusers_var_accel.schedulers.scheduling_var_base import (ComposedScheduler, VARAccelScheduler, build_acceleration,
-                                                                load_acceleration)
+from diffusers_var_accel.schedulers.composition import ComposedScheduler
+from diffusers_var_accel.schedulers.scheduling_var_base import VARAccelScheduler
+from diffusers_var_accel.schedulers.specs import build_acceleration, load_acceleration
 from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "acceleration.md"

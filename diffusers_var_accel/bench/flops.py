@@ -57,7 +57,7 @@ from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTPipeline, HARTS
 from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily, check_token_layout
 from diffusers_var_accel.pipelines.next_scale import run_next_scale_loop
 from diffusers_var_accel.schedulers.registry import method_names
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
+from diffusers_var_accel.schedulers.specs import load_acceleration, split_acceleration_specs
 
 #: Default text length: a typical prompt of ~25 words is ~32 flan-t5 tokens. The count depends on it only through the
 #: text projections (once per call) and the cross-attention K/V projections and QK^T/PV (every block, every scale).
@@ -404,7 +404,7 @@ def count_infinity_flops(
 ) -> Dict[str, Any]:
     """FLOPs of one generation of ``batch_size`` images with a released Infinity model, on meta tensors.
 
-    ``accel`` is an acceleration spec for :func:`~diffusers_var_accel.schedulers.scheduling_var_base.load_acceleration`
+    ``accel`` is an acceleration spec for :func:`~diffusers_var_accel.schedulers.specs.load_acceleration`
     (``None``/``"baseline"``, ``"fastvar"``, ``"lazyvar"``, ``"fastvar:skip_last_scales=false"``, a config folder).
     ``self_attention="current_pass"`` counts under a convention that drops the attention to the cached prefix
     (:class:`CurrentPassSelfAttnProcessor`); the default ``"cache"`` is the real model.
