@@ -56,7 +56,7 @@ import torch
 from benchmarks.latency import build_pipeline, pipeline_inputs
 from diffusers_var_accel.pipelines.compiled_passes import cudagraph_skips
 from diffusers_var_accel.schedulers.registry import default_method_specs
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
+from diffusers_var_accel.schedulers.specs import load_acceleration, split_acceleration_specs
 
 DEFAULT_MODELS = ("infinity-2b", "hart-0.7b")
 DEFAULT_METHODS = ",".join(default_method_specs())

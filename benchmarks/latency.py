@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch
 
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
+from diffusers_var_accel.schedulers.specs import load_acceleration, split_acceleration_specs
 
 
 #: ``--model`` values that are not folders.

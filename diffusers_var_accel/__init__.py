@@ -22,7 +22,9 @@ from .schedulers.scheduling_depthvar import DepthVARScheduler
 from .schedulers.scheduling_fastvar import FastVARScheduler
 from .schedulers.scheduling_lazyvar import LazyVARScheduler
 from .schedulers.scheduling_stagevar import StageVARScheduler
-from .schedulers.scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
+from .schedulers.composition import ComposedScheduler
+from .schedulers.identity import IdentityScheduler
+from .schedulers.scheduling_var_base import ScalePlan, VARAccelScheduler
 from .pipelines.diffusers_registration import register_pipelines_with_diffusers
 
 from .families import MODEL_FAMILIES  # noqa: E402

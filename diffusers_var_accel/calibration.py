@@ -44,12 +44,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from .schedulers.registry import COMPOSE_SEPARATOR, get_method, method_names
-from .schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler
+from .schedulers.composition import ComposedScheduler
+from .schedulers.scheduling_var_base import VARAccelScheduler
 
 #: Seed of the default calibration prompts (the held-out set uses ``HELDOUT_SEED``; validation used seed 1).
 CALIBRATION_PROMPT_SEED = 7
@@ -65,138 +66,51 @@ FRONTIER_FILE = "frontier.png"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the candidate grids: each method's real constructor settings, negative scale indices (counted from the end)
+# the candidate grids: each method's own (VARAccelScheduler.calibration_grid and composition_calibration_grid)
 # ---------------------------------------------------------------------------------------------------------------------
-def _lazyvar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """The last scale alone, or a group of the last 2, 3 or 4 scales decoded in one pass or scale by scale; keep ratios
-    flat or halving towards the largest scale (the paper's 20/10/5/1 % halve), starting at 85, 70, 50, 35, 20 or 10 %."""
-    grid = []
-    firsts = (0.85, 0.7, 0.5, 0.35, 0.2, 0.1)
-    for first in firsts:
-        grid.append(dict(group_scales=[-1], keep_ratios=[first], parallel_decoding=False))
-    for size in (2, 3, 4):
-        for parallel in (False, True):
-            for profile in ("flat", "halving"):
-                for first in firsts:
-                    ratios = [round(first * (0.5 ** i if profile == "halving" else 1.0), 4) for i in range(size)]
-                    grid.append(dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel))
-    return grid
-
-
-def _fastvar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """Prune the last 2 or 3 computed scales at r = 0.25 .. 0.9, in all layers or from layer 1 on; skip the last scale
-    or not; the cache scale is the one before the first pruned scale."""
-    grid = []
-    for skip in (False, True):
-        for count in (2, 3):
-            last = -2 if skip else -1
-            prune = list(range(last - count + 1, last + 1))
-            for layers in (None, [1, num_layers]):
-                for ratio in (0.25, 0.5, 0.75, 0.9):
-                    grid.append(dict(prune_scales=prune, prune_ratios=[ratio] * count, pruned_layers=layers,
-                                     cache_scale=prune[0] - 1, skip_last_scales=skip, skipped_scales=[-1] if skip else []))
-    return grid
-
-
-def _depthvar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """Reference scale R = -2 .. -6 (from the end), rotation step 0, 0.05 or 0.25, code blending on or off."""
-    grid = []
-    for reference in (-2, -3, -4, -5, -6):
-        for rotation in (0.0, 0.05, 0.25):
-            for blending in (True, False):
-                grid.append(dict(reference_scale=reference, rotation_step=rotation, code_blending=blending))
-    return grid
-
-
-def _arvar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect pruning
-    of none / the last / the last 2 scales at 25, 50 or 75 %."""
-    grid = []
-    for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
-        for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
-            if not halved and not pruned:
-                continue
-            grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))
-    return grid
-
-
-def _stagevar_grid(num_layers: int) -> List[Dict[str, Any]]:
-    """The scales without guidance (the last 1, 2 or 3: where the fidelity stage starts), the last 0, 1 or 2 of them
-    skipped (fewer than all), and the random projection off, on the first unguided scale at a flat energy ratio of 25
-    or 50 % per chunk (the release's form), or on every unguided scale that runs at 25 % (the paper's form). The chunks
-    are ``gcd(num_layers, 8)`` (Infinity's 8 block chunks where the depth allows). The released ratio tables (one
-    ratio per chunk, per alpha) exist only for Infinity-2B's 40-64² and HART-0.7B's 64² scales, so a grid for any
-    model takes flat ratios; the presets hold the released tables."""
-    chunks = math.gcd(num_layers, 8)
-    grid = []
-    for unguided in (1, 2, 3):
-        for skipped in range(unguided):  # fewer than all of them
-            run = list(range(-unguided, -skipped if skipped else 0))  # the unguided scales that run
-            base = dict(unconditional_scales=list(range(-unguided, 0)), skipped_scales=list(range(-skipped, 0)) if skipped else [],
-                        num_chunks=chunks)
-            projections = [([], [])] + [([run[0]], [[ratio] * chunks]) for ratio in (0.25, 0.5)]
-            if len(run) > 1:
-                projections.append((run, [[0.25] * chunks for _ in run]))
-            for projected, ratios in projections:
-                grid.append(dict(base, projected_scales=projected, rank_ratios=ratios))
-    return grid
-
-
-#: ``{method: grid(num_layers) -> [settings]}``; a method without an entry cannot be calibrated (the error says so).
-CANDIDATE_GRIDS: Dict[str, Callable[[int], List[Dict[str, Any]]]] = {
-    "lazyvar": _lazyvar_grid, "fastvar": _fastvar_grid, "depthvar": _depthvar_grid, "arvar": _arvar_grid,
-    "stagevar": _stagevar_grid,
-}
-
-def _composition_members(num_layers: int) -> Dict[str, List[Dict[str, Any]]]:
-    """Per method, the settings it takes as a member of a composition: few, and on scales or routes that the other
-    methods can share (ARVAR branch halving only: its attention-retrospect pruning routes the same blocks as the
-    others' token selections, which a composition refuses)."""
-    return {
-        "lazyvar": [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
-                    dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
-                    dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
-                    dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
-                    dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
-                    dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)],
-        "fastvar": [dict(prune_scales=[-2, -1], prune_ratios=[r, r], pruned_layers=[1, num_layers], cache_scale=-3,
-                         skip_last_scales=False, skipped_scales=[]) for r in (0.25, 0.5, 0.75)]
-                   + [dict(prune_scales=[-3, -2], prune_ratios=[0.5, 0.5], pruned_layers=[1, num_layers], cache_scale=-4,
-                           skip_last_scales=True, skipped_scales=[-1])],
-        "depthvar": [dict(reference_scale=r, rotation_step=0.0, code_blending=True) for r in (-2, -3, -4)],
-        "arvar": [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
-                  for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])],
-    }
+def calibrated_methods(as_member: bool = False) -> List[str]:
+    """The registered methods that ship a calibration grid (with ``as_member``: settings as a composition member),
+    in registration order."""
+    return [name for name in method_names() if get_method(name).has_calibration_grid(as_member)]
 
 
 def _members(method: str) -> List[str]:
+    grids = calibrated_methods()
+    example = COMPOSE_SEPARATOR.join(calibrated_methods(as_member=True)[:2])
     if not isinstance(method, str) or not method:
-        raise ValueError(f"method must be a method name ({sorted(CANDIDATE_GRIDS)}) or names joined with "
-                         f"{COMPOSE_SEPARATOR!r}, got {method!r}")
+        raise ValueError(f"method must be a method name ({sorted(grids)}) or names joined with {COMPOSE_SEPARATOR!r}, "
+                         f"got {method!r}")
     names = method.split(COMPOSE_SEPARATOR)
     for name in names:
-        if name not in CANDIDATE_GRIDS:
-            known = method_names()
-            why = "" if name not in known else " (registered, but it has no calibration grid)"
-            raise ValueError(f"method {name!r}{why} cannot be calibrated; methods with a grid: {sorted(CANDIDATE_GRIDS)}, "
-                             f"joined with {COMPOSE_SEPARATOR!r} to compose (lazyvar{COMPOSE_SEPARATOR}arvar)")
+        if name not in grids:
+            why = "" if name not in method_names() else " (registered, but it has no calibration grid)"
+            raise ValueError(f"method {name!r}{why} cannot be calibrated; methods with a grid: {sorted(grids)}, joined "
+                             f"with {COMPOSE_SEPARATOR!r} to compose ({example})")
     if len(set(names)) != len(names):
         raise ValueError(f"method {method!r} names a method twice; a composition holds each method once")
+    if len(names) > 1:
+        alone = [name for name in names if not get_method(name).has_calibration_grid(as_member=True)]
+        if alone:
+            raise ValueError(f"method {alone[0]!r} has a calibration grid but no settings as a composition member, so "
+                             f"{method!r} cannot be calibrated; methods that compose in calibration: "
+                             f"{sorted(calibrated_methods(as_member=True))}")
     return names
 
 
 def candidate_grid(method: str, num_layers: int) -> List[Dict[str, Any]]:
     """The candidates of ``method`` (a name or ``"a+b"``) for a model of ``num_layers`` blocks, in search order.
 
-    A single method's candidate is its settings (``{"keep_ratios": [...], ...}``); a composition's is one settings dict
-    per member (``{"lazyvar": {...}, "arvar": {...}}``): the product of the members' composition settings (a few per
-    method, see ``_composition_members``). A combination the composition refuses (two members routing the same block
-    at the same scale) is recorded by :func:`calibrate` as not runnable.
+    A single method's candidate is its settings (``{"keep_ratios": [...], ...}``: the method's
+    :meth:`~diffusers_var_accel.schedulers.scheduling_var_base.VARAccelScheduler.calibration_grid`); a composition's is
+    one settings dict per member (``{"lazyvar": {...}, "arvar": {...}}``): the product of the members'
+    :meth:`~diffusers_var_accel.schedulers.scheduling_var_base.VARAccelScheduler.composition_calibration_grid` (a few per
+    method). A combination the composition refuses (two members routing the same block at the same scale) is recorded
+    by :func:`calibrate` as not runnable.
     """
     names = _members(method)
     if len(names) == 1:
-        return CANDIDATE_GRIDS[names[0]](num_layers)
-    members = _composition_members(num_layers)
+        return get_method(names[0]).calibration_grid(num_layers)
+    members = {name: get_method(name).composition_calibration_grid(num_layers) for name in names}
     return [dict(zip(names, combo)) for combo in itertools.product(*(members[n] for n in names))]
 
 
@@ -255,7 +169,8 @@ def num_layers_of(pipe) -> int:
     """The number of transformer blocks of ``pipe``."""
     blocks = getattr(pipe.transformer, "blocks", None)
     if blocks is None:
-        raise ValueError(f"{type(pipe.transformer).__name__} has no blocks; calibration needs an Infinity or HART transformer")
+        raise ValueError(f"{type(pipe.transformer).__name__} has no blocks; calibration needs a next-scale transformer with "
+                         "a list of blocks (transformer.blocks)")
     return len(blocks)
 
 

@@ -132,7 +132,8 @@ def check_acceleration_overrides(spec: Optional[str], flag: str = "--accel") -> 
     import typing
 
     from .schedulers.presets import is_preset_name, load_preset_config
-    from .schedulers.scheduling_var_base import _SCHEDULER_CLASSES, _split_top_level
+    from .schedulers.scheduling_var_base import _SCHEDULER_CLASSES
+    from .schedulers.specs import _split_top_level
 
     name, _, overrides_text = spec.partition(":")
     if "/" in name:
@@ -185,7 +186,8 @@ _load_pipeline = load_pipeline
 def _load_accel(spec: Optional[str], family: str, preset_model: Optional[str] = None):
     """``--accel``: anything ``load_acceleration`` takes, plus a JSON file of any name (not only
     ``acceleration_config.json``, which ``load_acceleration`` reads from the file's folder)."""
-    from .schedulers.scheduling_var_base import VARAccelScheduler, load_acceleration
+    from .schedulers.scheduling_var_base import VARAccelScheduler
+    from .schedulers.specs import load_acceleration
 
     if spec is None:
         return None
@@ -267,7 +269,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .schedulers.scheduling_var_base import split_acceleration_specs
+    from .schedulers.specs import split_acceleration_specs
 
     methods = split_acceleration_specs(args.methods)
     for method in methods:
@@ -304,7 +306,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import finish_distributed, run_bench
-    from .schedulers.scheduling_var_base import split_acceleration_specs
+    from .schedulers.specs import split_acceleration_specs
 
     for method in split_acceleration_specs(args.methods):
         check_acceleration_overrides(method, "--methods")

@@ -103,7 +103,7 @@ def run_demo(
     from .embedded import EMBEDDED_SAMPLING
     from .loading import load_embedded_pipeline
     from .metrics import psnr, ssim
-    from .schedulers.scheduling_var_base import load_acceleration
+    from .schedulers.specs import load_acceleration
 
     def stage(message: str) -> None:
         if progress:

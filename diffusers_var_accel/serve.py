@@ -77,7 +77,7 @@ class ComparisonService:
     # -- methods and settings ----------------------------------------------------------------------------------------
     def preset(self, name: str):
         """The pipeline's preset scheduler of the method ``name`` (its own calibrated one when it has one)."""
-        from .schedulers.scheduling_var_base import load_acceleration
+        from .schedulers.specs import load_acceleration
 
         return load_acceleration(name, self.pipe.model_family, preset_model=getattr(self.pipe, "preset_model", None))
 
@@ -93,7 +93,7 @@ class ComparisonService:
         """The schedulers of one request: each picked method with the settings of ``settings_json`` (the page's
         editor, ``{method: {setting: value}}``), then every spec of ``extra_specs`` (comma-separated)."""
         from .schedulers.presets import preset_constructor_kwargs
-        from .schedulers.scheduling_var_base import load_acceleration, split_acceleration_specs
+        from .schedulers.specs import load_acceleration, split_acceleration_specs
 
         picked = list(picked or [])
         unknown = [m for m in picked if m not in self.methods]

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
     from diffusers_var_accel.loading import load_embedded_pipeline
     from diffusers_var_accel.metrics import psnr, ssim
-    from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+    from diffusers_var_accel.schedulers.specs import load_acceleration
 
     pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     from diffusers_var_accel import InfinityPipeline
     from diffusers_var_accel.evaluation import evaluate_shapes
-    from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+    from diffusers_var_accel.schedulers.specs import load_acceleration
 
     pipe = InfinityPipeline.from_pretrained(args.model)
     report = evaluate_shapes(pipe, acceleration=load_acceleration(args.accel, "infinity"), batch_size=args.batch_size)

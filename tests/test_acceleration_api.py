@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from diffusers_var_accel import FastVARScheduler, IdentityScheduler, InfinityPipeline, LazyVARScheduler
-from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, VARAccelScheduler, load_acceleration
+from diffusers_var_accel.schedulers.composition import ComposedScheduler
+from diffusers_var_accel.schedulers.scheduling_var_base import VARAccelScheduler
+from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 SIZE = dict(height=256, width=256)
@@ -115,7 +117,7 @@ def test_composed_scheduler_json_round_trip_and_conflicts(pipe, tmp_path):
 
 
 def test_split_acceleration_specs_keeps_overrides_together():
-    from diffusers_var_accel.schedulers.scheduling_var_base import split_acceleration_specs
+    from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
     assert split_acceleration_specs("baseline, fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar") == [
         "baseline", "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]

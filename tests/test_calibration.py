@@ -3,26 +3,25 @@ calibration prompts, the grids, and the embedded model's own presets. Tiny grids
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 import pytest
 import torch
+from diffusers.configuration_utils import register_to_config
 
 from diffusers_var_accel import (
     ARVARScheduler,
-    DepthVARScheduler,
-    FastVARScheduler,
     LazyVARScheduler,
-    StageVARScheduler,
     VARAccelScheduler,
 )
 from diffusers_var_accel.calibration import (
     CALIBRATION_FILE,
-    CANDIDATE_GRIDS,
     FRONTIER_FILE,
     build_candidate,
     calibrate,
+    calibrated_methods,
     calibration_prompts,
     candidate_grid,
     choose,
@@ -31,12 +30,13 @@ from diffusers_var_accel.calibration import (
 from diffusers_var_accel.cli import main
 from diffusers_var_accel.bench.probe import count_call_flops
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
-from diffusers_var_accel.schedulers.scheduling_var_base import ComposedScheduler, load_acceleration
+from diffusers_var_accel.schedulers.registry import COMPOSE_SEPARATOR, unregister_method
+from diffusers_var_accel.schedulers.composition import ComposedScheduler
+from diffusers_var_accel.schedulers.specs import load_acceleration
+from registry_lists import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
-           "stagevar": StageVARScheduler}
 
 #: Two LazyVAR settings of the embedded model: the first is too mild for 1.5x, the second reaches it.
 TINY_GRID = [
@@ -214,7 +214,44 @@ def test_calibration_prompts_are_disjoint_from_the_held_out_set():
         calibration_prompts(0)
 
 
-@pytest.mark.parametrize("method", sorted(CANDIDATE_GRIDS) + ["lazyvar+arvar", "fastvar+arvar", "depthvar+arvar"])
+#: Every library method alone and every pair of the methods that take composition settings (from the registry).
+GRID_CASES = sorted(METHODS) + [COMPOSE_SEPARATOR.join(pair) for pair in itertools.combinations(calibrated_methods(as_member=True), 2)]
+
+
+def test_every_library_method_ships_its_calibration_grid_on_its_class():
+    assert calibrated_methods() == list(METHODS)
+    for method, cls in METHODS.items():
+        assert cls.has_calibration_grid() and candidate_grid(method, 6) == cls.calibration_grid(6)
+    assert len(calibrated_methods(as_member=True)) >= 2
+
+
+def test_a_method_without_a_grid_is_refused_by_name_and_one_with_a_grid_is_searched():
+    class NoGridScheduler(VARAccelScheduler, method="nogrid"):
+        @register_to_config
+        def __init__(self, halved_scales=(-1,), model_family=None):
+            super().__init__()
+
+    try:
+        assert not NoGridScheduler.has_calibration_grid() and "nogrid" not in calibrated_methods()
+        with pytest.raises(ValueError, match=r"method 'nogrid' \(registered, but it has no calibration grid\) cannot be "
+                                             r"calibrated; methods with a grid: \['arvar'"):
+            candidate_grid("nogrid", 6)
+        with pytest.raises(NotImplementedError, match="NoGridScheduler has no calibration grid"):
+            NoGridScheduler.calibration_grid(6)
+        # a grid on the class is all it takes: the search reads it from there
+        NoGridScheduler.calibration_grid = classmethod(lambda cls, n: [dict(halved_scales=[-1]), dict(halved_scales=[-2, -1])])
+        assert "nogrid" in calibrated_methods() and "nogrid" not in calibrated_methods(as_member=True)
+        assert candidate_grid("nogrid", 6) == [dict(halved_scales=[-1]), dict(halved_scales=[-2, -1])]
+        assert build_candidate("nogrid", dict(halved_scales=[-2, -1]), "infinity").config.halved_scales == [-2, -1]
+        with pytest.raises(ValueError, match=r"'nogrid' has a calibration grid but no settings as a composition member"):
+            candidate_grid(f"lazyvar{COMPOSE_SEPARATOR}nogrid", 6)
+    finally:
+        unregister_method("nogrid")
+    with pytest.raises(ValueError, match=r"method 'nogrid' cannot be calibrated"):
+        candidate_grid("nogrid", 6)
+
+
+@pytest.mark.parametrize("method", GRID_CASES)
 def test_every_candidate_of_the_grids_is_a_valid_setting(method):
     grid = candidate_grid(method, 6)
     assert grid == candidate_grid(method, 6)  # deterministic

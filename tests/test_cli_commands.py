@@ -55,7 +55,7 @@ def test_generate_batch_size_keeps_each_images_seed(tmp_path, prompts_file, base
 
 
 def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_dir):
-    from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+    from diffusers_var_accel.schedulers.specs import load_acceleration
 
     preset_out = tmp_path / "lazyvar"
     assert main(["generate", "--prompts-file", str(prompts_file), "--seed", "5", "--accel", "lazyvar",

@@ -9,7 +9,7 @@ import torch
 
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.loading import load_embedded_pipeline
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
 
 PROMPT = "a blue square to the left of a yellow triangle"
 

@@ -12,20 +12,16 @@ from diffusers_var_accel import (
     ARVARScheduler,
     ComposedScheduler,
     DepthVARScheduler,
-    FastVARScheduler,
     LazyVARScheduler,
-    StageVARScheduler,
 )
 from diffusers_var_accel.schedulers.scheduling_fastvar import pivotal_token_scores
 from diffusers_var_accel.schedulers.scheduling_lazyvar import PivotalGroupTokens
 from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
+from registry_lists import FAMILIES, METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
-           "stagevar": StageVARScheduler}
-FAMILIES = ("infinity", "hart")
 
 #: Every pair of presets (both orders behave alike): ``None`` = composes, else the reason the error gives. The table in
 #: docs/acceleration.md is this one.
@@ -172,15 +168,44 @@ def test_lazyvar_with_pivotal_token_scores(pipes, family):
     torch.testing.assert_close(latents(pipes, family, everything), latents(pipes, family, dense_group), atol=1e-5, rtol=0)
 
 
-def test_pivotal_group_selection_keeps_each_scales_top_tokens():
+def test_pivotal_group_selection_keeps_each_scales_top_tokens_and_writes_nothing():
     x = torch.randn(4, 4 + 9, 8, generator=torch.Generator().manual_seed(0))  # 2 images x 2 CFG rows; scales 2x2, 3x3
-    chosen, kept = {}, {}
-    index = PivotalGroupTokens((5, 6), (4, 9), (2, 3), 2, chosen, kept)(x)
+    select = PivotalGroupTokens((5, 6), (4, 9), (2, 3), 2)
+    before = dict(vars(select))
+    index = select(x)
+    assert vars(select) == before  # a pure selector: it returns its choice and keeps nothing
     assert index.shape == (4, 5) and torch.equal(index[:2], index[2:])  # an image's two rows share the choice
+    chosen = select.split(index)
     for k, offset, length, n in ((5, 0, 4, 2), (6, 4, 9, 3)):
         want = pivotal_token_scores(x[:2, offset:offset + length]).topk(n, dim=1).indices.sort(dim=1).values
-        assert torch.equal(chosen[k], want) and kept[k] is chosen[k]
+        assert torch.equal(chosen[k], want)
     assert torch.equal(index[:2, 2:] - 4, chosen[6])
+
+
+def test_the_pivotal_selection_reaches_the_call_through_the_pass_records(pipes):
+    """The positions the pivotal selector chooses in a pass are the pass's recorded selection, the zero-residual
+    positions of its scales and the call's kept tokens (``kept_tokens``), with nothing written by the selector."""
+    from diffusers_var_accel.schedulers.scheduling_lazyvar import PIVOTAL_SELECTION
+
+    pts = preset("infinity", "lazyvar", token_scores="pivotal")
+    seen = {}
+    route_pass = pts.route_pass
+
+    def spy(state, plan):
+        routes = route_pass(state, plan)
+        if routes is not None:
+            assert PIVOTAL_SELECTION in routes.record.selections and len(routes.residual_tokens) == 0  # not chosen yet
+            seen[plan.scale_indices] = (state, routes)
+        return routes
+
+    pts.route_pass = spy
+    latents(pipes, "infinity", pts)
+    assert len(seen) == 1
+    (scales, (state, routes)), = seen.items()
+    kept = pts.kept_tokens(state)
+    assert sorted(routes.residual_tokens) == sorted(kept) == list(scales)
+    for k in scales:
+        assert torch.equal(routes.residual_tokens[k], kept[k]) and kept[k].shape[0] == state.batch_size
 
 
 def test_bad_token_scores_are_refused():

@@ -21,7 +21,7 @@ from accelerate.hooks import CpuOffload
 from diffusers_var_accel import HART_CONFIGS
 from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
 from diffusers_var_accel.loading import load_embedded_pipeline
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
 METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar")

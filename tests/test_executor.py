@@ -83,6 +83,36 @@ def test_a_nested_route_equals_its_composed_selection(pipe):
     assert torch.equal(_latents(pipe, _Fixed(nested)), _latents(pipe, _Fixed(direct)))
 
 
+def test_for_layers_is_one_route_on_every_layer_and_none_computes_no_token(pipe):
+    """``PassRoutes.for_layers`` gives the span of one shared route (the same images as the hand-made dict, and a
+    route of every token gives the dense pass); ``TokenRoute.none`` on every block computes no token: the last
+    scale's blocks pass their input through, and the image differs from the dense pass."""
+    depth = pipe.transformer.config.depth
+    shared = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute(index=_kept(state, n)), range(depth)).routes)
+    by_hand = _Fixed(lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n))))
+    assert torch.equal(_latents(pipe, shared), _latents(pipe, by_hand))
+    routes = PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [2, 0], "ffn", residual_tokens={3: 1})
+    assert list(routes.routes) == [(2, "ffn"), (0, "ffn")] and routes.routes[(2, "ffn")] is routes.routes[(0, "ffn")]
+    assert routes.residual_tokens == {3: 1}
+    with pytest.raises(ValueError, match="sublayer must be one of \\['block', 'self_attn', 'cross_attn', 'ffn'\\], got 'mlp'"):
+        PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [0], "mlp")
+    with pytest.raises(ValueError, match="layers must be integers >= 0, got -1"):
+        PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [0, -1])
+
+    none = TokenRoute.none(2)
+    assert none.index.shape == (2, 0) and none.index.dtype == torch.long
+    with pytest.raises(ValueError, match="at least one row, got rows=0"):
+        TokenRoute.none(0)
+    nothing = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute.none(state.batch_size), range(depth)).routes)
+    empty = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=torch.zeros(state.batch_size, 0, dtype=torch.long))
+                                     for l in range(depth)})
+    assert torch.equal(_latents(pipe, nothing), _latents(pipe, empty))
+    assert not torch.equal(_latents(pipe, nothing), _latents(pipe))
+    every_token = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute(index=torch.arange(n).expand(state.batch_size, n)),
+                                                                range(depth)).routes)
+    assert torch.equal(_latents(pipe, every_token), _latents(pipe))
+
+
 def test_a_route_takes_exactly_one_of_index_and_selector():
     with pytest.raises(ValueError, match="exactly one"):
         TokenRoute()

@@ -16,15 +16,14 @@ import torch
 from diffusers_var_accel import (
     HART_CONFIGS,
     ARVARScheduler,
-    DepthVARScheduler,
     FastVARScheduler,
     IdentityScheduler,
     LazyVARScheduler,
 )
 from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
+from registry_lists import methods_with_preset, tiny_preset
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler}
 PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"]
 
 
@@ -63,9 +62,9 @@ def test_fastvar_with_nothing_pruned_is_the_baseline(pipe, baseline):
 
 
 def test_last_scale_gives_the_diffusion_head_every_computed_token(pipe):
-    """Pruned at the last scale, FastVAR, DepthVAR and ARVAR still condition the diffusion head on a finite hidden state
-    for every position of the final map (and every CFG row that ran); LazyVAR, whose pruned positions get a zero
-    residual, runs the head on its kept tokens only."""
+    """Every method with a HART preset (on the tiny model: see ``registry_lists.tiny_preset``) conditions the diffusion
+    head on a finite hidden state for every position of the final map (and every CFG row that ran), pruned or not;
+    LazyVAR, whose pruned positions get a zero residual, runs the head on its kept tokens only."""
     from diffusers_var_accel.schedulers.scheduling_lazyvar import num_kept_tokens
 
     head = pipe.transformer.diffusion_head
@@ -79,9 +78,9 @@ def test_last_scale_gives_the_diffusion_head_every_computed_token(pipe):
     final = PATCH_NUMS[-1] ** 2
     head.sample = spy
     try:
-        for method in sorted(METHODS):
+        for method in methods_with_preset("hart"):
             seen.clear()
-            scheduler = METHODS[method].from_preset("hart")
+            scheduler = tiny_preset(method, "hart")
             run(pipe, acceleration=scheduler)
             assert len(seen) == 1, method
             tokens = num_kept_tokens(scheduler.config.keep_ratios[-1], final) if method == "lazyvar" else final

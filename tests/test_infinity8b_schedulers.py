@@ -12,12 +12,14 @@ import torch
 
 from diffusers_var_accel import supported_sizes
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
+from registry_lists import METHODS
 
 D = 4  # VAE latent channels; 16 bits per token
 SIZES = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")
-#: The packaged presets, with the overrides a 2-block, 7-scale model needs (layer ranges and an absolute scale
-#: index are tuned for the real 32/40-layer, 13-scale models).
-METHODS = {
+#: The overrides of the packaged presets that a 2-block, 7-scale model needs (layer ranges and an absolute scale
+#: index are tuned for the real 32/40-layer, 13-scale models); every registered library method is tested, with its
+#: entry here if it has one.
+OVERRIDES = {
     "fastvar": dict(pruned_layers=None),
     "lazyvar": dict(),
     "depthvar": dict(reference_scale=-3),
@@ -63,7 +65,7 @@ def _generate(pipe, size, rows=slice(0, 2), acceleration=None, text=None):
 
 
 def _scheduler(pipe, method):
-    scheduler = getattr(pipe, f"enable_{method}")(**METHODS[method])
+    scheduler = getattr(pipe, f"enable_{method}")(**OVERRIDES.get(method, {}))
     pipe.disable_acceleration()  # used per call below, so the module-scoped pipeline stays unaccelerated
     return scheduler
 

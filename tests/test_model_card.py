@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+import registry_lists
 from diffusers_var_accel.embedded import EMBEDDED_MODEL_PATH
 from diffusers_var_accel.hub import has_hub_shim, make_model_card, read_benchmark_results, write_hub_shim, write_model_card
 from diffusers_var_accel.schedulers.presets import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ["arvar", "depthvar", "fastvar", "lazyvar", "stagevar"]
+METHODS = sorted(registry_lists.METHODS)  # every library method, from the registry (the cards list them sorted)
 
 HART_INDEX = {
     "_class_name": "HARTPipeline", "_diffusers_version": "0.42.1", "acceleration": [None, None],
@@ -216,3 +217,41 @@ def test_a_card_of_the_embedded_model_fits_it(tmp_path):
     # a folder whose transformer is another model keeps the general prompt and says nothing of the embedded presets
     other = make_model_card(folder, results=BENCH, example_prompt="a lighthouse at dusk").text
     assert 'pipe("a lighthouse at dusk"' in other and "calibrated presets" not in other
+
+
+def test_a_method_with_tuple_settings_gives_a_card_and_to_dict_with_lists_only(infinity_folder):
+    """A plug-in method whose presets and defaults are tuples (as the docs' example's are) gets a card whose YAML holds
+    plain lists: ``to_dict`` normalises every configuration once (no ``!!python/tuple`` on the Hub)."""
+    from diffusers.configuration_utils import register_to_config
+
+    from diffusers_var_accel.schedulers.registry import unregister_method
+    from diffusers_var_accel.schedulers.scheduling_var_base import VARAccelScheduler
+
+    class TupleSettingsScheduler(VARAccelScheduler, method="tuplesettings"):
+        presets = {"infinity": {"halved_scales": (-2, -1), "table": ((0.5, 0.25), (0.125,)), "model_family": "infinity"}}
+
+        @register_to_config
+        def __init__(self, halved_scales=(-1,), table=((1.0,),), model_family=None):
+            super().__init__()
+
+    def has_tuple(value):
+        if isinstance(value, tuple):
+            return True
+        if isinstance(value, list):
+            return any(has_tuple(v) for v in value)
+        return isinstance(value, dict) and any(has_tuple(v) for v in value.values())
+
+    try:
+        scheduler = TupleSettingsScheduler.from_preset("infinity")
+        assert isinstance(scheduler.config["table"], tuple)  # the configuration keeps what it was given
+        assert scheduler.to_dict() == {"_class_name": "TupleSettingsScheduler", "halved_scales": [-2, -1],
+                                       "table": [[0.5, 0.25], [0.125]], "model_family": "infinity"}
+        assert not has_tuple(scheduler.to_dict()) and not has_tuple(TupleSettingsScheduler().to_dict())
+        card = make_model_card(infinity_folder, repo_id="my-org/infinity-2b")
+        text = str(card)
+        assert "python/tuple" not in text and "tuplesettings" in card.data.to_dict()["tags"]
+        settings = card.data.to_dict()["acceleration_presets"]["tuplesettings"]["settings"]
+        assert settings == {"halved_scales": [-2, -1], "table": [[0.5, 0.25], [0.125]], "model_family": "infinity"}
+        assert not has_tuple(card.data.to_dict())
+    finally:
+        unregister_method("tuplesettings")

@@ -85,8 +85,8 @@ class _PlanScheduler(VARAccelScheduler):
         self._plans, self.routes_at, self.routes, self.after = plans, routes_at or set(), routes, []
         self.code_weights = code_weights
 
-    def plan_scales(self, scale_schedule):
-        return self._plans if self._plans is not None else super().plan_scales(scale_schedule)
+    def plan_scales(self, scale_schedule, model=None):
+        return self._plans if self._plans is not None else super().plan_scales(scale_schedule, model)
 
     def route_pass(self, state, plan):
         routes = PassRoutes()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from registry_lists import SPECS
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -16,7 +17,7 @@ pytest.importorskip("matplotlib")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO_ROOT / "notebooks" / "quickstart.ipynb"
-METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
+METHODS = SPECS  # the baseline and every library method: what the notebook runs (default_method_specs())
 
 # Appended to the notebook's "parameters" cell (as papermill would): fewer benchmark prompts to keep the test short.
 TEST_PARAMETERS = "\nNUM_BENCH_PROMPTS = 3\nBENCH_REPEATS = 1\n"

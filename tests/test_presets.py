@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusers_var_accel import (ARVARScheduler, DepthVARScheduler, FastVARScheduler, LazyVARScheduler, StageVARScheduler,
-                                 VARAccelScheduler)
+from diffusers_var_accel import (DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler)
 from diffusers_var_accel.hub import write_to_hub_cache
 from diffusers_var_accel.schedulers import presets as presets_module
 from diffusers_var_accel.schedulers.presets import (
@@ -19,11 +18,10 @@ from diffusers_var_accel.schedulers.presets import (
     available_presets,
     save_presets,
 )
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
+from registry_lists import METHODS
+from registry_lists import PRESET_MODELS as MODELS
 
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler, "arvar": ARVARScheduler,
-           "stagevar": StageVARScheduler}
-MODELS = {"infinity-2b": "infinity", "hart-0.7b": "hart"}
 NAMES = sorted(f"{model}/{method}" for model in MODELS for method in METHODS)
 #: The embedded model's own presets, made by var-accel calibrate (tests/test_calibration.py checks them).
 EMBEDDED_NAMES = sorted(f"embedded/{method}" for method in METHODS)

@@ -10,18 +10,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusers_var_accel import (ARVARScheduler, DepthVARScheduler, FastVARScheduler, HARTPipeline, InfinityPipeline,
-                                 LazyVARScheduler, StageVARScheduler)
+import diffusers_var_accel.schedulers
+from diffusers_var_accel import ARVARScheduler, HARTPipeline, InfinityPipeline, LazyVARScheduler
 from diffusers_var_accel.families import MODEL_FAMILIES, get_model_family, model_family_names
 from diffusers_var_accel.schedulers.registry import METHODS, get_method, method_names, unregister_method
-from diffusers_var_accel.schedulers.scheduling_var_base import (ComposedScheduler, VARAccelScheduler, build_acceleration,
-                                                                load_acceleration)
+from diffusers_var_accel.schedulers.composition import ComposedScheduler
+from diffusers_var_accel.schedulers.scheduling_var_base import VARAccelScheduler
+from diffusers_var_accel.schedulers.specs import build_acceleration, load_acceleration
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "acceleration.md"
 SIZE = dict(height=256, width=256)
-LIBRARY_METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler,
-                   "arvar": ARVARScheduler, "stagevar": StageVARScheduler}
+#: The package's scheduler modules and their methods, found by a rule (``scheduling_<method>.py`` defines the method
+#: ``<method>``), not typed by hand; the registry must hold exactly these, in the order the package imports them.
+SCHEDULERS_DIR = Path(diffusers_var_accel.schedulers.__file__).parent
+METHOD_MODULES = sorted(p.stem for p in SCHEDULERS_DIR.glob("scheduling_*.py") if p.stem != "scheduling_var_base")
+LIBRARY_METHODS = {name: cls for name, cls in METHODS.items() if cls.__module__.startswith("diffusers_var_accel.")}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +41,14 @@ def _latents(pipe, **kwargs):
 
 
 # -- registry contents ------------------------------------------------------------------------------------------------
-def test_method_registry_holds_the_four_methods_in_order_with_their_presets():
-    assert method_names()[:5] == list(LIBRARY_METHODS)
+def test_method_registry_holds_every_scheduler_module_of_the_package_in_order_with_their_presets():
+    assert sorted(f"scheduling_{name}" for name in LIBRARY_METHODS) == METHOD_MODULES and len(METHOD_MODULES) >= 5
+    # the registration order is the package's import order (schedulers/__init__.py), the order of every method list
+    init = (SCHEDULERS_DIR / "__init__.py").read_text(encoding="utf-8")
+    assert list(LIBRARY_METHODS) == sorted(LIBRARY_METHODS, key=lambda name: init.index(f".scheduling_{name} import"))
+    assert method_names()[:len(LIBRARY_METHODS)] == list(LIBRARY_METHODS)
     for name, cls in LIBRARY_METHODS.items():
-        assert get_method(name) is cls
+        assert get_method(name) is cls and cls.__module__ == f"diffusers_var_accel.schedulers.scheduling_{name}"
         assert set(cls.presets) == set(MODEL_FAMILIES), name  # every method has a preset per family
         assert cls.presets.names() == {f: f"{MODEL_FAMILIES[f].preset_model}/{name}" for f in MODEL_FAMILIES}
 
@@ -117,7 +125,7 @@ def test_enable_a_composition_by_name(pipe):
 
 def test_bad_names_and_overrides_fail_clearly(pipe):
     with pytest.raises(ValueError, match=r"unknown acceleration method 'lazyvra' \(did you mean 'lazyvar'\?\); known "
-                                         r"methods: \['fastvar', 'lazyvar', 'depthvar', 'arvar', 'stagevar'"):
+                                         r"methods: " + re.escape(str(method_names()))):
         pipe.enable_acceleration("lazyvra")
     with pytest.raises(ValueError, match=r"unknown acceleration method 'nope'.*known methods"):
         pipe.enable_acceleration("lazyvar+nope")
@@ -136,12 +144,13 @@ def test_bad_names_and_overrides_fail_clearly(pipe):
     assert getattr(pipe, "acceleration", None) is None  # nothing was attached by a failed call
 
 
-# -- generated shortcuts ----------------------------------------------------------------------------------------------
+# -- shortcuts: written out for the library's methods, generated for a plug-in's --------------------------------------
 @pytest.mark.parametrize("name", list(LIBRARY_METHODS))
-def test_shortcuts_are_generated_with_docstrings(name):
+def test_library_shortcuts_are_written_out_with_docstrings(name):
     cls = LIBRARY_METHODS[name]
     shortcut = getattr(InfinityPipeline, f"enable_{name}")
     assert shortcut is getattr(HARTPipeline, f"enable_{name}") and shortcut.__name__ == f"enable_{name}"
+    assert not hasattr(shortcut, "registered_method")  # not a generated one
     doc = inspect.getdoc(shortcut)
     summary = " ".join(inspect.getdoc(cls).split("\n\n")[0].split())
     assert summary in " ".join(doc.split()) and f"[`{cls.__name__}`]" in doc
@@ -149,9 +158,16 @@ def test_shortcuts_are_generated_with_docstrings(name):
     assert str(inspect.signature(shortcut)) == "(self, **overrides: 'Any') -> 'VARAccelScheduler'"
 
 
-def test_the_mixin_has_no_hand_written_shortcut():
-    source = inspect.getsource(inspect.getmodule(InfinityPipeline.enable_lazyvar))
-    assert not re.search(r"def enable_(fastvar|lazyvar|depthvar|arvar)\b", source)
+def test_the_mixin_writes_out_exactly_the_library_methods_shortcuts():
+    """Grep-able: ``def enable_<method>(self, **overrides)`` for every library method, and no other."""
+    from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
+
+    source = inspect.getsource(VARAccelerationMixin)
+    written = re.findall(r"\n    def enable_(\w+)\(self, \*\*overrides: Any\) -> VARAccelScheduler:", source)
+    assert written == list(LIBRARY_METHODS)
+    for name in LIBRARY_METHODS:  # each calls its own method
+        body = inspect.getsource(getattr(InfinityPipeline, f"enable_{name}"))
+        assert f'return self._enable_method("{name}", overrides)' in body
 
 
 # -- the fifth method of the docs -------------------------------------------------------------------------------------

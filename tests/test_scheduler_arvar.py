@@ -8,6 +8,7 @@ use the tiny random pipeline.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,13 @@ from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, VARAccelScheduler
 from diffusers_var_accel.schedulers.scheduling_arvar import (
-    MAX_LAYERS,
     num_kept_tokens,
     retrospect_tokens,
     self_attention_saliency,
 )
 from diffusers_var_accel.next_scale.context import scatter_tokens
 from diffusers_var_accel.next_scale.executor import interpolate_tokens
-from diffusers_var_accel.next_scale.plan import RecordRequest
+from diffusers_var_accel.next_scale.plan import ModelInfo, RecordRequest
 from diffusers_var_accel.next_scale.rows import match_rows
 
 
@@ -110,7 +110,14 @@ def test_plans_halve_and_record_on_every_schedule():
         assert [p.scale_indices for p in plans] == [(k,) for k in range(n)]
         assert [k for k, p in enumerate(plans) if p.cfg_halve] == [n - 2]
         assert [k for k, p in enumerate(plans) if p.record_attention_layers] == [n - 4]  # only T - M pays explicit attention
-        assert plans[n - 4].record_attention_layers == frozenset(range(MAX_LAYERS))
+        # with the model, exactly its layers; a caller without it gets every layer a setting could name
+        with_model = ARVARScheduler().plan_scales([(1, 1, 1)] * n, ModelInfo(num_layers=6, family="infinity"))
+        assert with_model[n - 4].record_attention_layers == frozenset(range(6))
+        assert [replace(p, record_attention_layers=frozenset()) for p in with_model] == \
+            [replace(p, record_attention_layers=frozenset()) for p in plans]
+        assert plans[n - 4].record_attention_layers >= frozenset(range(1024))
+    ranged = ARVARScheduler(pruned_layers=(1, 30)).plan_scales([(1, 1, 1)] * 13, ModelInfo(num_layers=6, family="hart"))
+    assert ranged[9].record_attention_layers == {1, 2, 3, 4, 5}  # the range cut at the model's depth
     plans = ARVARScheduler(pruned_layers=(1, 3), attention_distance=2, branch_halving_scales=(-2, -1)).plan_scales([(1, 1, 1)] * 13)
     assert plans[10].record_attention_layers == {1, 2} and [k for k, p in enumerate(plans) if p.cfg_halve] == [11, 12]
     nothing = ARVARScheduler(branch_halving_scales=(), prune_ratios=(0.0,)).plan_scales([(1, 1, 1)] * 13)
@@ -216,8 +223,8 @@ class _Spy(VARAccelScheduler):
         super().__init__()
         self.inner, self.log, self.maps, self.routes = inner, {}, {}, {}
 
-    def plan_scales(self, scale_schedule):
-        return self.inner.plan_scales(scale_schedule)
+    def plan_scales(self, scale_schedule, model=None):
+        return self.inner.plan_scales(scale_schedule, model)
 
     def before_scale(self, state, plan):
         self.inner.before_scale(state, plan)
@@ -277,8 +284,8 @@ def test_sources_run_as_without_pruning(models):
     arvar = ARVARScheduler(branch_halving_scales=(), prune_ratios=(0.75,))
 
     class _RecordOnly(VARAccelScheduler):
-        def plan_scales(self, scale_schedule):
-            return arvar.plan_scales(scale_schedule)
+        def plan_scales(self, scale_schedule, model=None):
+            return arvar.plan_scales(scale_schedule, model)
 
     teacher = _teacher()
     pruned, reference = _run(models, arvar, teacher=teacher), _run(models, _RecordOnly(), teacher=teacher)

@@ -21,7 +21,7 @@ from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, LazyVARScheduler, VARAccelScheduler
 from diffusers_var_accel.schedulers.scheduling_depthvar import bit_reversal_permutation, layer_masks, plan_depth, scheduling_function
-from diffusers_var_accel.schedulers.scheduling_var_base import load_acceleration
+from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.next_scale.executor import weight_codes
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
 from diffusers_var_accel.next_scale.maps import resize_map
@@ -335,7 +335,7 @@ class _HalveLastScale(VARAccelScheduler):
     def __init__(self, model_family=None):
         super().__init__()
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         return [ScalePlan((k,), cfg_halve=k == len(scale_schedule) - 1) for k in range(len(scale_schedule))]
 
 

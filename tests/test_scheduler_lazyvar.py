@@ -348,7 +348,7 @@ class _HalveLastScale(VARAccelScheduler):
     def __init__(self, model_family=None):
         super().__init__()
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         n = len(scale_schedule)
         return [ScalePlan((k,), cfg_halve=k == n - 1) for k in range(n)]
 

@@ -12,10 +12,6 @@ import diffusers_var_accel.next_scale.loop as loop_module
 from diffusers_var_accel import (
     ScalePlan,
     HART_CONFIGS,
-    ARVARScheduler,
-    DepthVARScheduler,
-    FastVARScheduler,
-    LazyVARScheduler,
     ScaleKVCache,
     schedule_for_size,
     supported_sizes,
@@ -33,6 +29,7 @@ from diffusers_var_accel.models.attention_processor import (
 )
 from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
+from registry_lists import FAMILIES, METHOD_NAMES, METHODS, tiny_preset
 
 
 def _kv(rows, length, generator, heads=2, dim=4):
@@ -308,8 +305,6 @@ def test_context_knows_the_tokens_per_scale_from_shapes():
 # ---------------------------------------------------------------------------------------------------------------------
 HART_PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
 INFINITY_SIZE = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
-METHODS = {"fastvar": FastVARScheduler, "lazyvar": LazyVARScheduler, "depthvar": DepthVARScheduler,
-           "arvar": ARVARScheduler}
 
 
 
@@ -332,14 +327,13 @@ def _generate(pipe, family, acceleration):
                 guidance_scale=3.0, output_type="pt", **kwargs).images
 
 
-@pytest.mark.parametrize("family", ["infinity", "hart"])
-@pytest.mark.parametrize("method", [None, "fastvar", "lazyvar", "depthvar", "arvar"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", [None, *METHOD_NAMES])
 def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, method, monkeypatch):
     """The loop's preallocated KV cache and per-call constants give the images of a growing cache with every
     constant recomputed at each use (the reference path), bit for bit."""
     pipe = pipes(family)
-    settings = {"reference_scale": -3} if method == "depthvar" else {}
-    make = (lambda: None) if method is None else (lambda: METHODS[method].from_preset(family, **settings))
+    make = (lambda: None) if method is None else (lambda: tiny_preset(method, family))
     if method is not None and family not in METHODS[method].presets:
         pytest.skip(f"{method} has no {family} preset")
     caches, lengths = [], []
@@ -408,16 +402,15 @@ def test_diffusion_head_uploads_its_constants_once():
     assert torch.equal(first, again)
 
 
-@pytest.mark.parametrize("family", ["infinity", "hart"])
-@pytest.mark.parametrize("method", [None, "fastvar", "lazyvar", "depthvar", "arvar"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", [None, *METHOD_NAMES])
 def test_kv_cache_bytes_is_what_the_call_allocates(pipes, family, method, monkeypatch):
     """``pipe.kv_cache_bytes`` (counted from the plan) equals the bytes the call's cache buffers take, and a method
     that skips or groups the last scales allocates less than the baseline."""
     pipe = pipes(family)
     if method is not None and family not in METHODS[method].presets:
         pytest.skip(f"{method} has no {family} preset")
-    settings = {"reference_scale": -3} if method == "depthvar" else {}
-    scheduler = None if method is None else METHODS[method].from_preset(family, **settings)
+    scheduler = None if method is None else tiny_preset(method, family)
     caches = []
 
     def recording_cache(num_layers, max_length=None):

@@ -48,7 +48,7 @@ from diffusers_var_accel.pipelines.flop_meter import (  # noqa: F401  (the meter
 )
 from diffusers_var_accel.pipelines.flop_meter import _family_flops, _model_choices
 from diffusers_var_accel.schedulers.registry import method_names
-from diffusers_var_accel.schedulers.scheduling_var_base import split_acceleration_specs
+from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
 def _help(specs: Sequence[FamilyFlops], key: str) -> str:
     return "; ".join(spec.cli_help[key] for spec in specs if key in spec.cli_help)

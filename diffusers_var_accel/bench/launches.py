@@ -510,10 +510,10 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
     whose syncs are reported as ``first_call_syncs``); ``False`` counts a single, first call.
 
     ``methods``: ``baseline`` and the registry's methods by default (:func:`~..schedulers.registry.default_method_specs`),
-    each spec loaded with :func:`~..schedulers.scheduling_var_base.load_acceleration` for the model's family (its preset).
+    each spec loaded with :func:`~..schedulers.specs.load_acceleration` for the model's family (its preset).
     """
     from ..schedulers.registry import default_method_specs
-    from ..schedulers.scheduling_var_base import load_acceleration
+    from ..schedulers.specs import load_acceleration
 
     methods = list(methods or default_method_specs())
     records = []
@@ -643,7 +643,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     """The command line (``var-accel launches``); bad values: one ``error:`` line on stderr, exit status 2."""
     from ..schedulers.registry import default_method_specs
-    from ..schedulers.scheduling_var_base import split_acceleration_specs
+    from ..schedulers.specs import split_acceleration_specs
 
     args = build_parser(prog).parse_args(argv)
     try:

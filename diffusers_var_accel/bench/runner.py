@@ -103,9 +103,9 @@ def parse_seeds(seeds: Union[str, int, Sequence[int]]) -> List[int]:
 
 def parse_methods(methods: Union[str, Sequence[str]]) -> List[str]:
     """Method specs from a comma-separated string (``key=value`` parts continue the spec before them, see
-    :func:`~diffusers_var_accel.schedulers.scheduling_var_base.split_acceleration_specs`) or a list; ``baseline`` is
+    :func:`~diffusers_var_accel.schedulers.specs.split_acceleration_specs`) or a list; ``baseline`` is
     put first (added when missing). Raises ``ValueError`` for an empty list or a repeated method."""
-    from ..schedulers.scheduling_var_base import split_acceleration_specs
+    from ..schedulers.specs import split_acceleration_specs
 
     specs = split_acceleration_specs(methods) if isinstance(methods, str) else [m.strip() for m in methods if m.strip()]
     if not specs:
@@ -137,9 +137,9 @@ def method_folders(methods: Sequence[str]) -> Dict[str, str]:
 
 def check_methods(methods: Sequence[str]) -> None:
     """Fail early, before a model is loaded, on a method that no model family accepts: each spec must load with
-    :func:`~diffusers_var_accel.schedulers.scheduling_var_base.load_acceleration` for Infinity or for HART (its
+    :func:`~diffusers_var_accel.schedulers.specs.load_acceleration` for Infinity or for HART (its
     message lists what is allowed), and a JSON file must exist."""
-    from ..schedulers.scheduling_var_base import load_acceleration
+    from ..schedulers.specs import load_acceleration
 
     for spec in methods:
         if spec == _BASELINE:
@@ -160,7 +160,7 @@ def check_methods(methods: Sequence[str]) -> None:
 
 
 def _load_schedulers(methods: Sequence[str], family: str, preset_model: Optional[str] = None) -> Dict[str, Any]:
-    from ..schedulers.scheduling_var_base import load_acceleration
+    from ..schedulers.specs import load_acceleration
 
     schedulers = {}
     for spec in methods:

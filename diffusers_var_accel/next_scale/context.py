@@ -141,12 +141,14 @@ class PassRecords:
         block_outputs: ``{layer: (R, L, C)}`` full block outputs.
         block_deltas: ``{layer: (R, L, C)}`` block output minus input.
         sublayer_updates: ``{(layer, sublayer): (R, L, C)}`` full residual updates.
+        selections: ``{(layer, sublayer): (R, K)}`` the positions a route chose (``RecordRequest.selections``).
     """
 
     attention: Dict[int, torch.Tensor] = field(default_factory=dict)
     block_outputs: Dict[int, torch.Tensor] = field(default_factory=dict)
     block_deltas: Dict[int, torch.Tensor] = field(default_factory=dict)
     sublayer_updates: Dict[Tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    selections: Dict[Tuple[int, str], torch.Tensor] = field(default_factory=dict)
     #: ``(n, R, L, C)``: the recorded block deltas, in layer order, written into one buffer (``block_deltas`` holds
     #: its slices) when every one has the first one's shape and dtype; ``None`` otherwise. A reader may reduce over
     #: all layers in a few kernels instead of a few per layer.

@@ -122,9 +122,15 @@ def _update_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype:
     raise TypeError(f"a sublayer route fills with PassThrough or EarlierScale, got {fill!r}")
 
 
-def _select(route: TokenRoute, x_RLC: torch.Tensor) -> torch.Tensor:
-    """The route's ``(R, K)`` positions for these rows (a selector reads the residual stream)."""
-    return route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
+def _select(route: TokenRoute, x_RLC: torch.Tensor, context: Optional[VARForwardContext] = None,
+            key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
+    """The route's ``(R, K)`` positions for these rows (a selector reads the residual stream). When the pass asks to
+    keep the selection of the route at ``key`` (``RecordRequest.selections``), it goes into the pass's records: a
+    selector returns its choice and writes nothing, and whoever needs it after the pass reads it there."""
+    index_RK = route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
+    if key is not None and context is not None and context.routes is not None and key in context.routes.record.selections:
+        context.records.selections[key] = index_RK
+    return index_RK
 
 
 def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute,
@@ -140,10 +146,11 @@ def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: T
 # ---------------------------------------------------------------------------------------------------------------------
 # blocks
 # ---------------------------------------------------------------------------------------------------------------------
-def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: Optional[TokenRoute]) -> torch.Tensor:
+def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: Optional[TokenRoute],
+                  key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
     if route is None:
         return block(x_RLC, condition, context)
-    index_RK = _select(route, x_RLC)
+    index_RK = _select(route, x_RLC, context, key)
     if index_RK.shape[1] == 0:  # nothing computed: every position takes the fill
         return _block_canvas(route.fill, x_RLC, context, x_RLC.dtype)
     x_RKC = gather_tokens(x_RLC, index_RK)
@@ -193,10 +200,10 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
                    and end not in record.block_outputs and end not in record.block_deltas):
                 end += 1
             x_RLC = _run_span(blocks[layer:end], x_RLC, condition, context,
-                              [routes.routes[(j, "block")].inner for j in range(layer, end)], route)
+                              [routes.routes[(j, "block")].inner for j in range(layer, end)], route, (layer, "block"))
             layer = end
             continue
-        out_RLC = _routed_block(blocks[layer], x_RLC, condition, context, route)
+        out_RLC = _routed_block(blocks[layer], x_RLC, condition, context, route, (layer, "block"))
         if layer in record.block_outputs:
             context.records.block_outputs[layer] = out_RLC
         if layer in record.block_deltas:
@@ -232,9 +239,11 @@ def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardConte
     return scatter_tokens(canvas, positions_Rr, y_RrC)
 
 
-def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes, route: TokenRoute) -> torch.Tensor:
-    """Consecutive blocks on the same kept tokens: one gather before, one scatter after."""
-    index_RK = _select(route, x_RLC)
+def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes, route: TokenRoute,
+              key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
+    """Consecutive blocks on the same kept tokens: one gather before, one scatter after (the selection is the first
+    block's, ``key``)."""
+    index_RK = _select(route, x_RLC, context, key)
     if index_RK.shape[1] == 0:
         return x_RLC
     x_RKC = gather_tokens(x_RLC, index_RK)
@@ -268,7 +277,7 @@ def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: Sublay
         if recorded:
             context.records.sublayer_updates[(layer_idx, kind)] = update
         return x_RLC + update
-    index_RK = _select(route, x_RLC)
+    index_RK = _select(route, x_RLC, context, (layer_idx, kind))
     if not index_RK.shape[1]:
         update_RLC = _update_canvas(route.fill, x_RLC, context)
         if recorded:

@@ -88,7 +88,8 @@ def run_next_scale_loop(
     no_guidance = get_model_family(family.family).no_guidance
     layout = RowLayout(batch_size, guided=any(g != no_guidance for g in guidance_scales))
     scale_schedule = tuple(tuple(s) for s in scale_schedule)
-    plans = scheduler.plan_scales(scale_schedule) if scheduler is not None else identity_plans(scale_schedule)
+    model = ModelInfo(family.num_layers, family.family)
+    plans = scheduler.plan_scales(scale_schedule, model) if scheduler is not None else identity_plans(scale_schedule)
     validate_plans(plans, num_scales)
     max_length = cached_positions(family.num_start_tokens, scale_schedule, plans)
     workspace_cache = getattr(pass_runner, "kv_cache", None)
@@ -98,7 +99,7 @@ def run_next_scale_loop(
     else:
         kv_cache = ScaleKVCache(family.num_layers, max_length=max_length)
     state = NextScaleState(scale_schedule, batch_size, layout.cache_rows, kv_cache)
-    state.model, state.layout = ModelInfo(family.num_layers, family.family), layout
+    state.model, state.layout = model, layout
     state.generator = generator
     state.plans = tuple(plans)
     state.tables = tables if tables is not None else ScheduleTables()

@@ -18,7 +18,7 @@ tokens, ``C`` width, ``l = h w`` tokens of a source scale.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -207,11 +207,42 @@ class TokenRoute:
         if (self.index is None) == (self.selector is None):
             raise ValueError("a TokenRoute takes exactly one of index and selector")
 
+    @classmethod
+    def none(cls, rows: int, device: Optional[Union[str, torch.device]] = None, fill: "Fill" = PASS_THROUGH) -> "TokenRoute":
+        """A route that computes no token: every position takes ``fill`` (with the default :class:`PassThrough`, a
+        block keeps its input and a sublayer adds a zero update).
+
+        Args:
+            rows: ``B`` (one choice per image) or ``R`` (per row) of the index.
+            device: the device of the index (the pass's).
+            fill: how the positions get their values.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"a route's index needs at least one row, got rows={rows!r}")
+        return cls(index=torch.empty(rows, 0, dtype=torch.long, device=device), fill=fill)
+
     def within(self, outer: "TokenRoute") -> "TokenRoute":
         """This route nested inside ``outer`` (``outer``'s kept tokens, then this route's selection among them)."""
         if outer.inner is not None:
             return TokenRoute(outer.index, outer.selector, outer.fill, self.within(outer.inner), outer.scale_counts)
         return TokenRoute(outer.index, outer.selector, outer.fill, self, outer.scale_counts)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSelection:
+    """The tokens an earlier member of a composition keeps in a pass, handed to the members asked after it
+    (:meth:`~diffusers_var_accel.schedulers.scheduling_var_base.VARAccelScheduler.route_pass_within`), so that they
+    may select again within them (:meth:`TokenRoute.within`) without reading another member's routes.
+
+    Args:
+        route: the block route of the pass's first layer: the tokens the selecting member's blocks compute.
+        tokens: ``{scale: (B, n) positions}`` of each scale of the pass that the route keeps, as the member names them
+            (its ``residual_tokens``); a scale is missing when its positions are not known before the pass (a selector
+            chooses them inside it).
+    """
+
+    route: TokenRoute
+    tokens: Mapping[int, torch.Tensor]
 
 
 #: ``mixer(x_RLC) -> (positions (R, r), projection (R, L, r))``: evaluated by the executor on the residual stream
@@ -267,21 +298,60 @@ class RecordRequest:
         block_outputs: layers whose full block output ``(R, L, C)`` is kept (ARVAR's canvas source).
         block_deltas: layers whose ``output - input`` is kept (DepthVAR's proxies and ranking).
         sublayer_updates: ``(layer, sublayer)`` pairs whose full residual update is kept (FastVAR's cache scale).
+        selections: ``(layer, sublayer)`` keys (``"block"`` for a block route) whose route's chosen positions
+            ``(R, K)`` are kept (``records.selections``; a span of one block route: its first layer): what a selector
+            chose inside the pass, for whoever needs it after the pass (the selector itself writes nothing).
     """
 
     block_outputs: FrozenSet[int] = frozenset()
     block_deltas: FrozenSet[int] = frozenset()
     sublayer_updates: FrozenSet[Tuple[int, str]] = frozenset()
+    selections: FrozenSet[Tuple[int, str]] = frozenset()
 
     def __or__(self, other: "RecordRequest") -> "RecordRequest":
         return RecordRequest(self.block_outputs | other.block_outputs, self.block_deltas | other.block_deltas,
-                             self.sublayer_updates | other.sublayer_updates)
+                             self.sublayer_updates | other.sublayer_updates, self.selections | other.selections)
 
     def __bool__(self) -> bool:
-        return bool(self.block_outputs or self.block_deltas or self.sublayer_updates)
+        return bool(self.block_outputs or self.block_deltas or self.sublayer_updates or self.selections)
 
 
 NO_RECORD = RecordRequest()
+
+
+class SelectedTokens(Mapping):
+    """``{scale: (B, n) positions}`` that a route's selector chooses inside a pass, for ``PassRoutes.residual_tokens``
+    when they are not known before the pass: the pass records the selection (``RecordRequest.selections``) and this
+    mapping reads it from the pass's records once the pass has run (before, it is empty). The selector stays pure: it
+    returns its positions and writes nothing.
+
+    Args:
+        records: returns the records of the current pass (``lambda: state.records``).
+        key: the ``(layer, sublayer)`` whose selection is read.
+        split: ``(R, K)`` selection -> ``{scale: (B, n)}`` positions.
+    """
+
+    def __init__(self, records: Callable[[], Any], key: Tuple[int, str],
+                 split: Callable[[torch.Tensor], Dict[int, torch.Tensor]]):
+        self._records, self.key, self._split = records, key, split
+        self._chosen: Optional[Dict[int, torch.Tensor]] = None
+
+    def _resolved(self) -> Dict[int, torch.Tensor]:
+        if self._chosen is None:
+            index = self._records().selections.get(self.key)
+            if index is None:  # the pass has not run yet
+                return {}
+            self._chosen = self._split(index)  # the pass's choice, kept: later passes' records do not change it
+        return self._chosen
+
+    def __getitem__(self, scale: int) -> torch.Tensor:
+        return self._resolved()[scale]
+
+    def __iter__(self):
+        return iter(self._resolved())
+
+    def __len__(self) -> int:
+        return len(self._resolved())
 
 
 @dataclass
@@ -304,6 +374,23 @@ class PassRoutes:
     residual_tokens: Dict[int, torch.Tensor] = field(default_factory=dict)
     code_weights: Dict[int, torch.Tensor] = field(default_factory=dict)
     mixing: Dict[int, MixingRoute] = field(default_factory=dict)
+
+    @classmethod
+    def for_layers(cls, route: TokenRoute, layers: Iterable[int], sublayer: str = "block", **fields: Any) -> "PassRoutes":
+        """The same ``route`` on the ``sublayer`` of every layer of ``layers`` (one route object: the executor runs
+        consecutive blocks of one block route as a span, gathering once and scattering once), with the other fields
+        (``record``, ``residual_tokens``, ...) as given.
+
+        Raises:
+            ValueError: ``sublayer`` is not one of :data:`SUBLAYER_KINDS`, or a layer is not an integer >= 0.
+        """
+        if sublayer not in SUBLAYER_KINDS:
+            raise ValueError(f"sublayer must be one of {list(SUBLAYER_KINDS)}, got {sublayer!r}")
+        layers = list(layers)
+        bad = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0]
+        if bad:
+            raise ValueError(f"layers must be integers >= 0, got {bad[0]!r}")
+        return cls(routes={(layer, sublayer): route for layer in layers}, **fields)
 
     def routed_layers(self) -> FrozenSet[int]:
         """The layers any route touches."""

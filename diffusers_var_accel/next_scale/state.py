@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
 from .cache import ScaleKVCache
 from .context import PassRecords, VARForwardContext
-from .plan import ModelInfo, PassRoutes, ScalePlan
+from .plan import ModelInfo, ScalePlan
 from .rows import RowLayout
 
 CallStateT = TypeVar("CallStateT")
@@ -169,7 +169,6 @@ class NextScaleState:
     layout: Optional[RowLayout] = None
     plans: Tuple[ScalePlan, ...] = ()
     pass_index: int = 0
-    pass_routes: Optional[PassRoutes] = None
     method_states: Dict[int, Any] = field(default_factory=dict)
     #: the call's token generator(s) (one, or one per image), as the loop was given them; methods that draw their own
     #: randomness derive their seeds from it, never consume it

@@ -6,6 +6,8 @@ from .scheduling_lazyvar import LazyVARScheduler  # isort: skip
 from .scheduling_depthvar import DepthVARScheduler  # isort: skip
 from .scheduling_arvar import ARVARScheduler  # isort: skip
 from .scheduling_stagevar import StageVARScheduler  # isort: skip
-from .scheduling_var_base import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
+from .composition import ComposedScheduler
+from .identity import IdentityScheduler
+from .scheduling_var_base import ScalePlan, VARAccelScheduler
 
 __all__ = ["ARVARScheduler", "ComposedScheduler", "DepthVARScheduler", "FastVARScheduler", "IdentityScheduler", "LazyVARScheduler", "ScalePlan", "StageVARScheduler", "VARAccelScheduler"]

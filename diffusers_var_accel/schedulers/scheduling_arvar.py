@@ -33,7 +33,7 @@ Shape legend: ``R`` rows (``2B`` under CFG, conditional first), ``H`` heads, ``L
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from diffusers.configuration_utils import register_to_config
@@ -46,9 +46,10 @@ from .presets import PackagedPresets
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
 
 UPSAMPLE_MODES = ("bilinear", "bicubic", "area", "nearest")
-#: ``pruned_layers=None`` records the layers below this bound (plans are made before the model's depth is known; a
-#: deeper model stops with a "no attention map" error at the pruned scale).
-MAX_LAYERS = 1024
+#: Without a :class:`ModelInfo` (a caller that plans without the model), ``pruned_layers=None`` records the attention
+#: of the layers below this bound (a deeper model stops with a "no attention map" error at the pruned scale). The loop
+#: gives the model, and the plans then record exactly the pruned layers it has.
+_LAYERS_WITHOUT_MODEL = 1024
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
                 raise ValueError(f"pruned_layers must be a range [start, end) with 0 <= start < end, or None; got {pruned_layers!r}")
         if upsample_mode not in UPSAMPLE_MODES:
             raise ValueError(f"upsample_mode must be one of {list(UPSAMPLE_MODES)}, got {upsample_mode!r}")
-        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        # the stored configuration holds the validated values (ratios as floats, index lists as lists)
         self.register_to_config(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=ratios, pruned_layers=pruned_layers)
 
     # -- the setting on one schedule ------------------------------------------------------------------------------------
@@ -207,10 +208,36 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         """The positions each pruned layer computed in the call of ``state``: ``{(T, layer): (R of T - M, K)}``."""
         return self.call_state(state).kept
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect
+        pruning of none / the last / the last 2 scales at 25, 50 or 75 %."""
+        grid = []
+        for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
+            for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
+                if not halved and not pruned:
+                    continue
+                grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Branch halving only (the last 1, 2, 3 or 5 scales): its attention-retrospect pruning routes the same blocks
+        as the other methods' token selections, which a composition refuses."""
+        return [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
+                for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])]
+
     # -- extension points ---------------------------------------------------------------------------------------------
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
+        """BH scales halve the CFG rows; each attention source ``T - M`` records the pruned layers' attention (those
+        of ``model``; without it, every layer the setting could name)."""
         scales = self.resolve(scale_schedule)
-        record, recorded = frozenset(range(*(self.config.pruned_layers or (0, MAX_LAYERS)))), set(scales.attention_sources.values())
+        if model is not None:
+            record = frozenset(self._layers(model.num_layers))
+        else:
+            record = frozenset(range(*(self.config.pruned_layers or (0, _LAYERS_WITHOUT_MODEL))))
+        recorded = set(scales.attention_sources.values())
         return [ScalePlan((k,), cfg_halve=k in scales.halved, record_attention_layers=record if k in recorded else frozenset())
                 for k in range(len(scale_schedule))]
 

@@ -41,7 +41,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..next_scale.maps import place_values, resize_map, unpermute, values_at
-from ..next_scale.plan import LayerProxy, PassRoutes, RecordRequest, TokenRoute
+from ..next_scale.plan import LayerProxy, PassRoutes, RecordRequest, TokenRoute, TokenSelection
 from ..next_scale.rows import match_rows
 from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
@@ -336,14 +336,30 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         """The percentile rotation of a dynamic scale."""
         return (self.config.rotation_step * (scale_index - min(budgets))) % 1.0
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Reference scale R = -2 .. -6 (from the end), rotation step 0, 0.05 or 0.25, code blending on or off."""
+        grid = []
+        for reference in (-2, -3, -4, -5, -6):
+            for rotation in (0.0, 0.05, 0.25):
+                for blending in (True, False):
+                    grid.append(dict(reference_scale=reference, rotation_step=rotation, code_blending=blending))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Reference scale R = -2, -3 or -4, no rotation, code blending on."""
+        return [dict(reference_scale=r, rotation_step=0.0, code_blending=True) for r in (-2, -3, -4)]
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         budgets = self.budgets(scale_schedule)
         return frozenset(budgets) | {min(budgets) - 1}
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         self.budgets(scale_schedule)  # raise early on a setting that does not fit the schedule
-        return super().plan_scales(scale_schedule)
+        return super().plan_scales(scale_schedule, model)
 
     def before_scale(self, state, plan):
         """Eqs. (1)-(3) for the dynamic scales of the pass, ranked by the last scale before it (in a grouped pass every
@@ -375,8 +391,15 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
 
     def route_pass(self, state, plan):
         """Eq. (4): layer ``l`` computes the tokens whose depth reaches it, the others take the source's upsampled
-        layer delta; Eq. (5): codes weighted by the score. A pass whose next pass is dynamic records its deltas. When
-        an earlier member of a composition keeps only some tokens of the pass, the depths are planned among those."""
+        layer delta; Eq. (5): codes weighted by the score. A pass whose next pass is dynamic records its deltas."""
+        return self._depth_routes(state, plan, None)
+
+    def route_pass_within(self, state, plan, selection):
+        """:meth:`route_pass` within an earlier member's kept tokens (a composition): the depths are planned among the
+        tokens ``selection`` keeps, and every layer's route nests inside its route."""
+        return self._depth_routes(state, plan, selection)
+
+    def _depth_routes(self, state, plan, selection: Optional[TokenSelection]) -> Optional[PassRoutes]:
         budgets, call = self.budgets(state.scale_schedule), self.call_state(state)
         nxt = state.next_plan()
         record = nxt is not None and not nxt.skip and any(k in budgets for k in nxt.scale_indices)
@@ -387,8 +410,8 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         routes = PassRoutes(record=RecordRequest(block_deltas=frozenset(range(num_layers))) if record else RecordRequest())
         if not any(k in call.plans for k in plan.scale_indices):
             return routes if routes else None
-        outer = state.pass_routes.routes.get((0, "block")) if state.pass_routes is not None else None
-        kept = state.pass_routes.residual_tokens if outer is not None else {}
+        outer = selection.route if selection is not None else None
+        kept = selection.tokens if selection is not None else {}
         if outer is not None and any(k not in kept for k in plan.scale_indices):
             raise ValueError(f"DepthVAR nests within another member's kept tokens only when it names them per scale "
                              f"(residual_tokens); scales {list(plan.scale_indices)}")

@@ -29,7 +29,7 @@ Shape legend: ``R`` rows (``2B`` under CFG), ``L`` tokens of the scale, ``K`` ke
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 from diffusers.configuration_utils import register_to_config
@@ -166,7 +166,7 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
             raise ValueError(f"skip_last_scales must be a bool, got {skip_last_scales!r}")
         if skip_last_scales and set(skipped_scales) & set(prune_scales):
             raise ValueError(f"scales {sorted(set(skipped_scales) & set(prune_scales))} are both pruned and skipped")
-        # the stored configuration holds plain lists, so a JSON round trip gives the same config
+        # the stored configuration holds the validated values (ratios as floats, index lists as lists)
         self.register_to_config(prune_scales=prune_scales, prune_ratios=prune_ratios, pruned_layers=pruned_layers,
                                 skipped_scales=skipped_scales)
 
@@ -202,12 +202,37 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
             raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
         return range(start, min(end, num_layers))
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """Prune the last 2 or 3 computed scales at r = 0.25 .. 0.9, in all layers or from layer 1 on; skip the last
+        scale or not; the cache scale is the one before the first pruned scale."""
+        grid = []
+        for skip in (False, True):
+            for count in (2, 3):
+                last = -2 if skip else -1
+                prune = list(range(last - count + 1, last + 1))
+                for layers in (None, [1, num_layers]):
+                    for ratio in (0.25, 0.5, 0.75, 0.9):
+                        grid.append(dict(prune_scales=prune, prune_ratios=[ratio] * count, pruned_layers=layers,
+                                         cache_scale=prune[0] - 1, skip_last_scales=skip, skipped_scales=[-1] if skip else []))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The last two scales pruned from layer 1 on (nothing skipped), or the two before the last with the last one
+        skipped."""
+        return ([dict(prune_scales=[-2, -1], prune_ratios=[r, r], pruned_layers=[1, num_layers], cache_scale=-3,
+                      skip_last_scales=False, skipped_scales=[]) for r in (0.25, 0.5, 0.75)]
+                + [dict(prune_scales=[-3, -2], prune_ratios=[0.5, 0.5], pruned_layers=[1, num_layers], cache_scale=-4,
+                        skip_last_scales=True, skipped_scales=[-1])])
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         scales = self.resolve(scale_schedule)
         return frozenset(scales.prune_ratios) | (frozenset() if scales.cache_scale is None else frozenset({scales.cache_scale}))
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         skipped = self.resolve(scale_schedule).skipped
         return [ScalePlan((i,), skip=i in skipped) for i in range(len(scale_schedule))]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 #   loadable base class up in the module named in model_index.json)
 
 from ..next_scale.maps import cells_marked, position_mask, resize_map, values_at
-from ..next_scale.plan import PassRoutes, TokenRoute
+from ..next_scale.plan import PassRoutes, RecordRequest, SelectedTokens, TokenRoute
 from .presets import PackagedPresets
 from .scheduling_fastvar import pivotal_token_scores
 from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, resolve_scale_index
@@ -53,6 +53,8 @@ from .scheduling_var_base import ScalePlan, VARAccelScheduler, check_ratio, reso
 CUMULATIVE_INDEX_MODES = ("claimed", "count", None)
 #: What ranks a pass's tokens (``token_scores``).
 TOKEN_SCORES = ("update_index", "pivotal")
+#: Where a pivotal-score pass records its selection: the block route of its first layer (one span over every layer).
+PIVOTAL_SELECTION = (0, "block")
 
 
 def update_index(f_hat_prev_BdHW: Optional[torch.Tensor], f_hat_BdHW: torch.Tensor) -> torch.Tensor:
@@ -120,24 +122,32 @@ def lazyvar_keep_indices(
 class PivotalGroupTokens:
     """LazyVAR's tokens chosen by FastVAR's pivotal-token score (PTS) of the pass's input: each scale of the pass keeps
     its ``n`` highest-scoring tokens, chosen on the conditional rows and shared by an image's two CFG rows. The
-    executor evaluates it once, before the first block; it writes the chosen positions per scale into ``chosen``
-    (the pass's zero-residual positions and the call's kept tokens)."""
+    executor evaluates it once, before the first block. It is pure: it returns the positions of the pass's tokens and
+    writes nothing; :meth:`split` turns them into each scale's own positions (the pass's zero-residual positions and
+    the call's kept tokens, read from the pass's records after it ran)."""
 
-    def __init__(self, scale_indices: Sequence[int], lengths: Sequence[int], counts: Sequence[int], batch_size: int,
-                 chosen: Dict[int, torch.Tensor], kept: Dict[int, torch.Tensor]):
+    def __init__(self, scale_indices: Sequence[int], lengths: Sequence[int], counts: Sequence[int], batch_size: int):
         self.scale_indices, self.lengths, self.counts = tuple(scale_indices), tuple(lengths), tuple(counts)
-        self.batch_size, self.chosen, self.kept = batch_size, chosen, kept
+        self.batch_size = batch_size
 
     def __call__(self, x_RLC: torch.Tensor) -> torch.Tensor:
         parts, offset = [], 0
-        for k, length, n in zip(self.scale_indices, self.lengths, self.counts):
+        for length, n in zip(self.lengths, self.counts):
             scores_Bl = pivotal_token_scores(x_RLC[: self.batch_size, offset:offset + length])
             index_Bn = scores_Bl.topk(n, dim=1, sorted=False).indices.sort(dim=1).values
-            self.chosen[k] = self.kept[k] = index_Bn
             parts.append(index_Bn + offset)
             offset += length
         index_BK = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return index_BK.repeat(x_RLC.shape[0] // self.batch_size, 1)
+
+    def split(self, index_RK: torch.Tensor) -> Dict[int, torch.Tensor]:
+        """``{scale: (B, n)}`` each scale's chosen positions (counted within the scale) from a selection of this
+        selector (the first ``B`` rows: an image's CFG rows share its choice)."""
+        chosen, start, offset = {}, 0, 0
+        for k, length, n in zip(self.scale_indices, self.lengths, self.counts):
+            chosen[k] = index_RK[: self.batch_size, start:start + n] - offset
+            start, offset = start + n, offset + length
+        return chosen
 
 
 @dataclass
@@ -148,11 +158,13 @@ class LazyVARCallState:
         f_hat_before: the summed latent before the scale whose update index is read.
         update_index: ``(B, H, W)`` the last update index.
         kept: ``{scale: (B, n)}`` the positions each pruned scale computes.
+        chosen: the positions the current pass's selector chooses (pivotal scores), until ``after_scale`` keeps them.
     """
 
     f_hat_before: Optional[torch.Tensor] = None
     update_index: Optional[torch.Tensor] = None
     kept: Dict[int, torch.Tensor] = field(default_factory=dict)
+    chosen: Optional[Mapping[int, torch.Tensor]] = None
 
 
 class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
@@ -254,12 +266,40 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         """The tokens each pruned scale computed in the call of ``state``: ``{scale: (B, n) flat indices}``."""
         return self.call_state(state).kept
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The last scale alone, or a group of the last 2, 3 or 4 scales decoded in one pass or scale by scale; keep
+        ratios flat or halving towards the largest scale (the paper's 20/10/5/1 % halve), starting at 85, 70, 50, 35,
+        20 or 10 %."""
+        grid = []
+        firsts = (0.85, 0.7, 0.5, 0.35, 0.2, 0.1)
+        for first in firsts:
+            grid.append(dict(group_scales=[-1], keep_ratios=[first], parallel_decoding=False))
+        for size in (2, 3, 4):
+            for parallel in (False, True):
+                for profile in ("flat", "halving"):
+                    for first in firsts:
+                        ratios = [round(first * (0.5 ** i if profile == "halving" else 1.0), 4) for i in range(size)]
+                        grid.append(dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel))
+        return grid
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The last one, two or three scales, pruned scale by scale or as one parallel group."""
+        return [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
+                dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+                dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+                dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)]
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         group = self.group(len(scale_schedule))
         return frozenset(group) | frozenset(self._indexed_scales(group))
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         num_scales = len(scale_schedule)
         group, ratios = self.group(num_scales), [float(r) for r in self.config.keep_ratios]
         plans = [ScalePlan((k,)) for k in range(group[0])]
@@ -302,22 +342,26 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
             return None  # every token kept: the dense pass
         counts = tuple(int(kept[k].shape[1]) for k in plan.scale_indices) if len(plan.scale_indices) > 1 else None
         route = TokenRoute(index=index_BK, scale_counts=counts)
-        return PassRoutes(routes={(layer, "block"): route for layer in range(state.model.num_layers)},
-                          residual_tokens={k: kept[k] for k in plan.scale_indices})
+        return PassRoutes.for_layers(route, range(state.model.num_layers),
+                                     residual_tokens={k: kept[k] for k in plan.scale_indices})
 
     def _pivotal_routes(self, state, plan) -> PassRoutes:
         group, schedule = self.group(state.num_scales), state.scale_schedule
         lengths = [int(schedule[k][-2] * schedule[k][-1]) for k in plan.scale_indices]
         counts = [num_kept_tokens(self.config.keep_ratios[k - group[0]], l) for k, l in zip(plan.scale_indices, lengths)]
-        routes = PassRoutes()
-        select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size, routes.residual_tokens,
-                                    self.call_state(state).kept)
+        select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size)
         route = TokenRoute(selector=select, scale_counts=tuple(counts) if len(counts) > 1 else None)
-        routes.routes = {(layer, "block"): route for layer in range(state.model.num_layers)}
-        return routes
+        # the zero-residual positions are the selector's choice, recorded by the pass and read from its records after it
+        chosen = SelectedTokens(lambda: state.records, PIVOTAL_SELECTION, select.split)
+        self.call_state(state).chosen = chosen
+        return PassRoutes.for_layers(route, range(state.model.num_layers), record=RecordRequest(selections=frozenset({PIVOTAL_SELECTION})),
+                                     residual_tokens=chosen)
 
     def after_scale(self, state, plan, hidden_states_RLC):
         call = self.call_state(state)
+        if call.chosen is not None:  # the tokens the pass's selector chose (pivotal scores)
+            call.kept.update(call.chosen)
+            call.chosen = None
         if plan.scale_indices[-1] in self._indexed_scales(self.group(state.num_scales)):
             call.update_index = update_index(call.f_hat_before, state.f_hat)
             call.f_hat_before = None

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from diffusers.configuration_utils import register_to_config
@@ -217,6 +217,29 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         cls._check_overrides(overrides)
         return cls(**{**settings, **overrides})
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The scales without guidance (the last 1, 2 or 3: where the fidelity stage starts), the last 0, 1 or 2 of
+        them skipped (fewer than all), and the random projection off, on the first unguided scale at a flat energy
+        ratio of 25 or 50 % per chunk (the release's form), or on every unguided scale that runs at 25 % (the paper's
+        form). The chunks are ``gcd(num_layers, 8)`` (Infinity's 8 block chunks where the depth allows). The released
+        ratio tables (one ratio per chunk, per alpha) exist only for Infinity-2B's 40-64² and HART-0.7B's 64² scales,
+        so a grid for any model takes flat ratios; the presets hold the released tables."""
+        chunks = math.gcd(num_layers, 8)
+        grid = []
+        for unguided in (1, 2, 3):
+            for skipped in range(unguided):  # fewer than all of them
+                run = list(range(-unguided, -skipped if skipped else 0))  # the unguided scales that run
+                base = dict(unconditional_scales=list(range(-unguided, 0)),
+                            skipped_scales=list(range(-skipped, 0)) if skipped else [], num_chunks=chunks)
+                projections = [([], [])] + [([run[0]], [[ratio] * chunks]) for ratio in (0.25, 0.5)]
+                if len(run) > 1:
+                    projections.append((run, [[0.25] * chunks for _ in run]))
+                for projected, ratios in projections:
+                    grid.append(dict(base, projected_scales=projected, rank_ratios=ratios))
+        return grid
+
     # -- the setting on one schedule ---------------------------------------------------------------------------------
     def _resolve(self, scale_schedule) -> Tuple[frozenset, Dict[int, Tuple[float, ...]], frozenset]:
         n = len(scale_schedule)
@@ -239,7 +262,7 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         size = num_layers // k
         return [(j * size, (j + 1) * size) for j in range(k)]
 
-    def plan_scales(self, scale_schedule):
+    def plan_scales(self, scale_schedule, model=None):
         unconditional, _, skipped = self._resolve(scale_schedule)
         return [ScalePlan((k,), skip=k in skipped, cfg_uncond_only=k in unconditional and k not in skipped)
                 for k in range(len(scale_schedule))]

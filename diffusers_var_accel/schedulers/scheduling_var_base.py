@@ -1,4 +1,4 @@
-"""The acceleration-scheduler protocol of the next-scale loop, the identity scheduler and composition.
+"""The acceleration-scheduler protocol of the next-scale loop: the base class every method subclasses.
 
 A scheduler decides; the executor (:mod:`diffusers_var_accel.next_scale.executor`) and the loop carry the decision
 out. The loop consults a scheduler at these named extension points:
@@ -17,26 +17,45 @@ Plans are keyed by scale index, never by width; configurations may count scales 
 scale) so that one preset fits every pixel budget of a model. All per-call data lives in the loop's
 ``NextScaleState`` (each method's in a typed object, :meth:`VARAccelScheduler.call_state`). Schedulers are
 ``ConfigMixin`` objects saved as ``acceleration_config.json``.
+
+The other jobs around the protocol have their own modules: :mod:`.identity` (no acceleration), :mod:`.composition`
+(several methods in one schedule) and :mod:`.specs` (method names and spec strings to schedulers).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type
 
-from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.configuration_utils import ConfigMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from ..families import MODEL_FAMILIES  # noqa: F401  (re-exported: the registry of model families)
-from ..next_scale.plan import ATTENTION_MAP_KINDS, PassRoutes, ScalePlan, resolve_scale_index, validate_plans  # noqa: F401
-from .registry import BASELINE, COMPOSE_SEPARATOR, METHODS, get_method, method_names, register_method
+from ..next_scale.plan import (  # noqa: F401  (re-exported for the methods)
+    ATTENTION_MAP_KINDS,
+    ModelInfo,
+    PassRoutes,
+    ScalePlan,
+    TokenSelection,
+    resolve_scale_index,
+    validate_plans,
+)
+from .registry import register_method
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..next_scale.state import NextScaleState
 
 _SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
+
+
+def plain_config_value(value: Any) -> Any:
+    """``value`` with every tuple, at any depth of lists, tuples and dicts, as a list (what JSON gives back)."""
+    if isinstance(value, (list, tuple)):
+        return [plain_config_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain_config_value(v) for k, v in value.items()}
+    return value
 
 
 def check_ratio(value: float, name: str) -> float:
@@ -192,13 +211,57 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         if unknown:
             raise ValueError(f"{cls.__name__} has no setting(s) {unknown}; allowed: {allowed}")
 
+    # -- calibration ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The settings ``var-accel calibrate`` searches for this method on a model of ``num_layers`` blocks, in search
+        order: a small, explicit and deterministic grid of the constructor's real settings (scale indices counted
+        from the end, so one grid fits every schedule), each a dict of constructor keywords (``model_family`` is
+        added by the search). A method ships one by overriding this classmethod; the default says it has none
+        (:func:`~diffusers_var_accel.calibration.calibrate` then refuses the method, naming the ones that have one).
+
+        Raises:
+            NotImplementedError: the method has no calibration grid.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no calibration grid (override {cls.__name__}.calibration_grid)")
+
+    @classmethod
+    def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
+        """The settings this method takes as a member of a calibrated composition (``var-accel calibrate --method
+        a+b``): few, and on scales or routes the other methods can share; the search tries the product of the
+        members' lists. Default: the method has none.
+
+        Raises:
+            NotImplementedError: the method has no composition settings.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no calibration settings as a composition member (override "
+                                  f"{cls.__name__}.composition_calibration_grid)")
+
+    @classmethod
+    def has_calibration_grid(cls, as_member: bool = False) -> bool:
+        """Whether the method overrides :meth:`calibration_grid` (with ``as_member``:
+        :meth:`composition_calibration_grid`)."""
+        name = "composition_calibration_grid" if as_member else "calibration_grid"
+        return getattr(cls, name).__func__ is not getattr(VARAccelScheduler, name).__func__
+
     def to_dict(self) -> Dict[str, Any]:
-        """The configuration with the class name (what ``acceleration_config.json`` holds)."""
-        return {"_class_name": type(self).__name__, **{k: v for k, v in dict(self.config).items() if not k.startswith("_")}}
+        """The configuration with the class name (what ``acceleration_config.json`` holds), in plain JSON types: every
+        tuple, at any depth, as a list (settings given as tuples, as presets and defaults often are, would otherwise
+        reach the Hub model card's YAML as ``!!python/tuple`` and compare unequal to the same configuration loaded
+        from JSON). This is the one place a configuration is normalised for output."""
+        settings = {k: v for k, v in dict(self.config).items() if not k.startswith("_")}
+        return {"_class_name": type(self).__name__, **{k: plain_config_value(v) for k, v in settings.items()}}
 
     # -- extension points ---------------------------------------------------------------------------------------------
-    def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]]) -> List[ScalePlan]:
-        """One plan per transformer pass; the default decodes every scale alone and in full."""
+    def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]], model: Optional[ModelInfo] = None) -> List[ScalePlan]:
+        """One plan per transformer pass; the default decodes every scale alone and in full.
+
+        Args:
+            scale_schedule: the call's ``(t, h, w)`` per scale.
+            model (`ModelInfo`, *optional*): the model the plans are for (its depth and family), as the loop gives it
+                (``ModelInfo(num_layers, family)``); `None` when a caller plans without a model (a method whose plans
+                depend on the depth then plans for every layer it could have).
+        """
         return [ScalePlan((i,)) for i in range(len(scale_schedule))]
 
     def before_scale(self, state: "NextScaleState", plan: ScalePlan) -> None:
@@ -206,9 +269,16 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
 
     def route_pass(self, state: "NextScaleState", plan: ScalePlan) -> Optional[PassRoutes]:
         """What the pass computes beyond its plan (token routes, records, residual positions, code weights), or
-        ``None`` for a dense pass (default). In a composition, ``state.pass_routes`` holds what the members before
-        this one declared for the pass, so a selection may nest inside theirs (:meth:`TokenRoute.within`)."""
+        ``None`` for a dense pass (default)."""
         return None
+
+    def route_pass_within(self, state: "NextScaleState", plan: ScalePlan, selection: TokenSelection) -> Optional[PassRoutes]:
+        """:meth:`route_pass` in a composition whose earlier member keeps only some tokens of the pass
+        (``selection``: its route and, per scale, the positions it keeps). A method that can select within another's
+        tokens nests its routes inside ``selection.route`` (:meth:`TokenRoute.within`); the default ignores the
+        selection (``route_pass``), and the composition then refuses a route of this method on a layer the selection
+        routes."""
+        return self.route_pass(state, plan)
 
     def after_scale(self, state: "NextScaleState", plan: ScalePlan, hidden_states_RLC) -> None:
         """Hook after a pass and its sampling, before the next plan (default: nothing); ``state.records`` holds
@@ -247,15 +317,6 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         return f"{type(self).__name__}({settings})"
 
 
-class IdentityScheduler(VARAccelScheduler):
-    """No acceleration: the baseline is the same loop run with this scheduler. Fits every model family."""
-
-    @register_to_config
-    def __init__(self, model_family: Optional[str] = None):
-        super().__init__()
-        self._check_family_name(model_family)
-
-
 def _close_class_names(name: str) -> str:
     from .presets import close_names
 
@@ -271,368 +332,3 @@ def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)
     return cls(**settings)
-
-
-class ComposedScheduler(VARAccelScheduler):
-    """Several methods in one schedule: composition is configuration (a list of scheduler configs).
-
-    Rules, per pass:
-
-    * **Passes.** At most one member may group scales (its plans define the passes). A pass is skipped if any member
-      skips one of its scales; that is an error only when another member acts on the skipped scale
-      (:meth:`VARAccelScheduler.acted_scales`), and the error names both members and the scale.
-    * **Rows and maps.** A pass is CFG-halved if any member halves one of its scales (halving combines with every
-      routing); the recorded attention layers are the union of the members'.
-    * **Routes.** Members are asked in order; each sees what the earlier ones declared (``state.pass_routes``). Two
-      members may shape one layer only by nesting: the later one selects within the earlier one's kept tokens
-      (:meth:`TokenRoute.within`: DepthVAR's depth within LazyVAR's kept tokens). Any other pair of routes on one
-      layer, or a layer that one member records (attention, outputs, deltas, updates) while another routes it, is an
-      error naming both members, the layer and the scales. Zero-residual positions of one scale may come from one
-      member only; code weights multiply.
-    * ``before_scale`` and ``after_scale`` call every member in order.
-
-    Args:
-        schedulers (`list[dict | VARAccelScheduler]`): the members, as instances or as ``to_dict()`` configs.
-        model_family (`str`, *optional*): the family all members must fit.
-    """
-
-    @register_to_config
-    def __init__(self, schedulers: Sequence[Union[Dict[str, Any], VARAccelScheduler]] = (), model_family: Optional[str] = None):
-        super().__init__()
-        self._check_family_name(model_family)
-        members = [s if isinstance(s, VARAccelScheduler) else scheduler_from_dict(dict(s)) for s in schedulers]
-        if not members:
-            raise ValueError("ComposedScheduler needs at least one member scheduler")
-        for m in members:
-            if model_family is not None and m.model_family not in (None, model_family):
-                raise ValueError(f"member {type(m).__name__} is for {m.model_family!r}, the composition for {model_family!r}")
-        self.members = members
-        # the stored configuration holds plain dicts, so JSON round-trips it
-        self.register_to_config(schedulers=[m.to_dict() for m in members])
-
-    @property
-    def batch_equals_single_runs(self) -> bool:  # type: ignore[override]
-        return all(m.batch_equals_single_runs for m in self.members)
-
-    @property
-    def draws_inside_passes(self) -> bool:  # type: ignore[override]
-        return any(m.draws_inside_passes for m in self.members)
-
-    @property
-    def model_family(self) -> Optional[str]:
-        families = {m.model_family for m in self.members} - {None}
-        return self.config.get("model_family") or (families.pop() if len(families) == 1 else None)
-
-    def check_model_family(self, family: str) -> None:
-        super().check_model_family(family)
-        for m in self.members:
-            m.check_model_family(family)
-
-    def _names(self) -> List[str]:
-        return [f"{type(m).__name__} (member {i})" for i, m in enumerate(self.members)]
-
-    def acted_scales(self, scale_schedule):
-        return frozenset().union(*(m.acted_scales(scale_schedule) for m in self.members))
-
-    def plan_scales(self, scale_schedule):
-        num_scales, names = len(scale_schedule), self._names()
-        member_plans = [m.plan_scales(scale_schedule) for m in self.members]
-        for plans in member_plans:
-            validate_plans(plans, num_scales)
-        groupers = [i for i, p in enumerate(member_plans) if any(len(x.scale_indices) > 1 for x in p)]
-        if len(groupers) > 1:
-            raise ValueError(f"{names[groupers[0]]} and {names[groupers[1]]} both group scales; a composition allows one grouping")
-        acted = [m.acted_scales(scale_schedule) for m in self.members]
-        for i, plans in enumerate(member_plans):
-            for si in sorted({k for x in plans if x.skip for k in x.scale_indices}):
-                for j, scales in enumerate(acted):
-                    if j != i and si in scales:
-                        raise ValueError(f"{names[i]} skips scale {si}, which {names[j]} acts on; compose them on other scales "
-                                         f"(or drop the skip)")
-        base = member_plans[groupers[0]] if groupers else member_plans[0]
-        merged = []
-        for plan in base:
-            scales = set(plan.scale_indices)
-            overlapping = [x for plans in member_plans for x in plans if scales & set(x.scale_indices)]
-            merged.append(replace(
-                plan,
-                skip=any(x.skip for x in overlapping),
-                cfg_halve=any(x.cfg_halve for x in overlapping),
-                cfg_uncond_only=any(x.cfg_uncond_only for x in overlapping),
-                record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
-                attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
-            ))
-        return merged
-
-    def before_scale(self, state, plan):
-        for m in self.members:
-            m.before_scale(state, plan)
-
-    def route_pass(self, state, plan):
-        names, merged = self._names(), PassRoutes()
-        owner: Dict[Tuple[int, str], int] = {}
-        records: List[Tuple[int, str, FrozenSet[int]]] = []  # (member, what, layers) for the conflict check
-        scales = set(plan.scale_indices)
-        # token selections that pass the other positions through are declared first, so that other members may nest
-        # within them whatever the order of the list (DepthVAR's depth within LazyVAR's kept tokens)
-        order = sorted(range(len(self.members)), key=lambda i: not self.members[i].selects_tokens)
-        for i in order:
-            m = self.members[i]
-            recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule)
-                                           if scales & set(x.scale_indices)))
-            if recorded:
-                records.append((i, "attention map", recorded))
-            state.pass_routes = merged
-            routes = m.route_pass(state, plan)
-            if not routes:
-                continue
-            for key, route in routes.routes.items():
-                if (key[0], "mixing") in owner:
-                    raise ValueError(f"{names[i]} routes {key[1]} of layer {key[0]} at scales {list(plan.scale_indices)}, which "
-                                     f"{names[owner[(key[0], 'mixing')]]} runs on token mixtures there; a mixing span takes its "
-                                     "layers whole")
-                if key in merged.routes and not _nests(route, merged.routes[key]):
-                    raise ValueError(f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
-                                     f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
-                                     "in the other")
-                level = [k for k in owner if k[0] == key[0] and (k[1] == "block") != (key[1] == "block") and owner[k] != i]
-                if level:
-                    raise ValueError(f"{names[owner[level[0]]]} routes {level[0][1]} of layer {key[0]} and {names[i]} routes its "
-                                     f"{key[1]} at scales {list(plan.scale_indices)}; a layer is routed as a whole block or per "
-                                     "sublayer, not both")
-                merged.routes[key] = route
-                owner[key] = i
-            for start, mixing in routes.mixing.items():
-                span = set(range(start, mixing.end_layer))
-                taken = sorted({k[0] for k in owner} & span) or sorted(
-                    l for s0, m0 in merged.mixing.items() for l in range(s0, m0.end_layer) if l in span)
-                if taken:
-                    raise ValueError(f"{names[i]} runs layers {start}..{mixing.end_layer - 1} on token mixtures at scales "
-                                     f"{list(plan.scale_indices)}, but another member routes layers {taken} there; a "
-                                     "mixing span takes its layers whole")
-                merged.mixing[start] = mixing
-                for layer in span:
-                    owner[(layer, "mixing")] = i
-            rec = routes.record
-            for what, layers in (("block output", rec.block_outputs), ("block delta", rec.block_deltas),
-                                 ("sublayer update", frozenset(layer for layer, _ in rec.sublayer_updates))):
-                if layers:
-                    records.append((i, what, frozenset(layers)))
-            merged.record = merged.record | rec
-            if routes.residual_tokens is not None and not merged.residual_tokens:
-                merged.residual_tokens = routes.residual_tokens  # shared: a selector may fill it during the pass
-            else:
-                for si, index in routes.residual_tokens.items():
-                    if si in merged.residual_tokens:
-                        raise ValueError(f"two members choose the zero-residual positions of scale {si}; one method may do so "
-                                         "per scale")
-                    merged.residual_tokens[si] = index
-            for si, weights in routes.code_weights.items():
-                merged.code_weights[si] = merged.code_weights[si] * weights if si in merged.code_weights else weights
-        for i, what, layers in records:
-            for key, j in owner.items():
-                if j != i and key[0] in layers:
-                    raise ValueError(f"{names[i]} records the {what} of layer {key[0]} at scales {list(plan.scale_indices)}, "
-                                     f"but {names[j]} routes that layer there: the recorded tensor would come from routed "
-                                     "tokens; compose them on other scales")
-        state.pass_routes = None
-        return merged if merged else None
-
-    def after_scale(self, state, plan, hidden_states_RLC):
-        for m in self.members:
-            m.after_scale(state, plan, hidden_states_RLC)
-
-
-def _nests(route, outer) -> bool:
-    """Whether ``route`` is a selection nested inside ``outer`` (same outer tokens and fill, plus an inner route)."""
-    return (route.inner is not None and route.index is outer.index and route.selector is outer.selector
-            and route.fill is outer.fill)
-
-
-def load_acceleration(spec: Optional[str], model_family: str, preset_model: Optional[str] = None) -> Optional[VARAccelScheduler]:
-    """A scheduler from a short spec, for command lines and benchmarks.
-
-    ``preset_model`` (``pipe.preset_model``): the model whose packaged presets a method name stands for, when it has
-    one for that method (``"embedded"``: ``embedded/lazyvar``); by default, and for a method it has none of, the
-    family's (``infinity-2b/lazyvar``).
-
-    * ``"baseline"`` / ``"none"`` / ``None``: no acceleration (``None``);
-    * ``"<method>"`` (a name of :func:`~.registry.method_names`: ``fastvar``, ``lazyvar``, ...): the method's preset
-      for ``model_family``;
-    * ``"<method>+<method>"`` (``lazyvar+arvar``): a :class:`ComposedScheduler` of the presets (no overrides);
-    * ``"<model>/<method>"`` (``infinity-2b/lazyvar``, ``hart-0.7b/fastvar``): that packaged preset (it must be for
-      ``model_family``);
-    * either with ``":key=value,key=value"``: the preset with overrides (values parsed as JSON, e.g.
-      ``fastvar:skip_last_scales=false``, ``infinity-2b/lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]``);
-    * a folder or an ``acceleration_config.json`` file: :meth:`VARAccelScheduler.from_pretrained`.
-    """
-    import json
-
-    from .presets import available_presets, is_preset_name
-
-    if spec is None or spec.lower() in (BASELINE, "none"):
-        return None
-    if os.path.isdir(spec) or spec.endswith(".json"):
-        path = (os.path.dirname(spec) or ".") if spec.endswith(".json") else spec
-        return VARAccelScheduler.from_pretrained(path)
-    name, _, overrides_text = spec.partition(":")
-    if "/" not in name and COMPOSE_SEPARATOR in name:
-        if overrides_text:
-            raise ValueError(f"{spec!r}: a composition ({name!r}) takes no ':key=value' overrides (they would be "
-                             "ambiguous between its members); save the composed scheduler's configuration and pass its "
-                             "folder, or use pipe.enable_acceleration(name, <method>={...})")
-        return build_acceleration(name.lower(), model_family, preset_model=preset_model)
-    by_method = {method: METHODS[method] for method in method_names()}
-    if "/" in name:
-        if not is_preset_name(name):
-            raise ValueError(f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
-                             "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))")
-    elif name.lower() not in by_method:
-        raise ValueError(f"unknown acceleration {name!r}; known: {list(by_method) + [BASELINE]}, methods joined with "
-                         f"{COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name "
-                         f"({', '.join(available_presets())}) or a config folder/JSON file")
-    overrides = {}
-    for item in _split_top_level(overrides_text):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"override {item!r} in {spec!r} is not key=value")
-        try:
-            overrides[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key.strip()] = value
-    if "/" in name:
-        scheduler = VARAccelScheduler.from_pretrained(name, **overrides)
-        if scheduler.model_family not in (None, model_family):
-            raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
-                             f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}")
-        return scheduler
-    own = own_preset_name(preset_model, model_family, name.lower())
-    if own is not None:
-        return preset_scheduler(by_method[name.lower()], own, model_family, overrides)
-    return by_method[name.lower()].from_preset(model_family, **overrides)
-
-
-def own_preset_name(preset_model: Optional[str], model_family: str, method: str) -> Optional[str]:
-    """``"<preset_model>/<method>"`` when ``preset_model`` is not the family's preset model and has a packaged preset
-    of ``method``, else ``None`` (the family's preset applies)."""
-    from .presets import FAMILY_PRESET_MODELS, is_preset_name
-
-    if preset_model is None or model_family not in FAMILY_PRESET_MODELS or preset_model == FAMILY_PRESET_MODELS[model_family]:
-        return None
-    name = f"{preset_model}/{method}"
-    return name if is_preset_name(name) else None
-
-
-def preset_scheduler(cls, name: str, model_family: str, overrides: Dict[str, Any]) -> VARAccelScheduler:
-    """The packaged preset ``name`` as a ``cls``, with ``overrides``; it must be for ``model_family``."""
-    cls._check_overrides(overrides)
-    scheduler = cls.from_pretrained(name, **overrides)
-    if scheduler.model_family not in (None, model_family):
-        raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}")
-    return scheduler
-
-
-def method_preset(cls, method: str, model_family: str, preset_model: Optional[str] = None,
-                  overrides: Optional[Dict[str, Any]] = None) -> VARAccelScheduler:
-    """The preset scheduler of ``method`` (class ``cls``) for this model: ``preset_model``'s own packaged preset when it
-    has one, else the family's, with ``overrides``. A bad override is an error that names the preset and what it
-    holds (an override that fits the paper's preset may not fit another model's: four keep ratios for a two-scale
-    group)."""
-    overrides = dict(overrides or {})
-    own = own_preset_name(preset_model, model_family, method)
-    try:
-        if own is None:
-            return cls.from_preset(model_family, **overrides)
-        return preset_scheduler(cls, own, model_family, overrides)
-    except ValueError as err:
-        if not overrides:
-            raise
-        from .presets import FAMILY_PRESET_MODELS, load_preset_config
-
-        name = own or f"{FAMILY_PRESET_MODELS.get(model_family, model_family)}/{method}"
-        try:
-            stored = {k: v for k, v in load_preset_config(name).items() if not k.startswith("_") and k != "model_family"}
-        except ValueError:
-            stored = {}
-        given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
-        holds = ", ".join(f"{k}={v!r}" for k, v in stored.items())
-        raise ValueError(f"{method} with {given} over the preset {name} ({holds}): {err}") from None
-
-
-def build_acceleration(name: str, model_family: str, preset_model: Optional[str] = None, **overrides: Any) -> VARAccelScheduler:
-    """The scheduler a method name stands for: ``"lazyvar"`` (its preset for ``model_family``) or ``"lazyvar+arvar"``
-    (a :class:`ComposedScheduler` of the members' presets, in that order).
-
-    Args:
-        name (`str`): a registered method name, or several joined with ``"+"``.
-        model_family (`str`): the family whose presets are used.
-        preset_model (`str`, *optional*): a model with packaged presets of its own (``pipe.preset_model``, e.g.
-            ``"embedded"``): a member with such a preset uses it instead of the family's.
-        **overrides (`Any`): for one method, its settings replacing the preset's (``keep_ratios=(...)``). For a
-            composition, one keyword per member holding that member's settings (``lazyvar={"keep_ratios": (...)}``):
-            a plain setting would be ambiguous between the members, so it is refused.
-
-    Raises:
-        ValueError: an unknown method name (the message lists the registered ones), a method named twice, a
-            composition override that names no member or is not a dict, or an unknown setting.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}")
-    names = name.split(COMPOSE_SEPARATOR)
-    def preset(method: str, cls, settings: Dict[str, Any]) -> VARAccelScheduler:
-        return method_preset(cls, method, model_family, preset_model, settings)
-
-    if len(names) == 1:
-        return preset(name, get_method(name), overrides)
-    classes = [get_method(n) for n in names]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ValueError(f"{name!r} names {repeated} more than once; a composition holds each method once")
-    for key, value in overrides.items():
-        if key not in names:
-            raise ValueError(f"{name!r} is a composition: its overrides are per member, as <method>={{setting: value}} "
-                             f"(e.g. {names[0]}={{...}}); {key!r} names none of its members {names}")
-        if not isinstance(value, dict):
-            raise ValueError(f"the overrides of member {key!r} of {name!r} must be a dict of its settings, got "
-                             f"{type(value).__name__}")
-    members = [preset(n, cls, overrides.get(n, {})) for n, cls in zip(names, classes)]
-    return ComposedScheduler(members, model_family=model_family)
-
-
-def _preset_family(name: str) -> Optional[str]:
-    from .presets import load_preset_config
-
-    return load_preset_config(name).get("model_family")
-
-
-def _split_top_level(text: str) -> List[str]:
-    """Split ``a=1,b=[1,2]`` on the commas outside brackets."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += ch in "[{"
-        depth -= ch in "]}"
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return parts + ([current] if current else [])
-
-
-def split_acceleration_specs(text: str) -> List[str]:
-    """Split a comma-separated list of :func:`load_acceleration` specs, keeping each spec's own overrides together.
-
-    ``"baseline,fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar"`` gives ``["baseline",
-    "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]``: a part that is ``key=value`` (no ``:``
-    before its ``=``) continues the previous spec.
-    """
-    specs: List[str] = []
-    for part in (p.strip() for p in _split_top_level(text)):
-        if not part:
-            continue
-        head = part.split("=", 1)[0]
-        if "=" in part and ":" not in head and specs:
-            specs[-1] += "," + part
-        else:
-            specs.append(part)
-    return specs

@@ -21,7 +21,7 @@ import torch
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.transformer_hart import HART_CONFIGS, HARTTransformer
 from ...next_scale import run_next_scale_loop
-from ...schedulers.scheduling_var_base import load_acceleration
+from ...schedulers.specs import load_acceleration
 from ..flop_meter import (
     UNATTRIBUTED, FamilyFlops, GenerationRun, add_tflops, attend_to_current_pass, build_on_meta, compare_methods, make_flop_counter,
     meter_generation, sublayer_flops,

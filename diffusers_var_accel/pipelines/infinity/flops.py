@@ -22,7 +22,7 @@ from ...models.autoencoder_bsq import INFINITY_VAE_D32_CONFIG, INFINITY_VAE_D56_
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from ...next_scale import run_next_scale_loop
-from ...schedulers.scheduling_var_base import load_acceleration
+from ...schedulers.specs import load_acceleration
 from ..flop_meter import (
     FamilyFlops, GenerationRun, add_tflops, attend_to_current_pass, build_on_meta, compare_methods, make_flop_counter,
     meter_generation, sublayer_flops,
