@@ -220,7 +220,7 @@ def _fidelity(images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], 
 
 
 def _package_version() -> str:
-    from . import __version__
+    from .version import __version__
 
     return __version__
 

@@ -82,8 +82,9 @@ def test_model_cpu_offload_gives_the_same_images_with_every_method(family):
         build = load_embedded_pipeline  # a trained 6-block model: every preset applies as on the real one
         kwargs = dict(EMBEDDED_SAMPLING)
     else:
-        build = lambda: build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, tokenizer_ch_mult=(1,),
-                                                patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"])  # noqa: E731
+        def build():
+            return build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, tokenizer_ch_mult=(1,),
+                                                        patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"])
         kwargs = dict(guidance_scale=4.5)
     reference_pipe = build()
     reference_pipe.set_progress_bar_config(disable=True)

@@ -107,7 +107,8 @@ def test_identity_scheduler_is_the_default(models):
 
 
 def test_routing_every_token_is_bit_identical_to_dense(models):
-    everything = lambda layer, kind, x: torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    def everything(layer, kind, x):
+        return torch.arange(x.shape[1]).expand(x.shape[0], -1)
     depth = models[0].config.depth
     for kinds in ({"block"}, {"self_attn", "cross_attn", "ffn"}):
         calls = []
@@ -162,7 +163,8 @@ def test_routing_every_token_of_a_grouped_pass_is_bit_identical(models):
         index = torch.arange(x.shape[1]).expand(x.shape[0], -1).clone()
         index[1::2] = index[1::2].flip(-1)
         return index
-    routes = lambda state: _routes(keep, {"block"}, models[0].config.depth, [])
+    def routes(state):
+        return _routes(keep, {"block"}, models[0].config.depth, [])
     routed = _run(models, _PlanScheduler(plans=plans, routes_at={S - 3}, routes=routes), teacher=teacher)
     dense = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
     for si in range(S - 3, S):

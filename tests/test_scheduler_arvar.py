@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 from diffusers_var_accel import ARVARScheduler, InfinityBSQVAE, InfinityTransformer, LazyVARScheduler, ScalePlan
 from diffusers_var_accel import run_next_scale_loop, schedule_for_size
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
@@ -39,7 +40,6 @@ def upsample_tokens(x_RlC, source_hw, hw, mode="bilinear"):
 def structural_reconstruction(canvas_RlC, source_hw, hw, index_RK, computed_RKC, mode="bilinear"):
     """Eq. (3) as the executor carries it out: the upsampled canvas, the kept positions overwritten."""
     return scatter_tokens(upsample_tokens(canvas_RlC, source_hw, hw, mode), index_RK, computed_RKC)
-from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 FIXTURE = Path(__file__).parent / "fixtures" / "infinity"
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)
@@ -402,7 +402,6 @@ def test_a_halved_pass_takes_its_rows_of_the_calls_constants():
     """A CFG-halved pass runs the conditional rows of the call's condition: the condition says so
     (``constant_source``), a selection of a selection names rows of the first, and a cross-attention given the
     call's text and those rows equals the one given the selected text (the keys/values are row-wise)."""
-    from diffusers_var_accel.models.transformer_infinity import InfinityCondition
     from diffusers_var_accel.next_scale.context import VARForwardContext
 
     torch.manual_seed(0)

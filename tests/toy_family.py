@@ -16,9 +16,8 @@ conformance suite, every method and a composition on it.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F

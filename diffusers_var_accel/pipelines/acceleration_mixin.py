@@ -153,7 +153,7 @@ class VARAccelerationMixin:
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_fastvar()
@@ -182,7 +182,7 @@ class VARAccelerationMixin:
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_lazyvar()
@@ -211,7 +211,7 @@ class VARAccelerationMixin:
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_depthvar()
@@ -241,7 +241,7 @@ class VARAccelerationMixin:
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_arvar()
@@ -272,7 +272,7 @@ class VARAccelerationMixin:
         Examples:
             ```py
             >>> import torch
-            >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
             >>> pipe = build_tiny_infinity_pipeline(seed=0)
             >>> scheduler = pipe.enable_stagevar()

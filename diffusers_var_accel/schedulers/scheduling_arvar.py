@@ -130,7 +130,7 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
     Examples:
         ```py
         >>> from diffusers_var_accel import ARVARScheduler
-        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         >>> pipe = build_tiny_infinity_pipeline(seed=0)
         >>> arvar = ARVARScheduler.from_preset("infinity", prune_ratios=(0.5,))

@@ -264,7 +264,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         ```py
         >>> import torch
         >>> from diffusers_var_accel import DepthVARScheduler
-        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         >>> pipe = build_tiny_infinity_pipeline(depth=8)
         >>> depthvar = DepthVARScheduler.from_preset("infinity", reference_scale=7)

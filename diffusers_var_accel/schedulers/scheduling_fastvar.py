@@ -124,7 +124,7 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
     Examples:
         ```py
         >>> from diffusers_var_accel import FastVARScheduler
-        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         >>> pipe = build_tiny_infinity_pipeline(depth=8)
         >>> fastvar = FastVARScheduler.from_preset("infinity", skip_last_scales=False, pruned_layers=None)

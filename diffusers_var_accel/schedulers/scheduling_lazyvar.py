@@ -200,7 +200,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
     Examples:
         ```py
         >>> from diffusers_var_accel.schedulers import LazyVARScheduler
-        >>> from diffusers_var_accel.utils.tiny import build_tiny_infinity_pipeline
+        >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
         >>> pipe = build_tiny_infinity_pipeline(seed=0)
         >>> lazyvar = LazyVARScheduler.from_preset("infinity", keep_ratios=(0.4, 0.2, 0.1, 0.02))
