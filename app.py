@@ -9,5 +9,9 @@ from diffusers_var_accel.serve import build_app, launch_options
 demo = build_app(model=os.environ.get("VAR_ACCEL_MODEL"))
 
 if __name__ == "__main__":
-    demo.launch(**launch_options(host=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
-                                 port=int(os.environ.get("GRADIO_SERVER_PORT", "7860"))))
+    demo.launch(
+        **launch_options(
+            host=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
+            port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        )
+    )

@@ -2,14 +2,18 @@
 
 Install torch first on CPU-only machines (``pip install torch==2.13.0``), otherwise pip may pull a large CUDA build.
 """
+
 import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 # The version lives in one leaf module; read as text, since importing the package needs its dependencies installed.
-VERSION = re.search(r'^__version__ = "([^"]+)"$', (Path(__file__).parent / "diffusers_var_accel" / "version.py")
-                    .read_text(encoding="utf-8"), re.M).group(1)
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$',
+    (Path(__file__).parent / "diffusers_var_accel" / "version.py").read_text(encoding="utf-8"),
+    re.M,
+).group(1)
 
 # The documentation site (mkdocs.yml, docs/): `mkdocs build --strict`; tests/test_docs_site.py builds it, so the test
 # extra includes it.
@@ -21,9 +25,20 @@ app_requires = ["gradio>=5,<7"]
 
 extras = {
     # ipywidgets: tqdm's notebook progress bars (without it every notebook run warns "IProgress not found")
-    "test": ["pytest>=8", "tokenizers>=0.20", "sentencepiece>=0.2", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
-             "ipywidgets>=8",
-             *docs_requires, *app_requires, "selenium>=4.20"],
+    "test": [
+        "pytest>=8",
+        "tokenizers>=0.20",
+        "sentencepiece>=0.2",
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6",
+        "ipywidgets>=8",
+        *docs_requires,
+        *app_requires,
+        "selenium>=4.20",
+        # the lint and format check of tests/test_style.py (pinned: another version may format differently)
+        "ruff==0.17.6",
+    ],
     "app": app_requires,
     "docs": docs_requires,
     "flash": ["flash-attn>=2.6"],
@@ -38,9 +53,19 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["diffusers_var_accel", "diffusers_var_accel.*"]),
-    package_data={"diffusers_var_accel": ["py.typed", "embedded/*/*.json", "embedded/*/*/*.json", "embedded/*/*/*.safetensors",
-                                         "embedded/*/*/*.txt", "presets/*/*/*.json", "data/geneval/*.jsonl", "data/geneval/LICENSE",
-                                         "data/geneval/README.md"]},
+    package_data={
+        "diffusers_var_accel": [
+            "py.typed",
+            "embedded/*/*.json",
+            "embedded/*/*/*.json",
+            "embedded/*/*/*.safetensors",
+            "embedded/*/*/*.txt",
+            "presets/*/*/*.json",
+            "data/geneval/*.jsonl",
+            "data/geneval/LICENSE",
+            "data/geneval/README.md",
+        ]
+    },
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",

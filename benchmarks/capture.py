@@ -63,11 +63,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="embedded", help="a pipeline folder or 'embedded' (default)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compile row (default inductor)")
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend of the compile row (default inductor)"
+    )
     parser.add_argument("--modes", default="eager,capture,compile", help="comma-separated: eager, capture, compile")
     parser.add_argument("--method", default=None, help="an acceleration method for every row (default: the baseline)")
-    parser.add_argument("--warm-cache", action="store_true",
-                        help="keep inductor's on-disk caches (default: a fresh, empty cache folder: a first compile)")
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="keep inductor's on-disk caches (default: a fresh, empty cache folder: a first compile)",
+    )
     args = parser.parse_args(argv)
     if not args.warm_cache:  # a user's first compile: nothing cached on disk by an earlier run (read when compiling)
         import os
@@ -89,18 +94,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     sampling = EMBEDDED_SAMPLING if args.model == "embedded" else {}
 
     def call():
-        return pipe(["two red circles", "a yellow triangle"], generator=torch.Generator().manual_seed(3),
-                    output_type="pt", **sampling).images
+        return pipe(
+            ["two red circles", "a yellow triangle"],
+            generator=torch.Generator().manual_seed(3),
+            output_type="pt",
+            **sampling,
+        ).images
 
     results = measure(pipe, call, modes, args.device, args.backend)
     print(f"{args.model} on {args.device}, torch {torch.__version__}, method {args.method or 'baseline'}")
-    print(f"{'mode':<10} {'first call s':>13} {'second call s':>14} {'prepare s':>10} {'vs compile':>11}  equal to eager")
+    print(
+        f"{'mode':<10} {'first call s':>13} {'second call s':>14} {'prepare s':>10} {'vs compile':>11}  equal to eager"
+    )
     eager_first = results["eager"]["first_s"]
     compile_prepare = results["compile"]["first_s"] - eager_first if "compile" in results else None
     for mode, r in results.items():
         prepare = r["first_s"] - eager_first if mode != "eager" else 0.0
         ratio = f"{compile_prepare / prepare:.1f}x" if compile_prepare and prepare > 0 and mode != "compile" else "-"
-        print(f"{mode:<10} {r['first_s']:>13.2f} {r['second_s']:>14.2f} {prepare:>10.2f} {ratio:>11}  {r['equal_to_eager']}")
+        print(
+            f"{mode:<10} {r['first_s']:>13.2f} {r['second_s']:>14.2f} {prepare:>10.2f} {ratio:>11}  {r['equal_to_eager']}"
+        )
     return 0
 
 

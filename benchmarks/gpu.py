@@ -67,7 +67,9 @@ FAMILY_DTYPES = {"infinity": torch.bfloat16, "hart": torch.float16}
 OFFICIAL_ROW = "official-style"
 
 
-def count_tflops_per_image(model: str, family: str, methods: List[str], height: int, width: int) -> Dict[str, Optional[float]]:
+def count_tflops_per_image(
+    model: str, family: str, methods: List[str], height: int, width: int
+) -> Dict[str, Optional[float]]:
     """TFLOPs of one image per method (``flops.py`` on meta tensors, CFG on); ``None`` for models it does not know."""
     from benchmarks import flops
 
@@ -105,8 +107,17 @@ def _sampling_switch(pipe, mode: Optional[str]):
     return ((lambda: pipe.set_sampling(previous)) if previous is not None else (lambda: None)), mode
 
 
-def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, width: int, repeats: int, warmup: int,
-                 device: str, out_of_time: Callable[[], bool]) -> List[Dict[str, Any]]:
+def measure_rows(
+    pipe,
+    rows: List[Dict[str, Any]],
+    batch: int,
+    height: int,
+    width: int,
+    repeats: int,
+    warmup: int,
+    device: str,
+    out_of_time: Callable[[], bool],
+) -> List[Dict[str, Any]]:
     """Time ``rows`` (``{"method", "label", "sampling"}``) interleaved; one record per row.
 
     Each row is warmed up ``warmup`` times before the timed rounds; a row whose warm-up would start after the time
@@ -152,7 +163,9 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
                 captures[row["label"]][1] += graphs.replayed_passes - counts[1]
             return result
         except Exception as err:  # noqa: BLE001 - an OOM or a capture error must not lose the other rows
-            failed[row["label"]] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+            failed[row["label"]] = (
+                f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+            )
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
             return None
@@ -185,15 +198,28 @@ def measure_rows(pipe, rows: List[Dict[str, Any]], batch: int, height: int, widt
     for row in rows:
         t = times[row["label"]]
         if not t:
-            why = failed.get(row["label"]) or ("time budget spent" if row in skipped else
-                                               "interrupted" if interrupted else "no timed round")
-            records.append({**row, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
-                            "skipped": why})
+            why = failed.get(row["label"]) or (
+                "time budget spent" if row in skipped else "interrupted" if interrupted else "no timed round"
+            )
+            records.append(
+                {**row, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0, "skipped": why}
+            )
             continue
-        records.append({**row, "min_s": min(t), "median_s": statistics.median(t), "max_s": max(t), "peak_gib": peak[row["label"]],
-                        "repeats": len(t), "sampled_with": sampled.get(row["label"]), "cudagraph_skips": skips[row["label"]],
-                        "passes_captured": captures[row["label"]][0], "passes_replayed": captures[row["label"]][1],
-                        **({"note": failed[row["label"]]} if row["label"] in failed else {})})
+        records.append(
+            {
+                **row,
+                "min_s": min(t),
+                "median_s": statistics.median(t),
+                "max_s": max(t),
+                "peak_gib": peak[row["label"]],
+                "repeats": len(t),
+                "sampled_with": sampled.get(row["label"]),
+                "cudagraph_skips": skips[row["label"]],
+                "passes_captured": captures[row["label"]][0],
+                "passes_replayed": captures[row["label"]][1],
+                **({"note": failed[row["label"]]} if row["label"] in failed else {}),
+            }
+        )
     if interrupted:
         raise BlockInterrupted(records)
     return records
@@ -213,7 +239,11 @@ GRAPH_FIRST = ("lazyvar",)
 
 def _rows_for(mode: str, methods: List[str]) -> List[Dict[str, Any]]:
     if mode == "graphs":  # the baseline, then LazyVAR, then the rest while time lasts
-        methods = methods[:1] + [m for m in methods[1:] if m in GRAPH_FIRST] + [m for m in methods[1:] if m not in GRAPH_FIRST]
+        methods = (
+            methods[:1]
+            + [m for m in methods[1:] if m in GRAPH_FIRST]
+            + [m for m in methods[1:] if m not in GRAPH_FIRST]
+        )
     rows = [{"method": m, "label": m, "sampling": None} for m in methods]
     if mode == "eager":
         rows.append({"method": "baseline", "label": OFFICIAL_ROW, "sampling": "official"})
@@ -253,12 +283,15 @@ def add_speedups(blocks: List[Dict[str, Any]]) -> None:
 
 def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
     """The one table: a row per (model, batch, mode, method)."""
+
     def cell(value, fmt, width):
         return f"{'n/a' if value is None else format(value, fmt):>{width}}"
 
-    lines = [header,
-             f"{'model':<12} {'batch':>5} {'mode':<7} {'method':<16} {'median s':>9} {'s/image':>9} {'vs eager':>9} "
-             f"{'vs graphs':>9} {'TFLOPs':>8} {'FLOPs x':>8} {'peak GiB':>9} {'ran':<16} note"]
+    lines = [
+        header,
+        f"{'model':<12} {'batch':>5} {'mode':<7} {'method':<16} {'median s':>9} {'s/image':>9} {'vs eager':>9} "
+        f"{'vs graphs':>9} {'TFLOPs':>8} {'FLOPs x':>8} {'peak GiB':>9} {'ran':<16} note",
+    ]
     for b in blocks:
         tflops = b["tflops_per_image"]
         base_tflops = tflops.get("baseline")
@@ -270,11 +303,17 @@ def format_table(blocks: List[Dict[str, Any]], header: str) -> str:
             vs_graphs = f"{r['speedup_vs_graphs']:.2f}x" if r.get("speedup_vs_graphs") else "n/a"
             ratio = f"{base_tflops / t:.2f}x" if t and base_tflops else "-"
             call_tflops = f"{t * b['batch_size']:.2f}" if t is not None else "-"
-            note = r.get("skipped") or r.get("note") or (f"sampling: {r['sampled_with']}" if r.get("sampled_with") else "")
-            lines.append(f"{b['model']:<12} {b['batch_size']:>5} {b['mode']:<7} {r['label']:<16} {cell(median, '.4f', 9)} "
-                         f"{cell(per_image, '.4f', 9)} {vs_eager:>9} {vs_graphs:>9} "
-                         f"{call_tflops:>8} {ratio:>8} "
-                         f"{cell(r.get('peak_gib'), '.2f', 9)} {how_it_ran(b, r):<16} {note}".rstrip())
+            note = (
+                r.get("skipped")
+                or r.get("note")
+                or (f"sampling: {r['sampled_with']}" if r.get("sampled_with") else "")
+            )
+            lines.append(
+                f"{b['model']:<12} {b['batch_size']:>5} {b['mode']:<7} {r['label']:<16} {cell(median, '.4f', 9)} "
+                f"{cell(per_image, '.4f', 9)} {vs_eager:>9} {vs_graphs:>9} "
+                f"{call_tflops:>8} {ratio:>8} "
+                f"{cell(r.get('peak_gib'), '.2f', 9)} {how_it_ran(b, r):<16} {note}".rstrip()
+            )
     return "\n".join(lines)
 
 
@@ -305,8 +344,11 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
             try:
                 pipe = build_pipeline(model, args.device, torch.float32)
                 family = pipe.model_family
-                dtype = FAMILY_DTYPES[family] if args.dtype == "auto" and args.device.startswith("cuda") else (
-                    torch.float32 if args.dtype == "auto" else getattr(torch, args.dtype))
+                dtype = (
+                    FAMILY_DTYPES[family]
+                    if args.dtype == "auto" and args.device.startswith("cuda")
+                    else (torch.float32 if args.dtype == "auto" else getattr(torch, args.dtype))
+                )
                 if dtype != torch.float32:
                     pipe = pipe.to(dtype=dtype)
                 for m in methods:
@@ -316,26 +358,62 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
                 return 2
             height = width = pipe.default_size if family == "hart" else args.size
             pipes[model] = pipe
-            info[model] = {"family": family, "dtype": str(dtype).replace("torch.", ""), "height": height, "width": width,
-                           "tflops": {m: None for m in methods} if args.no_flops else
-                           count_tflops_per_image(model, family, methods, height, width)}
-            print(f"built {model} ({family}, {sum(p.numel() for p in pipe.transformer.parameters()) / 1e6:.0f}M transformer "
-                  f"parameters, {info[model]['dtype']}) in {time.perf_counter() - built:.1f} s", flush=True)
+            info[model] = {
+                "family": family,
+                "dtype": str(dtype).replace("torch.", ""),
+                "height": height,
+                "width": width,
+                "tflops": {m: None for m in methods}
+                if args.no_flops
+                else count_tflops_per_image(model, family, methods, height, width),
+            }
+            print(
+                f"built {model} ({family}, {sum(p.numel() for p in pipe.transformer.parameters()) / 1e6:.0f}M transformer "
+                f"parameters, {info[model]['dtype']}) in {time.perf_counter() - built:.1f} s",
+                flush=True,
+            )
         pipe, meta = pipes[model], info[model]
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
         rows = _rows_for(mode, methods)
-        block = {"model": model, "family": meta["family"], "height": meta["height"], "width": meta["width"],
-                 "batch_size": batch, "mode": mode, "dtype": meta["dtype"], "tflops_per_image": meta["tflops"]}
+        block = {
+            "model": model,
+            "family": meta["family"],
+            "height": meta["height"],
+            "width": meta["width"],
+            "batch_size": batch,
+            "mode": mode,
+            "dtype": meta["dtype"],
+            "tflops_per_image": meta["tflops"],
+        }
         unavailable, graphs_note = _graphs_switch(pipe, True) if mode == "graphs" else (None, None)
         if unavailable:
-            records = [{**r, "median_s": None, "min_s": None, "max_s": None, "peak_gib": None, "repeats": 0,
-                        "skipped": unavailable} for r in rows]
+            records = [
+                {
+                    **r,
+                    "median_s": None,
+                    "min_s": None,
+                    "max_s": None,
+                    "peak_gib": None,
+                    "repeats": 0,
+                    "skipped": unavailable,
+                }
+                for r in rows
+            ]
         else:
             interrupted = None
             try:
-                records = measure_rows(pipe, rows, batch, meta["height"], meta["width"], args.repeats,
-                                       args.graph_warmup if mode == "graphs" else args.warmup, args.device, out_of_time)
+                records = measure_rows(
+                    pipe,
+                    rows,
+                    batch,
+                    meta["height"],
+                    meta["width"],
+                    args.repeats,
+                    args.graph_warmup if mode == "graphs" else args.warmup,
+                    args.device,
+                    out_of_time,
+                )
             except BlockInterrupted as stop:
                 records, interrupted = stop.records, stop
             finally:
@@ -358,23 +436,51 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help="comma-separated latency.py models (default infinity-2b,hart-0.7b; tiny, tiny-hart for a smoke run)")
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated methods, baseline first (default {DEFAULT_METHODS})")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help="comma-separated latency.py models (default infinity-2b,hart-0.7b; tiny, tiny-hart for a smoke run)",
+    )
+    parser.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated methods, baseline first (default {DEFAULT_METHODS})",
+    )
     parser.add_argument("--batch-sizes", default="1,4", help="comma-separated batch sizes (default 1,4)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, graphs (default both)")
-    parser.add_argument("--size", type=int, default=1024, help="Infinity image side (default 1024; HART makes its one size)")
+    parser.add_argument(
+        "--size", type=int, default=1024, help="Infinity image side (default 1024; HART makes its one size)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed interleaved rounds per block (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of every method first, eager (default 1)")
-    parser.add_argument("--graph-warmup", type=int, default=2,
-                        help="untimed rounds of every method first with graphs: capture and first replay (default 2)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="default: cuda if available, else cpu (only the tiny models are practical on a CPU)")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                        help="auto: bfloat16 for Infinity and float16 for HART on CUDA, float32 on the CPU")
-    parser.add_argument("--max-seconds", type=float, default=420.0,
-                        help="start no new block, nor a new method's warm-up, after this many seconds (default 420)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed rounds of every method first, eager (default 1)"
+    )
+    parser.add_argument(
+        "--graph-warmup",
+        type=int,
+        default=2,
+        help="untimed rounds of every method first with graphs: capture and first replay (default 2)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="default: cuda if available, else cpu (only the tiny models are practical on a CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="auto: bfloat16 for Infinity and float16 for HART on CUDA, float32 on the CPU",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=420.0,
+        help="start no new block, nor a new method's warm-up, after this many seconds (default 420)",
+    )
     parser.add_argument("--no-flops", action="store_true", help="skip the FLOP counts")
     parser.add_argument("--json", help="also write every record to this JSON file (rewritten after every block)")
     args = parser.parse_args(argv)
@@ -385,7 +491,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
-        print(f"error: --batch-sizes {args.batch_sizes!r}: expected comma-separated integers such as 1,4", file=sys.stderr)
+        print(
+            f"error: --batch-sizes {args.batch_sizes!r}: expected comma-separated integers such as 1,4",
+            file=sys.stderr,
+        )
         return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -394,8 +503,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     start = time.perf_counter()
     out_of_time = lambda: time.perf_counter() - start > args.max_seconds  # noqa: E731
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"GPU runner on {device_name}, torch {torch.__version__}: random weights, real configurations, no download", flush=True)
+    device_name = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"GPU runner on {device_name}, torch {torch.__version__}: random weights, real configurations, no download",
+        flush=True,
+    )
     pipes: Dict[str, Any] = {}
     info: Dict[str, Dict[str, Any]] = {}
     blocks: List[Dict[str, Any]] = []
@@ -403,10 +517,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def write_json() -> None:
         if args.json:
-            Path(args.json).write_text(json.dumps({
-                "device": device_name, "torch": torch.__version__, "repeats": args.repeats, "warmup": args.warmup,
-                "graph_warmup": args.graph_warmup, "total_seconds": time.perf_counter() - start, "skipped": skipped,
-                "blocks": blocks}, indent=2))
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "device": device_name,
+                        "torch": torch.__version__,
+                        "repeats": args.repeats,
+                        "warmup": args.warmup,
+                        "graph_warmup": args.graph_warmup,
+                        "total_seconds": time.perf_counter() - start,
+                        "skipped": skipped,
+                        "blocks": blocks,
+                    },
+                    indent=2,
+                )
+            )
 
     order = block_order(models, batch_sizes, modes)
     try:
@@ -420,9 +545,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     total = time.perf_counter() - start
     add_speedups(blocks)
     print()
-    print(format_table(blocks, f"{', '.join(models)} on {device_name}, torch {torch.__version__}; Infinity "
-                               f"{args.size}x{args.size}, HART its one size; {args.repeats} interleaved repeats after "
-                               f"{args.warmup} warm-up ({args.graph_warmup} with graphs); output_type latent"))
+    print(
+        format_table(
+            blocks,
+            f"{', '.join(models)} on {device_name}, torch {torch.__version__}; Infinity "
+            f"{args.size}x{args.size}, HART its one size; {args.repeats} interleaved repeats after "
+            f"{args.warmup} warm-up ({args.graph_warmup} with graphs); output_type latent",
+        )
+    )
     for line in skipped:
         print(f"skipped {line}")
     print(f"total {total:.1f} s")

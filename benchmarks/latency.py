@@ -62,8 +62,9 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
         from diffusers_var_accel.models.transformer_hart import HART_CONFIGS
         from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
-        pipe = build_tiny_hart_pipeline(seed=0, depth=tiny_depth, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"],
-                                        with_text_encoder=False).to(device)
+        pipe = build_tiny_hart_pipeline(
+            seed=0, depth=tiny_depth, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"], with_text_encoder=False
+        ).to(device)
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
     if model == "hart-0.7b":
         from diffusers_var_accel import HARTHybridTokenizer, HARTPipeline, HARTTransformer
@@ -71,8 +72,13 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
 
         with torch.device(device):
             transformer = HARTTransformer(**HART_CONFIGS[model]).to(dtype)
-            vae = HARTHybridTokenizer(vocab_size=4096, z_channels=32, ch=160, ch_mult=(1, 1, 2, 2, 4),
-                                      v_patch_nums=HART_CONFIGS[model]["patch_nums"]).to(dtype)
+            vae = HARTHybridTokenizer(
+                vocab_size=4096,
+                z_channels=32,
+                ch=160,
+                ch_mult=(1, 1, 2, 2, 4),
+                v_patch_nums=HART_CONFIGS[model]["patch_nums"],
+            ).to(dtype)
         generator = torch.Generator().manual_seed(0)  # randomize_weights_ draws on the CPU, then copies
         randomize_weights_(transformer, generator)
         randomize_weights_(vae, generator)
@@ -94,7 +100,8 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
     if not folder.is_dir():
         raise ValueError(f"--model {model!r} is neither one of {list(BUILT_IN_MODELS)} nor a folder")
     official_hart = (folder / "llm" / "config.json").is_file() or (
-        (folder / "config.json").is_file() and not (folder / "model_index.json").is_file())  # the root or its llm/
+        (folder / "config.json").is_file() and not (folder / "model_index.json").is_file()
+    )  # the root or its llm/
     if official_hart:
         from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
 
@@ -108,8 +115,9 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
     return InfinityPipeline.from_pretrained(folder, dtype=dtype).to(device)
 
 
-def pipeline_inputs(pipe, batch_size: int, height: Optional[int], width: Optional[int], device: str,
-                    text_tokens: int = 32) -> Dict[str, Any]:
+def pipeline_inputs(
+    pipe, batch_size: int, height: Optional[int], width: Optional[int], device: str, text_tokens: int = 32
+) -> Dict[str, Any]:
     """The keyword arguments of every timed call: random text features (seed 0) of the model's shape and the size.
 
     Infinity: ``(B, text_tokens, text_channels)`` T5-like features at ``height x width`` (default 1024 x 1024).
@@ -135,8 +143,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(pipe, methods: List[str], height: Optional[int], width: Optional[int], batch_size: int, repeats: int,
-            warmup: int, device: str, text_tokens: int = 32) -> List[Dict[str, Any]]:
+def measure(
+    pipe,
+    methods: List[str],
+    height: Optional[int],
+    width: Optional[int],
+    batch_size: int,
+    repeats: int,
+    warmup: int,
+    device: str,
+    text_tokens: int = 32,
+) -> List[Dict[str, Any]]:
     """Time every method ``repeats`` times, interleaved; returns one record per method.
 
     ``height``/``width`` ``None``: 1024 x 1024 for Infinity, the model's one size for HART.
@@ -186,16 +203,25 @@ def format_table(records: List[Dict[str, Any]], header: str) -> str:
     lines = [header, f"{'method':<34} {'min s':>9} {'median s':>9} {'max s':>9} {'speed-up':>9} {'peak GiB':>9}"]
     for r in records:
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
-        lines.append(f"{r['method']:<34} {r['min_s']:>9.4f} {r['median_s']:>9.4f} {r['max_s']:>9.4f} {r['speedup_vs_first']:>8.2f}x {peak:>9}")
+        lines.append(
+            f"{r['method']:<34} {r['min_s']:>9.4f} {r['median_s']:>9.4f} {r['max_s']:>9.4f} {r['speedup_vs_first']:>8.2f}x {peak:>9}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny",
-                        help="tiny | infinity-2b | tiny-hart | hart-0.7b | an official HART folder | a converted pipeline folder")
-    parser.add_argument("--tiny-depth", type=int, default=8,
-                        help="blocks of the tiny models (default 8: FastVAR's Infinity preset prunes layers 3..27, so >= 4)")
+    parser.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny | infinity-2b | tiny-hart | hart-0.7b | an official HART folder | a converted pipeline folder",
+    )
+    parser.add_argument(
+        "--tiny-depth",
+        type=int,
+        default=8,
+        help="blocks of the tiny models (default 8: FastVAR's Infinity preset prunes layers 3..27, so >= 4)",
+    )
     parser.add_argument("--accel", default="baseline", help="comma-separated methods; the first is the reference")
     parser.add_argument("--height", type=int, default=None, help="Infinity: default 1024; HART: its one size")
     parser.add_argument("--width", type=int, default=None, help="default: the height (HART: its one size)")
@@ -216,14 +242,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
-    info = {"model": args.model, "family": pipe.model_family, "height": height, "width": width, "batch_size": args.batch_size,
-            "device": device_name, "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "results": records}
+    device_name = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
+    )
+    info = {
+        "model": args.model,
+        "family": pipe.model_family,
+        "height": height,
+        "width": width,
+        "batch_size": args.batch_size,
+        "device": device_name,
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "results": records,
+    }
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        print(format_table(records, f"{args.model} {height}x{width} batch {args.batch_size} on {device_name}, {args.dtype}, "
-                                    f"{args.repeats} interleaved repeats after {args.warmup} warm-up"))
+        print(
+            format_table(
+                records,
+                f"{args.model} {height}x{width} batch {args.batch_size} on {device_name}, {args.dtype}, "
+                f"{args.repeats} interleaved repeats after {args.warmup} warm-up",
+            )
+        )
     return 0
 
 

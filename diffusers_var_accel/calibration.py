@@ -78,22 +78,28 @@ def _members(method: str) -> List[str]:
     grids = calibrated_methods()
     example = COMPOSE_SEPARATOR.join(calibrated_methods(as_member=True)[:2])
     if not isinstance(method, str) or not method:
-        raise ValueError(f"method must be a method name ({sorted(grids)}) or names joined with {COMPOSE_SEPARATOR!r}, "
-                         f"got {method!r}")
+        raise ValueError(
+            f"method must be a method name ({sorted(grids)}) or names joined with {COMPOSE_SEPARATOR!r}, "
+            f"got {method!r}"
+        )
     names = method.split(COMPOSE_SEPARATOR)
     for name in names:
         if name not in grids:
             why = "" if name not in method_names() else " (registered, but it has no calibration grid)"
-            raise ValueError(f"method {name!r}{why} cannot be calibrated; methods with a grid: {sorted(grids)}, joined "
-                             f"with {COMPOSE_SEPARATOR!r} to compose ({example})")
+            raise ValueError(
+                f"method {name!r}{why} cannot be calibrated; methods with a grid: {sorted(grids)}, joined "
+                f"with {COMPOSE_SEPARATOR!r} to compose ({example})"
+            )
     if len(set(names)) != len(names):
         raise ValueError(f"method {method!r} names a method twice; a composition holds each method once")
     if len(names) > 1:
         alone = [name for name in names if not get_method(name).has_calibration_grid(as_member=True)]
         if alone:
-            raise ValueError(f"method {alone[0]!r} has a calibration grid but no settings as a composition member, so "
-                             f"{method!r} cannot be calibrated; methods that compose in calibration: "
-                             f"{sorted(calibrated_methods(as_member=True))}")
+            raise ValueError(
+                f"method {alone[0]!r} has a calibration grid but no settings as a composition member, so "
+                f"{method!r} cannot be calibrated; methods that compose in calibration: "
+                f"{sorted(calibrated_methods(as_member=True))}"
+            )
     return names
 
 
@@ -147,7 +153,9 @@ def calibration_prompts(n: int = 8, seed: int = CALIBRATION_PROMPT_SEED) -> List
                     break
         if len(chosen) < n:
             if draws > 20000:
-                raise ValueError(f"the shapes grammar has only {len(chosen)} prompts outside the held-out set; ask for fewer")
+                raise ValueError(
+                    f"the shapes grammar has only {len(chosen)} prompts outside the held-out set; ask for fewer"
+                )
             chosen, draws = [], draws * 4
     return chosen
 
@@ -169,8 +177,10 @@ def num_layers_of(pipe) -> int:
     """The number of transformer blocks of ``pipe``."""
     blocks = getattr(pipe.transformer, "blocks", None)
     if blocks is None:
-        raise ValueError(f"{type(pipe.transformer).__name__} has no blocks; calibration needs a next-scale transformer with "
-                         "a list of blocks (transformer.blocks)")
+        raise ValueError(
+            f"{type(pipe.transformer).__name__} has no blocks; calibration needs a next-scale transformer with "
+            "a list of blocks (transformer.blocks)"
+        )
     return len(blocks)
 
 
@@ -179,7 +189,9 @@ def _count_flops(pipe, prompt: str, seed: int, scheduler, sampling: Dict[str, An
 
     counter = make_flop_counter()
     with counter:
-        pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="pt", acceleration=scheduler, **sampling)
+        pipe(
+            prompt, generator=torch.Generator().manual_seed(seed), output_type="pt", acceleration=scheduler, **sampling
+        )
     return int(counter.get_total_flops())
 
 
@@ -203,19 +215,22 @@ def _load_lpips_if_cached():
         return None, str(err)
 
 
-def _fidelity(images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], lpips_fn, shapes: bool) -> Dict[str, Any]:
+def _fidelity(
+    images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], lpips_fn, shapes: bool
+) -> Dict[str, Any]:
     from .metrics import psnr, ssim
 
-    psnrs = [min(float(psnr(images[i:i + 1], baseline[i:i + 1])), PSNR_CAP_DB) for i in range(len(prompts))]
-    ssims = [float(ssim(images[i:i + 1], baseline[i:i + 1])) for i in range(len(prompts))]
+    psnrs = [min(float(psnr(images[i : i + 1], baseline[i : i + 1])), PSNR_CAP_DB) for i in range(len(prompts))]
+    ssims = [float(ssim(images[i : i + 1], baseline[i : i + 1])) for i in range(len(prompts))]
     out: Dict[str, Any] = dict(psnr=psnrs, ssim=ssims)
     if lpips_fn is not None:
         out["lpips"] = [float(v) for v in lpips_fn(images, baseline)]
     if shapes:
         from .data.scorer import score
 
-        out["correct"] = [bool(score(p, images[i].permute(1, 2, 0).clamp(0, 1).numpy())["correct"])
-                          for i, p in enumerate(prompts)]
+        out["correct"] = [
+            bool(score(p, images[i].permute(1, 2, 0).clamp(0, 1).numpy())["correct"]) for i, p in enumerate(prompts)
+        ]
     return out
 
 
@@ -312,7 +327,9 @@ def calibrate(
     target_flops_ratio = _check_budget("target_flops_ratio", target_flops_ratio)
     target_speedup = _check_budget("target_speedup", target_speedup)
     if target_flops_ratio is None and target_speedup is None:
-        raise ValueError("give a budget: target_flops_ratio (counted FLOPs, e.g. 2.0) and/or target_speedup (measured latency)")
+        raise ValueError(
+            "give a budget: target_flops_ratio (counted FLOPs, e.g. 2.0) and/or target_speedup (measured latency)"
+        )
     names = _members(method)
     if select not in SELECT_METRICS:
         raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
@@ -344,24 +361,33 @@ def calibrate(
             print(f"calibrate: {message}", file=sys.stderr, flush=True)
 
     per_candidate = len(prompts) * len(seeds)
-    say(f"{method}: {len(candidates)} candidates x {len(prompts)} prompts x {len(seeds)} seeds = "
+    say(
+        f"{method}: {len(candidates)} candidates x {len(prompts)} prompts x {len(seeds)} seeds = "
         f"{len(candidates) * per_candidate} generations, + {per_candidate} baseline, + {len(candidates) + 1} counted "
-        f"calls and {2 * timing_repeats * len(candidates)} timed calls")
+        f"calls and {2 * timing_repeats * len(candidates)} timed calls"
+    )
     started = time.perf_counter()
     baseline_flops = _count_flops(pipe, prompts[0], seeds[0], None, sampling)
     baseline_images = {s: _generate(pipe, prompts, s, None, sampling) for s in seeds}
     # a time estimate from the baseline's own calls (accelerated calls are faster; a loaded machine is slower)
     per_call = (time.perf_counter() - started) / (per_candidate + 1)
     calls_per_candidate = per_candidate + 1 + 2 * timing_repeats
-    say(f"baseline: {per_candidate + 1} calls in {time.perf_counter() - started:.1f} s ({per_call:.2f} s each); the "
+    say(
+        f"baseline: {per_candidate + 1} calls in {time.perf_counter() - started:.1f} s ({per_call:.2f} s each); the "
         f"{len(candidates)} candidates take about {_duration(per_call * calls_per_candidate * len(candidates))} at "
-        "that pace (accelerated calls are faster, a loaded machine slower)")
+        "that pace (accelerated calls are faster, a loaded machine slower)"
+    )
     search_started = time.perf_counter()
     all_prompts = [p for _ in seeds for p in prompts]
     baseline_correct = None
     if shapes:
-        base_fid = _fidelity(torch.cat([baseline_images[s] for s in seeds]), torch.cat([baseline_images[s] for s in seeds]),
-                             all_prompts, None, True)
+        base_fid = _fidelity(
+            torch.cat([baseline_images[s] for s in seeds]),
+            torch.cat([baseline_images[s] for s in seeds]),
+            all_prompts,
+            None,
+            True,
+        )
         baseline_correct = base_fid["correct"]
 
     tried: List[Dict[str, Any]] = []
@@ -382,10 +408,14 @@ def calibrate(
             times.append(_time_call(pipe, prompts[0], seeds[0], scheduler, sampling))
         reference = torch.cat([baseline_images[s] for s in seeds])
         fidelity = _fidelity(images, reference, all_prompts, lpips_fn, shapes)
-        record.update(flops=flops, flops_ratio=baseline_flops / flops,
-                      speedup=statistics.median(base_times) / statistics.median(times),
-                      seconds_per_image=statistics.median(times), psnr_mean=_mean(fidelity["psnr"]),
-                      ssim_mean=_mean(fidelity["ssim"]))
+        record.update(
+            flops=flops,
+            flops_ratio=baseline_flops / flops,
+            speedup=statistics.median(base_times) / statistics.median(times),
+            seconds_per_image=statistics.median(times),
+            psnr_mean=_mean(fidelity["psnr"]),
+            ssim_mean=_mean(fidelity["ssim"]),
+        )
         if "lpips" in fidelity:
             record["lpips_mean"] = _mean(fidelity["lpips"])
         if shapes:
@@ -395,59 +425,91 @@ def calibrate(
         tried.append(record)
         elapsed = time.perf_counter() - search_started
         left = elapsed / (index + 1) * (len(candidates) - index - 1)
-        say(f"[{index + 1}/{len(candidates)}] {_short(settings)}: FLOPs {record['flops_ratio']:.2f}x, speed-up "
+        say(
+            f"[{index + 1}/{len(candidates)}] {_short(settings)}: FLOPs {record['flops_ratio']:.2f}x, speed-up "
             f"{record['speedup']:.2f}x, SSIM {record['ssim_mean']:.3f}, PSNR {record['psnr_mean']:.2f} dB"
-            + (f", accuracy {record['accuracy']:.0%}" if shapes else "") + (" (meets the budget)" if record["meets_budget"] else "")
-            + f"; {_duration(elapsed)} so far, about {_duration(left)} left")
+            + (f", accuracy {record['accuracy']:.0%}" if shapes else "")
+            + (" (meets the budget)" if record["meets_budget"] else "")
+            + f"; {_duration(elapsed)} so far, about {_duration(left)} left"
+        )
 
     chosen = choose(tried, target_flops_ratio, target_speedup, select)
     result: Dict[str, Any] = dict(
-        method=method, members=names, model=model_name(pipe), model_family=family,
-        preset_model=getattr(pipe, "preset_model", None), num_layers=layers,
-        budget=dict(target_flops_ratio=target_flops_ratio, target_speedup=target_speedup), select=select,
-        prompts=prompts, seeds=seeds, sampling=sampling, baseline=dict(flops=baseline_flops,
-        accuracy=None if baseline_correct is None else _mean([float(c) for c in baseline_correct])),
-        lpips=None if lpips_fn is None else "alexnet v0.1", lpips_note=lpips_note,
+        method=method,
+        members=names,
+        model=model_name(pipe),
+        model_family=family,
+        preset_model=getattr(pipe, "preset_model", None),
+        num_layers=layers,
+        budget=dict(target_flops_ratio=target_flops_ratio, target_speedup=target_speedup),
+        select=select,
+        prompts=prompts,
+        seeds=seeds,
+        sampling=sampling,
+        baseline=dict(
+            flops=baseline_flops,
+            accuracy=None if baseline_correct is None else _mean([float(c) for c in baseline_correct]),
+        ),
+        lpips=None if lpips_fn is None else "alexnet v0.1",
+        lpips_note=lpips_note,
         chosen=None if chosen is None else {k: v for k, v in chosen.items() if k != "per_image"},
-        tried=tried, seconds=time.perf_counter() - started,
+        tried=tried,
+        seconds=time.perf_counter() - started,
         # what reproducing the record needs besides the model: the code's version, the exact grid, the image size and
         # a digest of the prompts (their text is above; the digest tells a changed list at a glance)
-        package_version=_package_version(), grid=candidates, timing_repeats=timing_repeats,
+        package_version=_package_version(),
+        grid=candidates,
+        timing_repeats=timing_repeats,
         image_size=list(baseline_images[seeds[0]].shape[-2:]),
         prompts_sha256=hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest(),
-        notes=(f"FLOPs: one real call (first prompt and seed) counted with var-accel bench's counter, text encoder and "
-               f"decoder included; speed-up: median of {timing_repeats} interleaved baseline/candidate calls of the first "
-               f"prompt on this device; PSNR of identical images counted as {PSNR_CAP_DB:g} dB; selection: highest mean "
-               f"{select} among the candidates that meet the budget, the earlier candidate on ties"),
+        notes=(
+            f"FLOPs: one real call (first prompt and seed) counted with var-accel bench's counter, text encoder and "
+            f"decoder included; speed-up: median of {timing_repeats} interleaved baseline/candidate calls of the first "
+            f"prompt on this device; PSNR of identical images counted as {PSNR_CAP_DB:g} dB; selection: highest mean "
+            f"{select} among the candidates that meet the budget, the earlier candidate on ties"
+        ),
     )
     result["scheduler"] = None if chosen is None else build_candidate(method, chosen["settings"], family)
     if chosen is None:
         best = max((r["flops_ratio"] for r in tried if "flops_ratio" in r), default=None)
         say(f"no candidate meets the budget (highest counted FLOPs ratio of the grid: {best})")
     else:
-        say(f"chosen: {_short(chosen['settings'])} (FLOPs {chosen['flops_ratio']:.2f}x, SSIM {chosen['ssim_mean']:.3f}, "
-            f"PSNR {chosen['psnr_mean']:.2f} dB) in {result['seconds']:.0f} s")
+        say(
+            f"chosen: {_short(chosen['settings'])} (FLOPs {chosen['flops_ratio']:.2f}x, SSIM {chosen['ssim_mean']:.3f}, "
+            f"PSNR {chosen['psnr_mean']:.2f} dB) in {result['seconds']:.0f} s"
+        )
     return result
 
 
-def meets_budget(record: Dict[str, Any], target_flops_ratio: Optional[float] = None,
-                 target_speedup: Optional[float] = None) -> bool:
+def meets_budget(
+    record: Dict[str, Any], target_flops_ratio: Optional[float] = None, target_speedup: Optional[float] = None
+) -> bool:
     """Whether a tried setting (an entry of ``calibration.json``'s ``tried``) meets the budget."""
     if "flops_ratio" not in record:
         return False
-    return bool((target_flops_ratio is None or record["flops_ratio"] >= target_flops_ratio)
-                and (target_speedup is None or record["speedup"] >= target_speedup))
+    return bool(
+        (target_flops_ratio is None or record["flops_ratio"] >= target_flops_ratio)
+        and (target_speedup is None or record["speedup"] >= target_speedup)
+    )
 
 
-def choose(tried: Sequence[Dict[str, Any]], target_flops_ratio: Optional[float] = None,
-           target_speedup: Optional[float] = None, select: str = "ssim") -> Optional[Dict[str, Any]]:
+def choose(
+    tried: Sequence[Dict[str, Any]],
+    target_flops_ratio: Optional[float] = None,
+    target_speedup: Optional[float] = None,
+    select: str = "ssim",
+) -> Optional[Dict[str, Any]]:
     """The tried setting :func:`calibrate` picks for a budget: the highest mean ``select`` among those meeting it, the
     earlier one on ties; ``None`` when none meets it. Applied to a ``calibration.json``'s ``tried`` list it gives the
     choice of the same search under another budget (FLOPs and fidelity do not depend on the budget)."""
     if select not in SELECT_METRICS:
         raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
-    key = {"ssim": lambda r: r["ssim_mean"], "psnr": lambda r: r["psnr_mean"], "accuracy": lambda r: r["accuracy"],
-           "lpips": lambda r: -r["lpips_mean"]}[select]
+    key = {
+        "ssim": lambda r: r["ssim_mean"],
+        "psnr": lambda r: r["psnr_mean"],
+        "accuracy": lambda r: r["accuracy"],
+        "lpips": lambda r: -r["lpips_mean"],
+    }[select]
     chosen = None
     for record in tried:
         if meets_budget(record, target_flops_ratio, target_speedup) and (chosen is None or key(record) > key(chosen)):
@@ -485,10 +547,14 @@ def write_calibration(result: Dict[str, Any], output_dir: Union[str, Path]) -> D
     with atomic_file(out / FRONTIER_FILE) as tmp:
         plot_frontier(result, tmp)
     written["frontier"] = out / FRONTIER_FILE
-    path = write_text_atomic(out / CALIBRATION_FILE, json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n")
+    path = write_text_atomic(
+        out / CALIBRATION_FILE, json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n"
+    )
     written["calibration"] = path
     if result.get("scheduler") is not None:  # last: a folder with a config holds the whole calibration
-        written["config"] = write_text_atomic(out / VARAccelScheduler.config_name, result["scheduler"].to_json_string())
+        written["config"] = write_text_atomic(
+            out / VARAccelScheduler.config_name, result["scheduler"].to_json_string()
+        )
     return written
 
 
@@ -502,10 +568,18 @@ def plot_frontier(result: Dict[str, Any], path: Union[str, Path]) -> Path:
 
     ran = [r for r in result["tried"] if "flops_ratio" in r]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, label in ((axes[0], "ssim_mean", "SSIM to the baseline"), (axes[1], "psnr_mean", "PSNR to the baseline (dB)")):
+    for ax, metric, label in (
+        (axes[0], "ssim_mean", "SSIM to the baseline"),
+        (axes[1], "psnr_mean", "PSNR to the baseline (dB)"),
+    ):
         if ran:
-            points = ax.scatter([r["flops_ratio"] for r in ran], [r[metric] for r in ran], c=[r["speedup"] for r in ran],
-                                cmap="viridis", s=18)
+            points = ax.scatter(
+                [r["flops_ratio"] for r in ran],
+                [r[metric] for r in ran],
+                c=[r["speedup"] for r in ran],
+                cmap="viridis",
+                s=18,
+            )
             fig.colorbar(points, ax=ax, label="measured speed-up")
         chosen = result.get("chosen")
         if chosen:
@@ -516,7 +590,9 @@ def plot_frontier(result: Dict[str, Any], path: Union[str, Path]) -> Path:
         ax.set_xlabel("counted FLOPs ratio (baseline / setting)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{result['method']}: {len(ran)} settings, {len(result['prompts'])} prompts x {len(result['seeds'])} seeds")
+    fig.suptitle(
+        f"{result['method']}: {len(ran)} settings, {len(result['prompts'])} prompts x {len(result['seeds'])} seeds"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

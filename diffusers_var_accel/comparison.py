@@ -54,8 +54,10 @@ def time_spread(seconds: Sequence[float]) -> float:
 
 def spread_note(name: str, spread: float, advice: str) -> str:
     """The note on a method whose timed calls spread by more than :data:`LARGE_SPREAD` of their median."""
-    return (f"{name}: its times spread by {spread:.0%} of the median: the speed-up is noisy (a busy machine, or one call "
-            f"doing first-call work for a new shape); {advice}")
+    return (
+        f"{name}: its times spread by {spread:.0%} of the median: the speed-up is noisy (a busy machine, or one call "
+        f"doing first-call work for a new shape); {advice}"
+    )
 
 
 @dataclass
@@ -70,8 +72,10 @@ class Comparison:
     def notes(self) -> List[str]:
         """How the numbers were measured, and a warning per method whose times spread widely."""
         rounds = "1 timed round" if self.repeats == 1 else f"{self.repeats} interleaved timed rounds"
-        notes = [f"time: median of {rounds} after one untimed call per method (the FLOP count); speed-up: baseline "
-                 "median / method median, measured side by side in this request"]
+        notes = [
+            f"time: median of {rounds} after one untimed call per method (the FLOP count); speed-up: baseline "
+            "median / method median, measured side by side in this request"
+        ]
         for r in self.results:
             if len(r.seconds) > 1 and r.spread > LARGE_SPREAD:
                 notes.append(spread_note(r.spec, r.spread, "more repeats give a steadier figure"))
@@ -80,10 +84,19 @@ class Comparison:
         return notes
 
 
-def compare_methods(pipe: Any, prompt: str, schedulers: Dict[str, Any], *, seed: int = 0, repeats: int = 2,
-                    sampling: Optional[Dict[str, Any]] = None, height: Optional[int] = None,
-                    width: Optional[int] = None, progress: Optional[Callable[[float, str], None]] = None,
-                    lock: Optional[threading.Lock] = None) -> Comparison:
+def compare_methods(
+    pipe: Any,
+    prompt: str,
+    schedulers: Dict[str, Any],
+    *,
+    seed: int = 0,
+    repeats: int = 2,
+    sampling: Optional[Dict[str, Any]] = None,
+    height: Optional[int] = None,
+    width: Optional[int] = None,
+    progress: Optional[Callable[[float, str], None]] = None,
+    lock: Optional[threading.Lock] = None,
+) -> Comparison:
     """Generate ``prompt`` with the baseline and every scheduler of ``schedulers`` (``{spec: scheduler}``; the
     baseline is added first when absent, as ``"baseline": None``), all with ``seed``.
 
@@ -124,8 +137,9 @@ def compare_methods(pipe: Any, prompt: str, schedulers: Dict[str, Any], *, seed:
     for spec, scheduler in methods.items():  # untimed first call per method, under the FLOP counter
         report(f"{spec}: first call (FLOP count)")
         with lock:
-            flops[spec] = count_call_flops(pipe, prompt, generator=torch.Generator().manual_seed(seed),
-                                           acceleration=scheduler, **kwargs)
+            flops[spec] = count_call_flops(
+                pipe, prompt, generator=torch.Generator().manual_seed(seed), acceleration=scheduler, **kwargs
+            )
         done += 1
     seconds: Dict[str, List[float]] = {spec: [] for spec in methods}
     images: Dict[str, torch.Tensor] = {}
@@ -135,8 +149,9 @@ def compare_methods(pipe: Any, prompt: str, schedulers: Dict[str, Any], *, seed:
             with lock:
                 generator = torch.Generator().manual_seed(seed)
                 start = time.perf_counter()
-                images[spec] = pipe(prompt, generator=generator, output_type="pt", acceleration=scheduler,
-                                    **kwargs).images
+                images[spec] = pipe(
+                    prompt, generator=generator, output_type="pt", acceleration=scheduler, **kwargs
+                ).images
                 seconds[spec].append(time.perf_counter() - start)
             done += 1
     report("done")
@@ -164,21 +179,39 @@ def table_rows(comparison: Comparison) -> List[List[Any]]:
     """One row per method: spec, median seconds, spread, speed-up, GFLOPs, FLOPs ratio, PSNR, SSIM."""
     rows = []
     for r in comparison.results:
-        rows.append([r.spec, round(r.median_seconds, 4), f"{r.spread:.0%}" if len(r.seconds) > 1 else "-",
-                     f"{r.speedup:.2f}x", round(r.flops / 1e9, 4), f"{r.flops_ratio:.2f}x",
-                     "inf" if r.psnr == float("inf") else f"{r.psnr:.2f}", f"{r.ssim:.3f}"])
+        rows.append(
+            [
+                r.spec,
+                round(r.median_seconds, 4),
+                f"{r.spread:.0%}" if len(r.seconds) > 1 else "-",
+                f"{r.speedup:.2f}x",
+                round(r.flops / 1e9, 4),
+                f"{r.flops_ratio:.2f}x",
+                "inf" if r.psnr == float("inf") else f"{r.psnr:.2f}",
+                f"{r.ssim:.3f}",
+            ]
+        )
     return rows
 
 
 #: The column names of :func:`table_rows`.
-TABLE_HEADERS = ["method", "s / image (median)", "spread", "speed-up", "GFLOPs", "FLOPs ratio", "PSNR vs baseline (dB)",
-                 "SSIM vs baseline"]
+TABLE_HEADERS = [
+    "method",
+    "s / image (median)",
+    "spread",
+    "speed-up",
+    "GFLOPs",
+    "FLOPs ratio",
+    "PSNR vs baseline (dB)",
+    "SSIM vs baseline",
+]
 
 
 def caption(result: MethodResult) -> str:
     """A short caption of one image: method, time, speed-up, FLOPs ratio, SSIM."""
     if result.spec == "baseline":
         return f"baseline · {result.median_seconds:.3f} s"
-    return (f"{result.spec} · {result.median_seconds:.3f} s · {result.speedup:.2f}x time · "
-            f"{result.flops_ratio:.2f}x FLOPs · SSIM {result.ssim:.3f}")
-
+    return (
+        f"{result.spec} · {result.median_seconds:.3f} s · {result.speedup:.2f}x time · "
+        f"{result.flops_ratio:.2f}x FLOPs · SSIM {result.ssim:.3f}"
+    )

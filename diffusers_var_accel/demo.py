@@ -112,8 +112,10 @@ def run_demo(
     out = Path(output_dir)
     earlier = [name for name in ("report.json", "grid.png") if (out / name).exists()]
     if earlier and not overwrite:
-        raise FileExistsError(f"{out} holds an earlier demo's {' and '.join(earlier)}: pass --overwrite (overwrite=True) "
-                              "to replace them, or -o another folder")
+        raise FileExistsError(
+            f"{out} holds an earlier demo's {' and '.join(earlier)}: pass --overwrite (overwrite=True) "
+            "to replace them, or -o another folder"
+        )
     if pipe is None:
         stage("loading the embedded model")
         pipe = load_embedded_pipeline()
@@ -123,12 +125,16 @@ def run_demo(
     if "baseline" not in methods:
         methods.insert(0, "baseline")
     # a method name stands for the pipeline's own preset (the embedded model's calibrated embedded/<method>)
-    schedulers = {m: load_acceleration(m, pipe.model_family, preset_model=getattr(pipe, "preset_model", None)) for m in methods}
+    schedulers = {
+        m: load_acceleration(m, pipe.model_family, preset_model=getattr(pipe, "preset_model", None)) for m in methods
+    }
     kwargs = dict(EMBEDDED_SAMPLING)
 
     def generate(method: str, i: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed + i)
-        return pipe(prompts[i], generator=generator, output_type="pt", acceleration=schedulers[method], **kwargs).images
+        return pipe(
+            prompts[i], generator=generator, output_type="pt", acceleration=schedulers[method], **kwargs
+        ).images
 
     stage(f"{len(methods)} methods x {len(prompts)} prompts x {repeats} repeats, after one untimed call per method")
     for m in methods:  # warm-up per method: first-call allocations, per-size plans, lazy imports
@@ -147,23 +153,32 @@ def run_demo(
 
     flops = {}
     for m in tqdm(methods, desc="counting FLOPs", disable=not progress):  # one call per method, under the counter
-        flops[m] = count_call_flops(pipe, prompts[0], generator=torch.Generator().manual_seed(seed),
-                                    acceleration=schedulers[m], **kwargs)
+        flops[m] = count_call_flops(
+            pipe, prompts[0], generator=torch.Generator().manual_seed(seed), acceleration=schedulers[m], **kwargs
+        )
     base_time = statistics.median(times["baseline"])
     rows, report_methods = [], {}
     for m in methods:
         fidelity_psnr = [float(psnr(images[m][i], images["baseline"][i])) for i in range(len(prompts))]
         fidelity_ssim = [float(ssim(images[m][i], images["baseline"][i])) for i in range(len(prompts))]
-        correct = [bool(score(prompts[i], images[m][i][0].permute(1, 2, 0).numpy())["correct"]) for i in range(len(prompts))]
+        correct = [
+            bool(score(prompts[i], images[m][i][0].permute(1, 2, 0).numpy())["correct"]) for i in range(len(prompts))
+        ]
         median = statistics.median(times[m])
         finite = [v for v in fidelity_psnr if v != float("inf")]
         report_methods[m] = dict(
-            seconds_per_image_median=median, seconds_per_image=times[m], speedup=base_time / median,
+            seconds_per_image_median=median,
+            seconds_per_image=times[m],
+            speedup=base_time / median,
             spread=time_spread(times[m]),
-            gflops=flops[m] / 1e9, flops_ratio=flops["baseline"] / flops[m],
-            psnr=fidelity_psnr, psnr_mean=(sum(finite) / len(finite)) if finite else float("inf"),
-            ssim=fidelity_ssim, ssim_mean=sum(fidelity_ssim) / len(fidelity_ssim),
-            scorer_correct=correct, scorer_accuracy=sum(correct) / len(correct),
+            gflops=flops[m] / 1e9,
+            flops_ratio=flops["baseline"] / flops[m],
+            psnr=fidelity_psnr,
+            psnr_mean=(sum(finite) / len(finite)) if finite else float("inf"),
+            ssim=fidelity_ssim,
+            ssim_mean=sum(fidelity_ssim) / len(fidelity_ssim),
+            scorer_correct=correct,
+            scorer_accuracy=sum(correct) / len(correct),
         )
     out.mkdir(parents=True, exist_ok=True)
     rows = [[to_pil(images[m][i]) for i in range(len(prompts))] for m in methods]
@@ -173,14 +188,20 @@ def run_demo(
         caption_grid(rows, methods, prompts, cell=128).save(tmp)
     from .calibration import model_name
 
-    report = dict(model=model_name(pipe), prompts=prompts, seeds=[seed + i for i in range(len(prompts))],
-                  sampling=kwargs, repeats=repeats, methods=report_methods,
-                  spread_notes=spread_notes(report_methods),
-                  notes="time: median s/image, interleaved, after one untimed call per method; spread: (max - min) / "
-                        "median of a method's timed calls; FLOPs: one real call (prompt 0, seed "
-                        "--seed) counted by torch.utils.flop_counter incl. text encoder and decoder, with var-accel bench's "
-                        "counter (the same FLOPs as bench for the same prompt, seed and size); PSNR/SSIM vs the baseline image "
-                        "of the same seed (\"inf\": identical images)")
+    report = dict(
+        model=model_name(pipe),
+        prompts=prompts,
+        seeds=[seed + i for i in range(len(prompts))],
+        sampling=kwargs,
+        repeats=repeats,
+        methods=report_methods,
+        spread_notes=spread_notes(report_methods),
+        notes="time: median s/image, interleaved, after one untimed call per method; spread: (max - min) / "
+        "median of a method's timed calls; FLOPs: one real call (prompt 0, seed "
+        "--seed) counted by torch.utils.flop_counter incl. text encoder and decoder, with var-accel bench's "
+        "counter (the same FLOPs as bench for the same prompt, seed and size); PSNR/SSIM vs the baseline image "
+        'of the same seed ("inf": identical images)',
+    )
     from .bench.runner import _json_safe
 
     write_text_atomic(out / "report.json", json.dumps(_json_safe(report), indent=2, allow_nan=False))
@@ -194,20 +215,30 @@ def spread_notes(methods: Dict[str, Dict[str, Any]]) -> List[str]:
     :data:`~diffusers_var_accel.comparison.LARGE_SPREAD` of their median (its speed-up is noisy)."""
     from .comparison import LARGE_SPREAD, spread_note
 
-    return [spread_note(m, r["spread"], "the warm-up call uses the first prompt only; --repeats 3 or var-accel bench "
-                        "give a steadier figure")
-            for m, r in methods.items() if len(r["seconds_per_image"]) > 1 and r["spread"] > LARGE_SPREAD]
+    return [
+        spread_note(
+            m,
+            r["spread"],
+            "the warm-up call uses the first prompt only; --repeats 3 or var-accel bench give a steadier figure",
+        )
+        for m, r in methods.items()
+        if len(r["seconds_per_image"]) > 1 and r["spread"] > LARGE_SPREAD
+    ]
 
 
 def format_table(report: Dict[str, Any]) -> str:
     """The demo's Markdown table, then its notes on noisy times."""
-    lines = ["| method | s / image | spread | speed-up | GFLOPs | FLOPs ratio | PSNR vs baseline (dB) | SSIM vs baseline | scorer accuracy |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| method | s / image | spread | speed-up | GFLOPs | FLOPs ratio | PSNR vs baseline (dB) | SSIM vs baseline | scorer accuracy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for m, r in report["methods"].items():
         psnr_text = "inf" if r["psnr_mean"] == float("inf") else f"{r['psnr_mean']:.2f}"
         spread = f"{r['spread']:.0%}" if len(r["seconds_per_image"]) > 1 else "-"
-        lines.append(f"| {m} | {r['seconds_per_image_median']:.3f} | {spread} | {r['speedup']:.2f}x | {r['gflops']:.3f} | "
-                     f"{r['flops_ratio']:.2f}x | {psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |")
+        lines.append(
+            f"| {m} | {r['seconds_per_image_median']:.3f} | {spread} | {r['speedup']:.2f}x | {r['gflops']:.3f} | "
+            f"{r['flops_ratio']:.2f}x | {psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |"
+        )
     notes = report.get("spread_notes") or []
     if notes:
         lines += [""] + [f"note: {n}" for n in notes]

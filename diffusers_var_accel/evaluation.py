@@ -40,12 +40,21 @@ def evaluate_shapes(
     pipe.set_progress_bar_config(disable=True)
     texts, images = [], []
     for start in tqdm(range(0, len(entries), batch_size), desc="evaluate", disable=not progress):
-        chunk = entries[start:start + batch_size]
+        chunk = entries[start : start + batch_size]
         generators = [torch.Generator().manual_seed(int(e["seed"])) for e in chunk]
-        out = pipe([e["prompt"] for e in chunk], generator=generators, output_type="np", acceleration=acceleration, **kwargs).images
+        out = pipe(
+            [e["prompt"] for e in chunk], generator=generators, output_type="np", acceleration=acceleration, **kwargs
+        ).images
         texts += [e["prompt"] for e in chunk]
         images += list(out)
     report = score_batch(texts, images)
-    report["results"] = [dict(prompt=e["prompt"], category=e.get("category"), seed=int(e["seed"]),
-                              correct=bool(score(e["prompt"], img)["correct"])) for e, img in zip(entries, images)]
+    report["results"] = [
+        dict(
+            prompt=e["prompt"],
+            category=e.get("category"),
+            seed=int(e["seed"]),
+            correct=bool(score(e["prompt"], img)["correct"]),
+        )
+        for e, img in zip(entries, images)
+    ]
     return report

@@ -176,8 +176,9 @@ def tiny_model_names() -> List[str]:
 
 def family_of_tiny_model(model: Optional[str]) -> Optional[ModelFamily]:
     """The family whose tiny pipeline ``--model model`` names, or ``None`` (another name, a folder, ``None``)."""
-    return next((family for family in MODEL_FAMILIES.values() if family.tiny_model and family.tiny_model == model),
-                None)
+    return next(
+        (family for family in MODEL_FAMILIES.values() if family.tiny_model and family.tiny_model == model), None
+    )
 
 
 def sampling_option_names() -> List[str]:
@@ -200,32 +201,46 @@ def check_sampling_options(family_name: str, options: Iterable[str], spell: Call
     for option in options:
         if option in every and option not in family.sampling_options:
             takers = " / ".join(f.title for f in families_with_option(option))
-            raise ValueError(f"{spell(option)} is an option of {takers} only; {family.title} samples with "
-                             + ", ".join(spell(o) for o in family.sampling_options))
+            raise ValueError(
+                f"{spell(option)} is an option of {takers} only; {family.title} samples with "
+                + ", ".join(spell(o) for o in family.sampling_options)
+            )
 
 
-register_model_family(ModelFamily(
-    "infinity", preset_model="infinity-2b",
-    pipeline="diffusers_var_accel.pipelines.infinity.pipeline_infinity:InfinityPipeline",
-    flop_counter="diffusers_var_accel.pipelines.infinity.flops:count_infinity_flops",
-    flop_breakdown="diffusers_var_accel.pipelines.infinity.flops:INFINITY_FLOPS", no_guidance=1.0,
-    sampling_options=("guidance_scale", "tau", "top_k", "top_p"),
-    tiny_model="tiny", tiny_builder="diffusers_var_accel.pipelines.infinity.tiny:build_tiny_infinity_pipeline",
-    tiny_size=256,  # the tiny model makes any official size: the smallest keeps a CPU call to seconds
-    converter="diffusers_var_accel.pipelines.infinity.convert:CONVERT_COMMAND",
-    launch_structures="diffusers_var_accel.pipelines.infinity.launch_structures:LAUNCH_STRUCTURES",
-    title="Infinity",
-    description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
-                "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))"))
-register_model_family(ModelFamily(
-    "hart", preset_model="hart-0.7b",
-    pipeline="diffusers_var_accel.pipelines.hart.pipeline_hart:HARTPipeline",
-    flop_counter="diffusers_var_accel.pipelines.hart.flops:count_hart_flops",
-    flop_breakdown="diffusers_var_accel.pipelines.hart.flops:HART_FLOPS", no_guidance=0.0,
-    sampling_options=("guidance_scale", "top_k", "top_p"),
-    tiny_model="tiny-hart", tiny_builder="diffusers_var_accel.pipelines.hart.tiny:build_tiny_hart_pipeline",
-    converter="diffusers_var_accel.pipelines.hart.convert:CONVERT_COMMAND",
-    launch_structures="diffusers_var_accel.pipelines.hart.launch_structures:LAUNCH_STRUCTURES",
-    title="HART",
-    description="a hybrid autoregressive (next-scale prediction + residual diffusion) text-to-image model "
-                "([mit-han-lab/hart](https://github.com/mit-han-lab/hart))"))
+register_model_family(
+    ModelFamily(
+        "infinity",
+        preset_model="infinity-2b",
+        pipeline="diffusers_var_accel.pipelines.infinity.pipeline_infinity:InfinityPipeline",
+        flop_counter="diffusers_var_accel.pipelines.infinity.flops:count_infinity_flops",
+        flop_breakdown="diffusers_var_accel.pipelines.infinity.flops:INFINITY_FLOPS",
+        no_guidance=1.0,
+        sampling_options=("guidance_scale", "tau", "top_k", "top_p"),
+        tiny_model="tiny",
+        tiny_builder="diffusers_var_accel.pipelines.infinity.tiny:build_tiny_infinity_pipeline",
+        tiny_size=256,  # the tiny model makes any official size: the smallest keeps a CPU call to seconds
+        converter="diffusers_var_accel.pipelines.infinity.convert:CONVERT_COMMAND",
+        launch_structures="diffusers_var_accel.pipelines.infinity.launch_structures:LAUNCH_STRUCTURES",
+        title="Infinity",
+        description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
+        "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))",
+    )
+)
+register_model_family(
+    ModelFamily(
+        "hart",
+        preset_model="hart-0.7b",
+        pipeline="diffusers_var_accel.pipelines.hart.pipeline_hart:HARTPipeline",
+        flop_counter="diffusers_var_accel.pipelines.hart.flops:count_hart_flops",
+        flop_breakdown="diffusers_var_accel.pipelines.hart.flops:HART_FLOPS",
+        no_guidance=0.0,
+        sampling_options=("guidance_scale", "top_k", "top_p"),
+        tiny_model="tiny-hart",
+        tiny_builder="diffusers_var_accel.pipelines.hart.tiny:build_tiny_hart_pipeline",
+        converter="diffusers_var_accel.pipelines.hart.convert:CONVERT_COMMAND",
+        launch_structures="diffusers_var_accel.pipelines.hart.launch_structures:LAUNCH_STRUCTURES",
+        title="HART",
+        description="a hybrid autoregressive (next-scale prediction + residual diffusion) text-to-image model "
+        "([mit-han-lab/hart](https://github.com/mit-han-lab/hart))",
+    )
+)

@@ -77,7 +77,7 @@ def remove_stale_temporaries(folder: PathLike) -> None:
     for entry in folder.iterdir():
         if not entry.name.startswith(TEMP_PREFIX):
             continue
-        pid = entry.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        pid = entry.name[len(TEMP_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 

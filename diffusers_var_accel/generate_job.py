@@ -100,11 +100,15 @@ def _read_manifest(out_dir: Path) -> Tuple[Optional[Dict[str, Any]], List[Dict[s
         try:
             manifest = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as err:
-            raise UserInputError(f"--output {out_dir}: its {MANIFEST_NAME} is not valid JSON ({err}); pass --overwrite "
-                                 "to start the folder afresh, or another --output") from None
+            raise UserInputError(
+                f"--output {out_dir}: its {MANIFEST_NAME} is not valid JSON ({err}); pass --overwrite "
+                "to start the folder afresh, or another --output"
+            ) from None
         settings = manifest.get("settings") if isinstance(manifest, dict) else None
         records = list(manifest.get("images", [])) if isinstance(manifest, dict) else []
-        if settings is None:  # written by an older version (0000.png, ...): its images are not named by prompt and seed
+        if (
+            settings is None
+        ):  # written by an older version (0000.png, ...): its images are not named by prompt and seed
             settings = {"version": "older var-accel (files numbered 0000.png, ...)"}
     for journal in _journal_files(out_dir):
         for line in journal.read_text(encoding="utf-8").splitlines():
@@ -159,7 +163,9 @@ def _files_stamp(path: Path) -> List[List[Any]]:
     """``[[relative path, size, mtime_ns]]`` of every file under ``path`` (a file or a folder): a change of any of
     them (a replaced checkpoint, an edited config) changes the stamp; only ``stat`` is read."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return [[str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    return [
+        [str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns] for p in files
+    ]
 
 
 def _invocation(job: GenerateJob) -> Dict[str, Any]:
@@ -169,9 +175,16 @@ def _invocation(job: GenerateJob) -> Dict[str, Any]:
     from .embedded import EMBEDDED_MODEL_PATH
     from .version import __version__
 
-    key: Dict[str, Any] = {"model": job.model, "height": job.height, "width": job.width, "seed": job.seed,
-                           "dtype": job.dtype, "accel": job.accel, "device": job.device,
-                           **{name: job.sampling.get(name) for name in SAMPLING_KEYS}}
+    key: Dict[str, Any] = {
+        "model": job.model,
+        "height": job.height,
+        "width": job.width,
+        "seed": job.seed,
+        "dtype": job.dtype,
+        "accel": job.accel,
+        "device": job.device,
+        **{name: job.sampling.get(name) for name in SAMPLING_KEYS},
+    }
     key["version"] = __version__
     key["num_prompts"] = len(job.prompts)
     model_path = EMBEDDED_MODEL_PATH if job.model is None else Path(job.model)
@@ -198,10 +211,20 @@ def nothing_to_do(job: GenerateJob) -> bool:
     return names <= recorded and all((out_dir / name).is_file() for name in names)
 
 
-def _write_manifest(job: GenerateJob, settings: Dict[str, Any], records: List[Dict[str, Any]],
-                    invocation: Optional[Dict[str, Any]] = None) -> None:
-    manifest = {"settings": settings, "height": settings["height"], "width": settings["width"],
-                "acceleration": settings["acceleration"], "batch_size": job.batch_size, "images": records}
+def _write_manifest(
+    job: GenerateJob,
+    settings: Dict[str, Any],
+    records: List[Dict[str, Any]],
+    invocation: Optional[Dict[str, Any]] = None,
+) -> None:
+    manifest = {
+        "settings": settings,
+        "height": settings["height"],
+        "width": settings["width"],
+        "acceleration": settings["acceleration"],
+        "batch_size": job.batch_size,
+        "images": records,
+    }
     if invocation is not None:
         manifest["invocation"] = invocation
     write_atomic(job.output / MANIFEST_NAME, json.dumps(manifest, indent=2, allow_nan=False).encode("utf-8"))
@@ -221,8 +244,11 @@ def _leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], str, str], Any],
-                     load_acceleration: Callable[[Optional[str], str, Optional[str]], Any]) -> int:
+def run_generate_job(
+    job: GenerateJob,
+    load_pipeline: Callable[[Optional[str], str, str], Any],
+    load_acceleration: Callable[[Optional[str], str, Optional[str]], Any],
+) -> int:
     """Run ``job`` (see the module docstring); 0 when done.
 
     Args:
@@ -242,8 +268,11 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
     out_dir, prompts = job.output, job.prompts
     # 1. The same invocation over a folder that holds all its images: nothing to load
     if nothing_to_do(job):
-        print(f"{out_dir}: all {len(prompts)} images of this command are already there (same command, same files): "
-              "nothing to generate", file=sys.stderr)
+        print(
+            f"{out_dir}: all {len(prompts)} images of this command are already there (same command, same files): "
+            "nothing to generate",
+            file=sys.stderr,
+        )
         return 0
 
     # 2. Processes (torchrun / accelerate launch), pipeline, acceleration
@@ -264,14 +293,22 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
         options = dict(EMBEDDED_SAMPLING) if is_embedded else {}  # the embedded model's evaluated settings
         options.update({k: job.sampling[k] for k in SAMPLING_KEYS if job.sampling.get(k) is not None})
         settings = {
-            "model": "embedded" if is_embedded else (job.model if family_of_tiny_model(job.model) is not None
-                                                     else str(Path(job.model).resolve())),
-            "pipeline": type(pipe).__name__, "height": height, "width": width,
+            "model": "embedded"
+            if is_embedded
+            else (job.model if family_of_tiny_model(job.model) is not None else str(Path(job.model).resolve())),
+            "pipeline": type(pipe).__name__,
+            "height": height,
+            "width": width,
             **_sampling_settings(pipe, options),
             "acceleration": job.accel or "baseline",
-            "acceleration_config": None if acceleration is None else
-            {"_class_name": type(acceleration).__name__, **{k: v for k, v in acceleration.config.items() if not k.startswith("_")}},
-            "dtype": job.dtype, "device_type": torch.device(device).type,
+            "acceleration_config": None
+            if acceleration is None
+            else {
+                "_class_name": type(acceleration).__name__,
+                **{k: v for k, v in acceleration.config.items() if not k.startswith("_")},
+            },
+            "dtype": job.dtype,
+            "device_type": torch.device(device).type,
         }
         settings = _json_normal(settings)
 
@@ -285,9 +322,11 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
         state.wait_for_everyone()  # every process has read the folder before the main process changes it
         same_run = old_settings is None or not _differences(old_settings, settings)
         if not same_run and not job.overwrite:
-            raise UserInputError(f"--output {out_dir} holds images generated with other settings ("
-                                 + "; ".join(_differences(old_settings, settings))
-                                 + "); pass another --output, or --overwrite to delete them and start afresh")
+            raise UserInputError(
+                f"--output {out_dir} holds images generated with other settings ("
+                + "; ".join(_differences(old_settings, settings))
+                + "); pass another --output, or --overwrite to delete them and start afresh"
+            )
         if not same_run:  # --overwrite
             if state.is_main_process:
                 for record in old_records:
@@ -297,7 +336,9 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
                 for stale in [out_dir / MANIFEST_NAME, *_journal_files(out_dir)]:
                     stale.unlink(missing_ok=True)
             old_records = []
-        finished = {r["file"]: r for r in old_records if isinstance(r, dict) and (out_dir / str(r.get("file"))).is_file()}
+        finished = {
+            r["file"]: r for r in old_records if isinstance(r, dict) and (out_dir / str(r.get("file"))).is_file()
+        }
         if state.is_main_process:
             _make_output_folder(out_dir)
             remove_stale_temporaries(out_dir)  # what a killed earlier run was writing (never a finished image)
@@ -314,31 +355,47 @@ def run_generate_job(job: GenerateJob, load_pipeline: Callable[[Optional[str], s
         mine = process_share(state, items)
         todo = [item for item in mine if item["file"] not in finished]
         if not todo and mine:
-            print(f"{out_dir}: all {len(mine)} of this run's images are already there (same settings): nothing to "
-                  "generate", file=sys.stderr)
+            print(
+                f"{out_dir}: all {len(mine)} of this run's images are already there (same settings): nothing to "
+                "generate",
+                file=sys.stderr,
+            )
         elif len(todo) < len(mine):
-            print(f"{out_dir}: {len(mine) - len(todo)} of this run's {len(mine)} images are already there (same settings); "
-                  f"generating the other {len(todo)}", file=sys.stderr)
+            print(
+                f"{out_dir}: {len(mine) - len(todo)} of this run's {len(mine)} images are already there (same settings); "
+                f"generating the other {len(todo)}",
+                file=sys.stderr,
+            )
         if acceleration is not None:
             options["acceleration"] = acceleration
         journal = out_dir / f".generations-process{state.process_index}.jsonl"
         for first in range(0, len(todo), job.batch_size):
-            batch = todo[first:first + job.batch_size]
-            generators = [torch.Generator("cpu").manual_seed(item["seed"]) for item in batch]  # each image its own seed
+            batch = todo[first : first + job.batch_size]
+            generators = [
+                torch.Generator("cpu").manual_seed(item["seed"]) for item in batch
+            ]  # each image its own seed
             start = time.perf_counter()
             with user_errors("", job.debug):
                 if len(batch) == 1:
-                    images = pipe(batch[0]["prompt"], height=height, width=width, generator=generators[0], **options).images
+                    images = pipe(
+                        batch[0]["prompt"], height=height, width=width, generator=generators[0], **options
+                    ).images
                 else:
-                    images = pipe([item["prompt"] for item in batch], height=height, width=width, generator=generators,
-                                  **options).images
+                    images = pipe(
+                        [item["prompt"] for item in batch], height=height, width=width, generator=generators, **options
+                    ).images
             seconds = (time.perf_counter() - start) / len(batch)
             for item, image in zip(batch, images):
                 path = out_dir / item["file"]
                 with atomic_file(path) as tmp:  # a killed run leaves no half-written image behind
                     image.save(tmp)
-                record = {"prompt": item["prompt"], "seed": item["seed"], "file": item["file"],
-                          "seconds": round(seconds, 3), "process": state.process_index}
+                record = {
+                    "prompt": item["prompt"],
+                    "seed": item["seed"],
+                    "file": item["file"],
+                    "seconds": round(seconds, 3),
+                    "process": state.process_index,
+                }
                 with journal.open("a", encoding="utf-8") as stream:
                     stream.write(json.dumps(record) + "\n")
                 print(f"{path}  ({seconds:.2f} s)  {item['prompt']}")

@@ -49,11 +49,12 @@ HUB_SHIM_FILE = "pipeline.py"
 #: Module name of the shim in ``model_index.json`` (``"_class_name": ["pipeline", "<class>"]``).
 HUB_SHIM_MODULE = HUB_SHIM_FILE[: -len(".py")]
 
-_SHIM_LINE = "from diffusers_var_accel import {name}  # noqa: F401 - the installed package's class; nothing else runs\n"
+_SHIM_LINE = (
+    "from diffusers_var_accel import {name}  # noqa: F401 - the installed package's class; nothing else runs\n"
+)
 
 #: The metrics a benchmark record may carry, in the order of the model card's table.
 RESULT_FIELDS = ("speedup", "tflops", "psnr", "ssim", "accuracy")
-
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -68,8 +69,10 @@ def _method_titles() -> str:
 def _read_index(folder: PathLike) -> Dict[str, Any]:
     path = Path(folder) / "model_index.json"
     if not path.is_file():
-        raise ValueError(f"{folder} has no model_index.json: save a pipeline there first (pipe.save_pretrained) or "
-                         "convert official checkpoints (scripts/convert_*_original.py)")
+        raise ValueError(
+            f"{folder} has no model_index.json: save a pipeline there first (pipe.save_pretrained) or "
+            "convert official checkpoints (scripts/convert_*_original.py)"
+        )
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -88,7 +91,9 @@ def pipeline_class(folder: PathLike):
     name = stored[1] if isinstance(stored, (list, tuple)) and len(stored) == 2 else stored
     classes = {cls.__name__: cls for cls in (family.pipeline_class() for family in MODEL_FAMILIES.values())}
     if name not in classes:
-        raise ValueError(f"{folder}/model_index.json names the pipeline {stored!r}; diffusers_var_accel provides {sorted(classes)}")
+        raise ValueError(
+            f"{folder}/model_index.json names the pipeline {stored!r}; diffusers_var_accel provides {sorted(classes)}"
+        )
     return classes[name]
 
 
@@ -124,7 +129,11 @@ def holds_own_shim(path_or_repo: PathLike, class_name: str, **hub_kwargs) -> boo
             return False
     from huggingface_hub import hf_hub_download
 
-    kwargs = {k: hub_kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if hub_kwargs.get(k) is not None}
+    kwargs = {
+        k: hub_kwargs[k]
+        for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder")
+        if hub_kwargs.get(k) is not None
+    }
     try:
         index_path = hf_hub_download(str(path_or_repo), "model_index.json", **kwargs)
         stored = json.loads(Path(index_path).read_text(encoding="utf-8")).get("_class_name")
@@ -248,8 +257,10 @@ def read_benchmark_results(results: Union[PathLike, Dict[str, Any], List[Any]]) 
     run = data.get("run") if isinstance(data, dict) and isinstance(data.get("run"), dict) else {}
     raw = _raw_records(data)
     if not raw:
-        raise ValueError("the benchmark results hold no per-method records (expected a list of {'method': ..., "
-                         "'speedup': ..., ...} or an object with a 'methods' / 'results' list)")
+        raise ValueError(
+            "the benchmark results hold no per-method records (expected a list of {'method': ..., "
+            "'speedup': ..., ...} or an object with a 'methods' / 'results' list)"
+        )
     records = []
     for i, (key, rec) in enumerate(raw):
         if not isinstance(rec, dict):
@@ -260,15 +271,29 @@ def read_benchmark_results(results: Union[PathLike, Dict[str, Any], List[Any]]) 
         fidelity = rec.get("fidelity") if isinstance(rec.get("fidelity"), dict) else {}
         scorer = rec.get("scorer") if isinstance(rec.get("scorer"), dict) else {}
         accuracy = _number(_first(rec.get("accuracy"), scorer.get("accuracy")), method, "accuracy")
-        records.append({
-            "method": method,
-            "speedup": _number(_first(rec.get("speedup"), rec.get("speed_up")), method, "speedup"),
-            "tflops": _tflops(rec, method),
-            "psnr": _number(_first(rec.get("psnr"), rec.get("psnr_mean"), fidelity.get("psnr_mean"), fidelity.get("psnr")), method, "psnr"),
-            "ssim": _number(_first(rec.get("ssim"), rec.get("ssim_mean"), fidelity.get("ssim_mean"), fidelity.get("ssim")), method, "ssim"),
-            "accuracy": accuracy / 100 if accuracy is not None and accuracy > 1 else accuracy,
-        })
-    context = {k: run[k] for k in ("model", "device_name", "device", "dtype", "height", "width", "num_items") if run.get(k) is not None}
+        records.append(
+            {
+                "method": method,
+                "speedup": _number(_first(rec.get("speedup"), rec.get("speed_up")), method, "speedup"),
+                "tflops": _tflops(rec, method),
+                "psnr": _number(
+                    _first(rec.get("psnr"), rec.get("psnr_mean"), fidelity.get("psnr_mean"), fidelity.get("psnr")),
+                    method,
+                    "psnr",
+                ),
+                "ssim": _number(
+                    _first(rec.get("ssim"), rec.get("ssim_mean"), fidelity.get("ssim_mean"), fidelity.get("ssim")),
+                    method,
+                    "ssim",
+                ),
+                "accuracy": accuracy / 100 if accuracy is not None and accuracy > 1 else accuracy,
+            }
+        )
+    context = {
+        k: run[k]
+        for k in ("model", "device_name", "device", "dtype", "height", "width", "num_items")
+        if run.get(k) is not None
+    }
     return {"records": records, "run": context}
 
 
@@ -371,36 +396,61 @@ def make_model_card(
     from .schedulers.registry import METHODS
 
     presets = {method: f"{preset_model}/{method}" for method in sorted(METHODS) if family in METHODS[method].presets}
-    configs = {method: load_preset_config(name) if is_preset_name(name) else METHODS[method].from_preset(family).to_dict()
-               for method, name in presets.items()}
+    configs = {
+        method: load_preset_config(name) if is_preset_name(name) else METHODS[method].from_preset(family).to_dict()
+        for method, name in presets.items()
+    }
     in_folder = sorted(m for m in presets if (folder / m / "acceleration_config.json").is_file())
     bench = read_benchmark_results(results) if results is not None else None
     calibrated = [read_calibration(c) for c in calibrations]
 
-    card_tags = ["text-to-image", "visual-autoregressive", "next-scale-prediction", "training-free-acceleration",
-                 "diffusers-var-accel", family, *presets]
+    card_tags = [
+        "text-to-image",
+        "visual-autoregressive",
+        "next-scale-prediction",
+        "training-free-acceleration",
+        "diffusers-var-accel",
+        family,
+        *presets,
+    ]
     card_tags += [t for t in tags if t not in card_tags]
     metadata: Dict[str, Any] = {
         "acceleration_presets": {
-            method: {"preset": name, "scheduler": configs[method]["_class_name"],
-                     "settings": {k: v for k, v in configs[method].items() if not k.startswith("_")}}
+            method: {
+                "preset": name,
+                "scheduler": configs[method]["_class_name"],
+                "settings": {k: v for k, v in configs[method].items() if not k.startswith("_")},
+            }
             for method, name in presets.items()
         }
     }
     if calibrated:
         metadata["acceleration_calibrations"] = [
             {k: _yaml_value(v) if isinstance(v, float) else v for k, v in c.items() if v is not None and k != "file"}
-            for c in calibrated]
+            for c in calibrated
+        ]
     if bench is not None:
-        metadata["acceleration_results"] = [{k: _yaml_value(v) for k, v in r.items() if v is not None} for r in bench["records"]]
-    data = ModelCardData(library_name=library_name, pipeline_tag="text-to-image", license=license, base_model=base_model,
-                         tags=card_tags, **metadata)
+        metadata["acceleration_results"] = [
+            {k: _yaml_value(v) for k, v in r.items() if v is not None} for r in bench["records"]
+        ]
+    data = ModelCardData(
+        library_name=library_name,
+        pipeline_tag="text-to-image",
+        license=license,
+        base_model=base_model,
+        tags=card_tags,
+        **metadata,
+    )
 
     name, about = (MODEL_FAMILIES[family].title, MODEL_FAMILIES[family].description)
     shim = has_hub_shim(folder)
-    lines = [f"# {title}", "",
-             f"{name}, {about}, in the format of `diffusers_var_accel` ({__version__}), loaded by its `{cls.__name__}`: "
-             f"🤗 Diffusers-style pipelines with training-free acceleration schedulers ({_method_titles()}).", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"{name}, {about}, in the format of `diffusers_var_accel` ({__version__}), loaded by its `{cls.__name__}`: "
+        f"🤗 Diffusers-style pipelines with training-free acceleration schedulers ({_method_titles()}).",
+        "",
+    ]
     if example_prompt is None:
         example_prompt = "two red circles" if _is_embedded_copy(folder) else "a red fox in the snow"
     lines += _usage_section(cls.__name__, repo_id, shim, presets, in_folder, example_prompt)
@@ -414,8 +464,14 @@ def make_model_card(
     return ModelCard(content)
 
 
-def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_presets: bool = False,
-                     calibrations: Sequence[PathLike] = (), **card_kwargs) -> Path:
+def write_model_card(
+    folder: PathLike,
+    results=None,
+    shim: bool = True,
+    copy_presets: bool = False,
+    calibrations: Sequence[PathLike] = (),
+    **card_kwargs,
+) -> Path:
     """Write ``README.md`` (the model card) into a saved pipeline folder, with the Hub shim and optionally the presets.
 
     Args:
@@ -458,6 +514,7 @@ def write_model_card(folder: PathLike, results=None, shim: bool = True, copy_pre
 
 def _is_embedded_copy(folder: Path) -> bool:
     """Whether ``folder``'s transformer has the packaged embedded (shapes) model's configuration."""
+
     def config(path: Path) -> Optional[Dict[str, Any]]:
         try:
             data = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
@@ -469,45 +526,82 @@ def _is_embedded_copy(folder: Path) -> bool:
     return own is not None and own == config(EMBEDDED_MODEL_PATH)
 
 
-def _usage_section(class_name: str, repo_id: str, shim: bool, presets: Dict[str, str], in_folder: Iterable[str],
-                   prompt: str = "a red fox in the snow") -> List[str]:
+def _usage_section(
+    class_name: str,
+    repo_id: str,
+    shim: bool,
+    presets: Dict[str, str],
+    in_folder: Iterable[str],
+    prompt: str = "a red fox in the snow",
+) -> List[str]:
     method = "lazyvar" if "lazyvar" in presets else next(iter(presets), None)
     others = " / ".join(f"enable_{m}()" for m in presets if m != method)
-    lines = ["## Usage", "", f"Needs the `diffusers_var_accel` package (version {__version__} or later) installed.", "",
-             "```python", "import torch", f"from diffusers_var_accel import {class_name}", "",
-             f'pipe = {class_name}.from_pretrained("{repo_id}")']
+    lines = [
+        "## Usage",
+        "",
+        f"Needs the `diffusers_var_accel` package (version {__version__} or later) installed.",
+        "",
+        "```python",
+        "import torch",
+        f"from diffusers_var_accel import {class_name}",
+        "",
+        f'pipe = {class_name}.from_pretrained("{repo_id}")',
+    ]
     if method is not None:
         lines += [f"pipe.enable_{method}()" + (f"   # or {others}" if others else "")]
-    lines += [f'image = pipe({json.dumps(prompt)}, generator=torch.Generator().manual_seed(0)).images[0]',
-              "pipe.disable_acceleration()   # the baseline again, bit for bit", "```", ""]
+    lines += [
+        f"image = pipe({json.dumps(prompt)}, generator=torch.Generator().manual_seed(0)).images[0]",
+        "pipe.disable_acceleration()   # the baseline again, bit for bit",
+        "```",
+        "",
+    ]
     if shim:
-        lines += ["With diffusers' generic loader (the repo's `pipeline.py` is one line, "
-                  f"`from diffusers_var_accel import {class_name}`; it is why diffusers asks for `trust_remote_code=True`; "
-                  f"`{class_name}.from_pretrained` above checks that file and needs no flag):", "", "```python",
-                  "from diffusers import DiffusionPipeline", "",
-                  f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)   # returns a {class_name}',
-                  "```", ""]
+        lines += [
+            "With diffusers' generic loader (the repo's `pipeline.py` is one line, "
+            f"`from diffusers_var_accel import {class_name}`; it is why diffusers asks for `trust_remote_code=True`; "
+            f"`{class_name}.from_pretrained` above checks that file and needs no flag):",
+            "",
+            "```python",
+            "from diffusers import DiffusionPipeline",
+            "",
+            f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)   # returns a {class_name}',
+            "```",
+            "",
+        ]
     if method is not None:
         scheduler = load_preset_config(presets[method])["_class_name"]
         source = f'"{repo_id}", subfolder="{method}"' if method in in_folder else f'"{presets[method]}"'
-        lines += ["A preset as a scheduler object, with overrides, for one call:", "", "```python",
-                  f"from diffusers_var_accel import {scheduler}", "",
-                  f"{method} = {scheduler}.from_pretrained({source})   # keyword arguments override its settings",
-                  f'image = pipe({json.dumps(prompt)}, acceleration={method}).images[0]', "```", ""]
+        lines += [
+            "A preset as a scheduler object, with overrides, for one call:",
+            "",
+            "```python",
+            f"from diffusers_var_accel import {scheduler}",
+            "",
+            f"{method} = {scheduler}.from_pretrained({source})   # keyword arguments override its settings",
+            f"image = pipe({json.dumps(prompt)}, acceleration={method}).images[0]",
+            "```",
+            "",
+        ]
     return lines
 
 
-def _presets_section(name: str, preset_model: str, presets: Dict[str, str], configs: Dict[str, Dict[str, Any]],
-                     in_folder: Sequence[str]) -> List[str]:
-    lines = ["## Acceleration presets", "",
-             f"Packaged with `diffusers_var_accel` and tuned for `{preset_model}`; their scale indices count from the end "
-             f"of the schedule, so they also run on other {name} models and resolutions. `pipe.enable_<method>()` "
-             "attaches them."]
+def _presets_section(
+    name: str, preset_model: str, presets: Dict[str, str], configs: Dict[str, Dict[str, Any]], in_folder: Sequence[str]
+) -> List[str]:
+    lines = [
+        "## Acceleration presets",
+        "",
+        f"Packaged with `diffusers_var_accel` and tuned for `{preset_model}`; their scale indices count from the end "
+        f"of the schedule, so they also run on other {name} models and resolutions. `pipe.enable_<method>()` "
+        "attaches them.",
+    ]
     if in_folder:
         lines += [f"This repo also holds them as `<method>/acceleration_config.json` ({', '.join(in_folder)})."]
     lines += ["", "| method | preset | scheduler | settings |", "| --- | --- | --- | --- |"]
     for method, preset in presets.items():
-        settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in configs[method].items() if not k.startswith("_") and k != "model_family")
+        settings = ", ".join(
+            f"{k}={json.dumps(v)}" for k, v in configs[method].items() if not k.startswith("_") and k != "model_family"
+        )
         lines.append(f"| {method} | `{preset}` | `{configs[method]['_class_name']}` | {settings} |")
     return lines + [""]
 
@@ -516,25 +610,43 @@ def _results_section(bench: Dict[str, Any], family_preset_model: Optional[str] =
     flops = [r["tflops"] for r in bench["records"] if r["tflops"] is not None]
     # a small model's FLOPs in GFLOPs (the embedded model's 0.007 TFLOPs would print as 0.00)
     giga = bool(flops) and max(flops) < 1.0
-    formats = {"speedup": lambda v: f"{v:.2f}×", "tflops": (lambda v: f"{1e3 * v:.2f}") if giga else (lambda v: f"{v:.2f}"),
-               "psnr": lambda v: "∞ (identical)" if math.isinf(v) else f"{v:.2f}", "ssim": lambda v: f"{v:.4f}",
-               "accuracy": lambda v: f"{100 * v:.1f} %"}
-    heads = {"speedup": "speed-up", "tflops": "GFLOPs" if giga else "TFLOPs", "psnr": "PSNR (dB)", "ssim": "SSIM",
-             "accuracy": "accuracy"}
+    formats = {
+        "speedup": lambda v: f"{v:.2f}×",
+        "tflops": (lambda v: f"{1e3 * v:.2f}") if giga else (lambda v: f"{v:.2f}"),
+        "psnr": lambda v: "∞ (identical)" if math.isinf(v) else f"{v:.2f}",
+        "ssim": lambda v: f"{v:.4f}",
+        "accuracy": lambda v: f"{100 * v:.1f} %",
+    }
+    heads = {
+        "speedup": "speed-up",
+        "tflops": "GFLOPs" if giga else "TFLOPs",
+        "psnr": "PSNR (dB)",
+        "ssim": "SSIM",
+        "accuracy": "accuracy",
+    }
     fields = [f for f in RESULT_FIELDS if any(r[f] is not None for r in bench["records"])]
     lines = ["## Measured", ""]
     run = bench["run"]
     if run:
         lines += ["Benchmark run: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in run.items()) + ".", ""]
     if run.get("model") == EMBEDDED_PRESET_MODEL and family_preset_model != EMBEDDED_PRESET_MODEL:
-        lines += [f"Measured on the packaged embedded model, whose methods run its own calibrated presets "
-                  f"(`{EMBEDDED_PRESET_MODEL}/<method>`), not the `{family_preset_model}/<method>` presets above "
-                  f"(load those with e.g. `LazyVARScheduler.from_pretrained(\"{EMBEDDED_PRESET_MODEL}/lazyvar\")`).", ""]
+        lines += [
+            f"Measured on the packaged embedded model, whose methods run its own calibrated presets "
+            f"(`{EMBEDDED_PRESET_MODEL}/<method>`), not the `{family_preset_model}/<method>` presets above "
+            f'(load those with e.g. `LazyVARScheduler.from_pretrained("{EMBEDDED_PRESET_MODEL}/lazyvar")`).',
+            "",
+        ]
     lines += ["| method | " + " | ".join(heads[f] for f in fields) + " |", "| --- |" + " --- |" * len(fields)]
     for r in bench["records"]:
-        lines.append(f"| {r['method']} | " + " | ".join("–" if r[f] is None else formats[f](r[f]) for f in fields) + " |")
-    return lines + ["", "PSNR / SSIM compare with the baseline image of the same prompt and seed; speed-up is the baseline's "
-                        "time over the method's on the same machine.", ""]
+        lines.append(
+            f"| {r['method']} | " + " | ".join("–" if r[f] is None else formats[f](r[f]) for f in fields) + " |"
+        )
+    return lines + [
+        "",
+        "PSNR / SSIM compare with the baseline image of the same prompt and seed; speed-up is the baseline's "
+        "time over the method's on the same machine.",
+        "",
+    ]
 
 
 def read_calibration(path: PathLike) -> Dict[str, Any]:
@@ -557,45 +669,82 @@ def read_calibration(path: PathLike) -> Dict[str, Any]:
         raise ValueError(f"{file}: not a readable calibration.json of var-accel calibrate ({err})") from None
     chosen = record.get("chosen") if isinstance(record, dict) else None
     if not isinstance(chosen, dict) or not isinstance(record.get("method"), str):
-        raise ValueError(f"{file}: holds no chosen setting (a 'method' and a 'chosen' object); var-accel calibrate "
-                         "writes one when a setting meets the budget")
+        raise ValueError(
+            f"{file}: holds no chosen setting (a 'method' and a 'chosen' object); var-accel calibrate "
+            "writes one when a setting meets the budget"
+        )
     config_file = file.parent / "acceleration_config.json"
     try:
         scheduler = json.loads(config_file.read_text(encoding="utf-8"))["_class_name"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{config_file}: the chosen scheduler's configuration beside {file.name} is missing or "
-                         f"unreadable ({err})") from None
+        raise ValueError(
+            f"{config_file}: the chosen scheduler's configuration beside {file.name} is missing or unreadable ({err})"
+        ) from None
     budget = record.get("budget") or {}
-    return {"method": record["method"], "subfolder": record["method"], "scheduler": scheduler,
-            "settings": chosen.get("settings"), "target_flops_ratio": budget.get("target_flops_ratio"),
-            "target_speedup": budget.get("target_speedup"),
-            **{key: _number(chosen.get(field), record["method"], key) for key, field in
-               (("flops_ratio", "flops_ratio"), ("speedup", "speedup"), ("ssim", "ssim_mean"), ("psnr", "psnr_mean"),
-                ("accuracy", "accuracy"))},
-            "prompts": len(record.get("prompts") or []), "seeds": len(record.get("seeds") or []), "file": str(file)}
+    return {
+        "method": record["method"],
+        "subfolder": record["method"],
+        "scheduler": scheduler,
+        "settings": chosen.get("settings"),
+        "target_flops_ratio": budget.get("target_flops_ratio"),
+        "target_speedup": budget.get("target_speedup"),
+        **{
+            key: _number(chosen.get(field), record["method"], key)
+            for key, field in (
+                ("flops_ratio", "flops_ratio"),
+                ("speedup", "speedup"),
+                ("ssim", "ssim_mean"),
+                ("psnr", "psnr_mean"),
+                ("accuracy", "accuracy"),
+            )
+        },
+        "prompts": len(record.get("prompts") or []),
+        "seeds": len(record.get("seeds") or []),
+        "file": str(file),
+    }
 
 
 def _calibrations_section(calibrated: List[Dict[str, Any]], repo_id: str) -> List[str]:
-    lines = ["## Calibrated settings", "",
-             "Found with `var-accel calibrate` for this model: the setting closest to the baseline image (SSIM, PSNR"
-             " to the baseline image of the same prompt and seed) whose counted FLOPs ratio and/or measured speed-up"
-             " meets the budget. Load one with `from_pretrained(repo, subfolder=...)`.", "",
-             "| method | budget | counted FLOPs ratio | speed-up | SSIM | PSNR (dB) | accuracy | prompts x seeds | load |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "## Calibrated settings",
+        "",
+        "Found with `var-accel calibrate` for this model: the setting closest to the baseline image (SSIM, PSNR"
+        " to the baseline image of the same prompt and seed) whose counted FLOPs ratio and/or measured speed-up"
+        " meets the budget. Load one with `from_pretrained(repo, subfolder=...)`.",
+        "",
+        "| method | budget | counted FLOPs ratio | speed-up | SSIM | PSNR (dB) | accuracy | prompts x seeds | load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for c in calibrated:
-        budget = ", ".join(t for t in (f"FLOPs >= {c['target_flops_ratio']:g}x" if c["target_flops_ratio"] else "",
-                                       f"speed-up >= {c['target_speedup']:g}x" if c["target_speedup"] else "") if t)
-        cells = [f"{c['flops_ratio']:.2f}×" if c["flops_ratio"] else "–", f"{c['speedup']:.2f}×" if c["speedup"] else "–",
-                 f"{c['ssim']:.3f}" if c["ssim"] is not None else "–", f"{c['psnr']:.2f}" if c["psnr"] is not None else "–",
-                 f"{100 * c['accuracy']:.0f} %" if c["accuracy"] is not None else "–"]
+        budget = ", ".join(
+            t
+            for t in (
+                f"FLOPs >= {c['target_flops_ratio']:g}x" if c["target_flops_ratio"] else "",
+                f"speed-up >= {c['target_speedup']:g}x" if c["target_speedup"] else "",
+            )
+            if t
+        )
+        cells = [
+            f"{c['flops_ratio']:.2f}×" if c["flops_ratio"] else "–",
+            f"{c['speedup']:.2f}×" if c["speedup"] else "–",
+            f"{c['ssim']:.3f}" if c["ssim"] is not None else "–",
+            f"{c['psnr']:.2f}" if c["psnr"] is not None else "–",
+            f"{100 * c['accuracy']:.0f} %" if c["accuracy"] is not None else "–",
+        ]
         load = f'`{c["scheduler"]}.from_pretrained("{repo_id}", subfolder="{c["subfolder"]}")`'
-        lines.append(f"| {c['method']} | {budget} | " + " | ".join(cells) + f" | {c['prompts']} x {c['seeds']} | {load} |")
+        lines.append(
+            f"| {c['method']} | {budget} | " + " | ".join(cells) + f" | {c['prompts']} x {c['seeds']} | {load} |"
+        )
     return lines + [""]
 
 
 def _components_section(folder: Path) -> List[str]:
     index = _read_index(folder)
-    rows = [(k, v) for k, v in sorted(index.items()) if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0]]
+    rows = [
+        (k, v)
+        for k, v in sorted(index.items())
+        if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0]
+    ]
     lines = ["## Components", "", "| component | library | class |", "| --- | --- | --- |"]
     lines += [f"| `{k}` | `{lib}` | `{name}` |" for k, (lib, name) in rows]
     return lines + [""]

@@ -52,8 +52,11 @@ def load_pipeline(model: Optional[str], device: str, dtype: str):
     if model is None or model in EMBEDDED_MODEL_NAMES:
         return load_embedded_pipeline(dtype=torch_dtype).to(device)
     if tiny_family is not None:
-        print(f"Using a tiny {tiny_family.title} pipeline with RANDOM weights (built locally, no download). Its images "
-              "are noise-like; pass --model <converted folder> for a real checkpoint.", file=sys.stderr)
+        print(
+            f"Using a tiny {tiny_family.title} pipeline with RANDOM weights (built locally, no download). Its images "
+            "are noise-like; pass --model <converted folder> for a real checkpoint.",
+            file=sys.stderr,
+        )
         pipe = tiny_family.build_tiny_pipeline(seed=0)
         for component in pipe.components.values():  # --dtype holds for the tiny models too (built in float32)
             if isinstance(component, torch.nn.Module):
@@ -65,16 +68,20 @@ def load_pipeline(model: Optional[str], device: str, dtype: str):
         index = Path(model) / "model_index.json"
         if not index.is_file():
             converts = " or ".join(f"'var-accel convert {name} ...'" for name in MODEL_FAMILIES)
-            raise ValueError(f"--model {model}: no model_index.json there; convert official checkpoints first with "
-                             f"{converts} (see var-accel convert --help), or pass {model_names_hint()}")
+            raise ValueError(
+                f"--model {model}: no model_index.json there; convert official checkpoints first with "
+                f"{converts} (see var-accel convert --help), or pass {model_names_hint()}"
+            )
         cls = pipeline_class(model)  # plain or Hub-shim form (["pipeline", "<class>"]) of model_index.json
         # A folder with the Hub shim (hub.write_hub_shim) makes diffusers execute its pipeline.py, which is the
         # one-line import of our own class: loading it needs trust_remote_code=True. Only our exact shim is trusted.
         shim_form = isinstance(json.loads(index.read_text()).get("_class_name"), list)
         if shim_form and not has_hub_shim(model):
-            raise ValueError(f"--model {model}: model_index.json is in Hub-shim form but pipeline.py is not the "
-                             "diffusers_var_accel shim; restore it with diffusers_var_accel.hub.write_hub_shim(folder, "
-                             "overwrite=True) or undo it with diffusers_var_accel.hub.remove_hub_shim(folder)")
+            raise ValueError(
+                f"--model {model}: model_index.json is in Hub-shim form but pipeline.py is not the "
+                "diffusers_var_accel shim; restore it with diffusers_var_accel.hub.write_hub_shim(folder, "
+                "overwrite=True) or undo it with diffusers_var_accel.hub.remove_hub_shim(folder)"
+            )
         options = {"trust_remote_code": True} if shim_form else {}
         pipe = cls.from_pretrained(model, dtype=torch_dtype, **options)
     return pipe.to(device)

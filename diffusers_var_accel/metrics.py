@@ -55,7 +55,7 @@ def ssim(image: ImageLike, reference: ImageLike, window: int = 11, sigma: float 
     def blur(t):
         return F.conv2d(t, kernel, groups=C)
 
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    c1, c2 = 0.01**2, 0.03**2
     mu_x, mu_y = blur(x), blur(y)
     var_x = blur(x * x) - mu_x.pow(2)
     var_y = blur(y * y) - mu_y.pow(2)

@@ -44,8 +44,10 @@ MAX_REPEATS = 5
 MAX_METHODS = 8
 
 #: What the page says when Gradio is missing.
-GRADIO_MISSING = ("var-accel serve needs Gradio, an optional extra: pip install \"diffusers-var-accel[app]\" "
-                  "(from a source checkout: pip install -e \".[app]\")")
+GRADIO_MISSING = (
+    'var-accel serve needs Gradio, an optional extra: pip install "diffusers-var-accel[app]" '
+    '(from a source checkout: pip install -e ".[app]")'
+)
 
 
 def _import_gradio():
@@ -102,13 +104,17 @@ class ComparisonService:
         try:
             edited = json.loads(settings_json) if settings_json and settings_json.strip() else {}
         except json.JSONDecodeError as err:
-            raise ValueError(f"the settings are not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                             "they must be an object {\"method\": {\"setting\": value}}") from None
+            raise ValueError(
+                f"the settings are not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                'they must be an object {"method": {"setting": value}}'
+            ) from None
         if not isinstance(edited, dict) or not all(isinstance(v, dict) for v in edited.values()):
-            raise ValueError("the settings must be a JSON object of objects: {\"method\": {\"setting\": value}}")
+            raise ValueError('the settings must be a JSON object of objects: {"method": {"setting": value}}')
         stray = [m for m in edited if m not in picked]
         if stray:
-            raise ValueError(f"the settings name methods that are not ticked: {stray}; tick them or remove their entries")
+            raise ValueError(
+                f"the settings name methods that are not ticked: {stray}; tick them or remove their entries"
+            )
         out: Dict[str, Any] = {}
         for name in picked:
             preset = self.preset(name)
@@ -127,8 +133,9 @@ class ComparisonService:
         for spec in split_acceleration_specs(extra_specs or ""):
             if spec in out:
                 raise ValueError(f"{spec!r} is asked twice")
-            out[spec] = load_acceleration(spec, self.pipe.model_family,
-                                          preset_model=getattr(self.pipe, "preset_model", None))
+            out[spec] = load_acceleration(
+                spec, self.pipe.model_family, preset_model=getattr(self.pipe, "preset_model", None)
+            )
         if not out:
             raise ValueError("no method chosen: tick at least one method or type a spec under 'more methods'")
         if len(out) > MAX_METHODS:
@@ -138,8 +145,17 @@ class ComparisonService:
         return out
 
     # -- one request -------------------------------------------------------------------------------------------------
-    def run(self, prompt: str, seed: Any, size: str, picked: Sequence[str], settings_json: str, extra_specs: str,
-            repeats: Any, progress=None):
+    def run(
+        self,
+        prompt: str,
+        seed: Any,
+        size: str,
+        picked: Sequence[str],
+        settings_json: str,
+        extra_specs: str,
+        repeats: Any,
+        progress=None,
+    ):
         """One request: the :class:`~diffusers_var_accel.comparison.Comparison` (every input checked first)."""
         from .comparison import compare_methods
 
@@ -147,8 +163,18 @@ class ComparisonService:
         repeats = _integer("repeats", repeats, 1, MAX_REPEATS)
         height, width = parse_size(size)
         schedulers = self.schedulers(picked, settings_json, extra_specs)
-        return compare_methods(self.pipe, prompt, schedulers, seed=seed, repeats=repeats, sampling=self.sampling,
-                               height=height, width=width, progress=progress, lock=self.lock)
+        return compare_methods(
+            self.pipe,
+            prompt,
+            schedulers,
+            seed=seed,
+            repeats=repeats,
+            sampling=self.sampling,
+            height=height,
+            width=width,
+            progress=progress,
+            lock=self.lock,
+        )
 
     # -- calibrations --------------------------------------------------------------------------------------------------
     def frontier_plots(self, folder: Optional[Path] = None) -> List[Tuple[str, str]]:
@@ -199,13 +225,21 @@ def parse_size(size: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
     if len(parts) == 1:
         parts = parts * 2
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"size {size!r}: write it as HEIGHTxWIDTH (e.g. 1024x1024), one number for a square, or leave "
-                         "it empty for the model's own size")
+        raise ValueError(
+            f"size {size!r}: write it as HEIGHTxWIDTH (e.g. 1024x1024), one number for a square, or leave "
+            "it empty for the model's own size"
+        )
     return int(parts[0]), int(parts[1])
 
 
-def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu", dtype: str = "float32",
-              picked: Sequence[str] = DEFAULT_PICKED, repeats: int = 2):
+def build_app(
+    pipe: Any = None,
+    model: Optional[str] = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    picked: Sequence[str] = DEFAULT_PICKED,
+    repeats: int = 2,
+):
     """The Gradio app (``gr.Blocks``, queued: one generation at a time). ``pipe``: a pipeline, or loaded from
     ``model`` (``None``: the embedded model) on ``device`` in ``dtype``."""
     gr = _import_gradio()
@@ -232,8 +266,16 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
 
     def on_generate(prompt, seed, size, names, settings_json, extra, rounds, progress=gr.Progress()):
         try:
-            comparison = service.run(prompt, seed, size, names, settings_json, extra, rounds,
-                                     progress=lambda fraction, message: progress(fraction, desc=message))
+            comparison = service.run(
+                prompt,
+                seed,
+                size,
+                names,
+                settings_json,
+                extra,
+                rounds,
+                progress=lambda fraction, message: progress(fraction, desc=message),
+            )
         except Exception as err:  # noqa: BLE001 - never a traceback in the page
             raise gr.Error(_message(err))
         gallery = [(to_pil(r.image), caption(r)) for r in comparison.results]
@@ -242,14 +284,18 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
 
     title = "diffusers-var-accel: the baseline and acceleration methods side by side"
     with gr.Blocks(title="diffusers-var-accel") as demo:
-        shown = "embedded (the packaged shapes model)" if embedded else (
-            model or getattr(pipe, "name_or_path", None) or type(pipe).__name__)
-        gr.Markdown(f"# {title}\nModel: `{shown}` "
-                    f"({type(pipe).__name__}). Every method uses the same seed; time, FLOPs and fidelity are measured "
-                    "in the same request.")
+        shown = (
+            "embedded (the packaged shapes model)"
+            if embedded
+            else (model or getattr(pipe, "name_or_path", None) or type(pipe).__name__)
+        )
+        gr.Markdown(
+            f"# {title}\nModel: `{shown}` "
+            f"({type(pipe).__name__}). Every method uses the same seed; time, FLOPs and fidelity are measured "
+            "in the same request."
+        )
         with gr.Row():
-            prompt = gr.Textbox(label="prompt", value="two red circles", lines=2, scale=4,
-                                elem_id="prompt")
+            prompt = gr.Textbox(label="prompt", value="two red circles", lines=2, scale=4, elem_id="prompt")
             with gr.Column(scale=1):
                 seed = gr.Number(label="seed", value=0, precision=0, elem_id="seed")
                 size = gr.Textbox(label="size (HxW; empty: the model's own)", value="", elem_id="size")
@@ -257,14 +303,28 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
             methods = gr.CheckboxGroup(choices=service.methods, value=list(picked), label="methods", elem_id="methods")
             rounds = gr.Slider(1, MAX_REPEATS, value=repeats, step=1, label="timed rounds", elem_id="repeats")
         with gr.Accordion("settings of the ticked methods (editable JSON)", open=False):
-            settings = gr.Code(value=json.dumps(service.settings_of(picked), indent=2), language="json",
-                               label="settings", elem_id="settings", interactive=True)
-        extra = gr.Textbox(label="more methods (comma-separated specs: infinity-2b/lazyvar, "
-                                 "lazyvar:keep_ratios=[0.5,0.2], lazyvar+arvar, a scheduler folder)", value="",
-                           elem_id="extra")
+            settings = gr.Code(
+                value=json.dumps(service.settings_of(picked), indent=2),
+                language="json",
+                label="settings",
+                elem_id="settings",
+                interactive=True,
+            )
+        extra = gr.Textbox(
+            label="more methods (comma-separated specs: infinity-2b/lazyvar, "
+            "lazyvar:keep_ratios=[0.5,0.2], lazyvar+arvar, a scheduler folder)",
+            value="",
+            elem_id="extra",
+        )
         button = gr.Button("Generate", variant="primary", elem_id="generate")
-        gallery = gr.Gallery(label="images (baseline first)", columns=4, height=340, object_fit="contain",
-                             elem_id="images", format="png")
+        gallery = gr.Gallery(
+            label="images (baseline first)",
+            columns=4,
+            height=340,
+            object_fit="contain",
+            elem_id="images",
+            format="png",
+        )
         table = gr.Dataframe(headers=TABLE_HEADERS, label="numbers", interactive=False, elem_id="table")
         notes = gr.Markdown(elem_id="notes")
         plots = service.frontier_plots()
@@ -272,8 +332,13 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
             with gr.Accordion("speed-fidelity frontier of this model's calibrations", open=False):
                 gr.Gallery(value=plots, columns=2, height="auto", label="frontier", elem_id="frontier")
         methods.change(on_pick, inputs=methods, outputs=settings)
-        button.click(on_generate, inputs=[prompt, seed, size, methods, settings, extra, rounds],
-                     outputs=[gallery, table, notes], concurrency_limit=1, api_name="generate")
+        button.click(
+            on_generate,
+            inputs=[prompt, seed, size, methods, settings, extra, rounds],
+            outputs=[gallery, table, notes],
+            concurrency_limit=1,
+            api_name="generate",
+        )
     demo.queue(default_concurrency_limit=1)
     return demo
 
@@ -281,19 +346,32 @@ def build_app(pipe: Any = None, model: Optional[str] = None, device: str = "cpu"
 def _message(err: BaseException) -> str:
     """One line for the page: the error's own message (ours name the bad value and what is allowed)."""
     text = " ".join(str(err).split()) or type(err).__name__
-    return text if isinstance(err, (ValueError, KeyError, FileNotFoundError, ImportError)) else f"{type(err).__name__}: {text}"
+    return (
+        text
+        if isinstance(err, (ValueError, KeyError, FileNotFoundError, ImportError))
+        else f"{type(err).__name__}: {text}"
+    )
 
 
 def launch_options(host: str = "127.0.0.1", port: int = 7860) -> Dict[str, Any]:
     """The arguments of ``demo.launch`` for this page: the address, no server-side rendering (no Node.js needed) and a
     theme with system fonts only (no web fonts: the page works offline)."""
     gr = _import_gradio()
-    theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+    )
     return dict(server_name=host, server_port=port, ssr_mode=False, theme=theme, footer_links=["api"])
 
 
-def serve(model: Optional[str] = None, device: str = "cpu", dtype: str = "float32", host: str = "127.0.0.1",
-          port: int = 7860, picked: Sequence[str] = DEFAULT_PICKED, repeats: int = 2) -> None:
+def serve(
+    model: Optional[str] = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    picked: Sequence[str] = DEFAULT_PICKED,
+    repeats: int = 2,
+) -> None:
     """Build the app and serve it until interrupted."""
     demo = build_app(model=model, device=device, dtype=dtype, picked=picked, repeats=repeats)
     demo.launch(**launch_options(host, port))

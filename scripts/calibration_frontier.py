@@ -39,7 +39,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("calibrations", nargs="*", help="folders written by var-accel calibrate (calibration.json)")
     parser.add_argument("--budgets", default="1.5,2,3", help="counted-FLOPs ratios (default 1.5,2,3)")
-    parser.add_argument("--all", action="store_true", help="every setting tried in the calibrations, not only the chosen ones")
+    parser.add_argument(
+        "--all", action="store_true", help="every setting tried in the calibrations, not only the chosen ones"
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more acceleration specs (preset names, folders)")
     parser.add_argument("--num-prompts", type=int, default=200, help="the first N held-out prompts (default all 200)")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -68,48 +70,86 @@ def main(argv=None) -> int:
             for t in record["tried"]:
                 if "flops_ratio" in t:
                     label = f"{record['method']} {json.dumps(t['settings'], separators=(',', ':'))}"
-                    settings[label] = dict(scheduler=build_candidate(record["method"], t["settings"], "infinity"),
-                                           method=record["method"], settings=t["settings"], budgets=[],
-                                           calibration=dict(flops_ratio=t["flops_ratio"], ssim=t["ssim_mean"],
-                                                            psnr=t["psnr_mean"], accuracy=t.get("accuracy")),
-                                           source=portable_source(folder))
+                    settings[label] = dict(
+                        scheduler=build_candidate(record["method"], t["settings"], "infinity"),
+                        method=record["method"],
+                        settings=t["settings"],
+                        budgets=[],
+                        calibration=dict(
+                            flops_ratio=t["flops_ratio"],
+                            ssim=t["ssim_mean"],
+                            psnr=t["psnr_mean"],
+                            accuracy=t.get("accuracy"),
+                        ),
+                        source=portable_source(folder),
+                    )
             continue
         for budget in budgets:
             chosen = choose(record["tried"], budget, None, record.get("select", "ssim"))
             if chosen is None:
-                print(f"{record['method']} at {budget}x: unreachable (grid max "
-                      f"{max((t['flops_ratio'] for t in record['tried'] if 'flops_ratio' in t), default=0):.2f}x)", file=sys.stderr)
+                print(
+                    f"{record['method']} at {budget}x: unreachable (grid max "
+                    f"{max((t['flops_ratio'] for t in record['tried'] if 'flops_ratio' in t), default=0):.2f}x)",
+                    file=sys.stderr,
+                )
                 continue
             label = f"{record['method']} @{budget:g}x"
-            same = [k for k, v in settings.items() if v.get("method") == record["method"] and v.get("settings") == chosen["settings"]]
+            same = [
+                k
+                for k, v in settings.items()
+                if v.get("method") == record["method"] and v.get("settings") == chosen["settings"]
+            ]
             if same:
                 settings[same[0]]["budgets"].append(budget)
                 continue
-            settings[label] = dict(scheduler=build_candidate(record["method"], chosen["settings"], "infinity"),
-                                   method=record["method"], settings=chosen["settings"], budgets=[budget],
-                                   calibration=dict(flops_ratio=chosen["flops_ratio"], ssim=chosen["ssim_mean"],
-                                                    psnr=chosen["psnr_mean"], accuracy=chosen.get("accuracy"),
-                                                    prompts=len(record["prompts"]), seeds=record["seeds"]),
-                                   source=portable_source(folder))
+            settings[label] = dict(
+                scheduler=build_candidate(record["method"], chosen["settings"], "infinity"),
+                method=record["method"],
+                settings=chosen["settings"],
+                budgets=[budget],
+                calibration=dict(
+                    flops_ratio=chosen["flops_ratio"],
+                    ssim=chosen["ssim_mean"],
+                    psnr=chosen["psnr_mean"],
+                    accuracy=chosen.get("accuracy"),
+                    prompts=len(record["prompts"]),
+                    seeds=record["seeds"],
+                ),
+                source=portable_source(folder),
+            )
     for spec in args.extra:
         settings[spec] = dict(scheduler=load_acceleration(spec, "infinity"), source=spec)
 
     entries = heldout_prompts()[: args.num_prompts]
     first = entries[0]
     for name, entry in settings.items():
-        entry["flops"] = count_call_flops(pipe, first["prompt"], generator=torch.Generator().manual_seed(first["seed"]),
-                                          acceleration=entry["scheduler"], **EMBEDDED_SAMPLING)
+        entry["flops"] = count_call_flops(
+            pipe,
+            first["prompt"],
+            generator=torch.Generator().manual_seed(first["seed"]),
+            acceleration=entry["scheduler"],
+            **EMBEDDED_SAMPLING,
+        )
     images = {name: [] for name in settings}
     seconds = {name: 0.0 for name in settings}
-    pipe([e["prompt"] for e in entries[:2]], generator=[torch.Generator().manual_seed(0)] * 2, output_type="pt",
-         **EMBEDDED_SAMPLING)  # warm-up
+    pipe(
+        [e["prompt"] for e in entries[:2]],
+        generator=[torch.Generator().manual_seed(0)] * 2,
+        output_type="pt",
+        **EMBEDDED_SAMPLING,
+    )  # warm-up
     for start in range(0, len(entries), args.batch_size):
-        chunk = entries[start:start + args.batch_size]
+        chunk = entries[start : start + args.batch_size]
         for name, entry in settings.items():  # interleaved per chunk
             generators = [torch.Generator().manual_seed(int(e["seed"])) for e in chunk]
             began = time.perf_counter()
-            out = pipe([e["prompt"] for e in chunk], generator=generators, output_type="pt",
-                       acceleration=entry["scheduler"], **EMBEDDED_SAMPLING).images
+            out = pipe(
+                [e["prompt"] for e in chunk],
+                generator=generators,
+                output_type="pt",
+                acceleration=entry["scheduler"],
+                **EMBEDDED_SAMPLING,
+            ).images
             seconds[name] += time.perf_counter() - began
             images[name].append(out)
         print(f"{start + len(chunk)}/{len(entries)} prompts", file=sys.stderr, flush=True)
@@ -119,20 +159,36 @@ def main(argv=None) -> int:
     for name, entry in settings.items():
         got = torch.cat(images[name])
         report = score_batch(texts, [img.permute(1, 2, 0).clamp(0, 1).numpy() for img in got])
-        psnrs = [min(float(psnr(got[i:i + 1], base[i:i + 1])), 60.0) for i in range(len(texts))]
-        ssims = [float(ssim(got[i:i + 1], base[i:i + 1])) for i in range(len(texts))]
-        rows.append(dict(name=name, source=entry["source"], method=entry.get("method"), settings=entry.get("settings"),
-                         budgets=entry.get("budgets"), calibration=entry.get("calibration"),
-                         flops_ratio=settings["baseline"]["flops"] / entry["flops"],
-                         speedup=seconds["baseline"] / seconds[name], seconds_per_image=seconds[name] / len(texts),
-                         heldout_accuracy=report["overall"], heldout_per_category=report["per_category"],
-                         heldout_psnr=sum(psnrs) / len(psnrs), heldout_ssim=sum(ssims) / len(ssims), n=len(texts)))
-    print("| setting | budget | counted FLOPs ratio | CPU speed-up | held-out SSIM | held-out PSNR (dB) | held-out accuracy |")
+        psnrs = [min(float(psnr(got[i : i + 1], base[i : i + 1])), 60.0) for i in range(len(texts))]
+        ssims = [float(ssim(got[i : i + 1], base[i : i + 1])) for i in range(len(texts))]
+        rows.append(
+            dict(
+                name=name,
+                source=entry["source"],
+                method=entry.get("method"),
+                settings=entry.get("settings"),
+                budgets=entry.get("budgets"),
+                calibration=entry.get("calibration"),
+                flops_ratio=settings["baseline"]["flops"] / entry["flops"],
+                speedup=seconds["baseline"] / seconds[name],
+                seconds_per_image=seconds[name] / len(texts),
+                heldout_accuracy=report["overall"],
+                heldout_per_category=report["per_category"],
+                heldout_psnr=sum(psnrs) / len(psnrs),
+                heldout_ssim=sum(ssims) / len(ssims),
+                n=len(texts),
+            )
+        )
+    print(
+        "| setting | budget | counted FLOPs ratio | CPU speed-up | held-out SSIM | held-out PSNR (dB) | held-out accuracy |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         budget = ", ".join(f"{b:g}x" for b in r["budgets"]) if r["budgets"] else "-"
-        print(f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r['heldout_ssim']:.3f} | "
-              f"{r['heldout_psnr']:.2f} | {r['heldout_accuracy']:.1%} |")
+        print(
+            f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r['heldout_ssim']:.3f} | "
+            f"{r['heldout_psnr']:.2f} | {r['heldout_accuracy']:.1%} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.plot:
@@ -150,8 +206,10 @@ def plot(rows, path) -> None:
     groups = {}
     for r in rows:
         groups.setdefault(r["method"] or ("baseline" if r["name"] == "baseline" else "paper presets"), []).append(r)
-    for ax, key, label in ((axes[0], "heldout_ssim", "held-out SSIM to the baseline"),
-                           (axes[1], "heldout_accuracy", "held-out scorer accuracy")):
+    for ax, key, label in (
+        (axes[0], "heldout_ssim", "held-out SSIM to the baseline"),
+        (axes[1], "heldout_accuracy", "held-out scorer accuracy"),
+    ):
         for group, items in groups.items():
             items = sorted(items, key=lambda r: r["flops_ratio"])
             style = "x" if group == "paper presets" else "o-"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Scorer accuracy of the embedded model on the 200 fixed held-out shapes prompts, per category (docs/embedded.md).
 
-    python scripts/eval_embedded.py [--model embedded] [--accel lazyvar] [--json results.json]
+python scripts/eval_embedded.py [--model embedded] [--accel lazyvar] [--json results.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ if __package__ in (None, ""):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="embedded", help="a pipeline folder or 'embedded'")
-    parser.add_argument("--accel", default="baseline", help="baseline, a preset name, name:key=value or a scheduler folder")
+    parser.add_argument(
+        "--accel", default="baseline", help="baseline, a preset name, name:key=value or a scheduler folder"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", default=None, help="write the full report here")
     args = parser.parse_args(argv)

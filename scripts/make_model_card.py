@@ -19,7 +19,9 @@ import sys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", help="a converted pipeline folder (with model_index.json)")
     parser.add_argument("--results", help="a benchmark results.json (var-accel bench) whose numbers go into the card")
     parser.add_argument("--repo-id", help="the Hub repo id used in the snippets (default: the folder's name)")
@@ -27,16 +29,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--base-model", help="the Hub id of the original model (metadata base_model)")
     parser.add_argument("--model-name", help="the card's title (default: the folder's name)")
     parser.add_argument("--tag", action="append", default=[], help="an extra tag (repeatable)")
-    parser.add_argument("--no-shim", action="store_true",
-                        help="do not write the pipeline.py shim (and remove ours if present); DiffusionPipeline.from_pretrained "
-                             "then cannot load the repo, InfinityPipeline/HARTPipeline.from_pretrained can without trust_remote_code")
-    parser.add_argument("--calibration", action="append", default=[], metavar="DIR",
-                        help="a var-accel calibrate output folder (repeatable): its chosen setting is copied to "
-                             "<folder>/<method>/ and tabled in the card")
-    parser.add_argument("--prompt", help="the prompt of the card's usage snippets (default: a shapes prompt for a copy of "
-                        "the embedded model, else 'a red fox in the snow')")
-    parser.add_argument("--copy-presets", action="store_true",
-                        help="also write the family's presets as <folder>/<method>/acceleration_config.json")
+    parser.add_argument(
+        "--no-shim",
+        action="store_true",
+        help="do not write the pipeline.py shim (and remove ours if present); DiffusionPipeline.from_pretrained "
+        "then cannot load the repo, InfinityPipeline/HARTPipeline.from_pretrained can without trust_remote_code",
+    )
+    parser.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a var-accel calibrate output folder (repeatable): its chosen setting is copied to "
+        "<folder>/<method>/ and tabled in the card",
+    )
+    parser.add_argument(
+        "--prompt",
+        help="the prompt of the card's usage snippets (default: a shapes prompt for a copy of "
+        "the embedded model, else 'a red fox in the snow')",
+    )
+    parser.add_argument(
+        "--copy-presets",
+        action="store_true",
+        help="also write the family's presets as <folder>/<method>/acceleration_config.json",
+    )
     return parser.parse_args(argv)
 
 
@@ -45,9 +61,19 @@ def main(argv=None) -> int:
     from diffusers_var_accel.hub import write_model_card
 
     try:
-        path = write_model_card(args.folder, results=args.results, shim=not args.no_shim, copy_presets=args.copy_presets,
-                                calibrations=args.calibration, repo_id=args.repo_id, license=args.license, base_model=args.base_model,
-                                model_name=args.model_name, tags=args.tag, example_prompt=args.prompt)
+        path = write_model_card(
+            args.folder,
+            results=args.results,
+            shim=not args.no_shim,
+            copy_presets=args.copy_presets,
+            calibrations=args.calibration,
+            repo_id=args.repo_id,
+            license=args.license,
+            base_model=args.base_model,
+            model_name=args.model_name,
+            tags=args.tag,
+            example_prompt=args.prompt,
+        )
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

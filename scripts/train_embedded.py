@@ -61,41 +61,77 @@ PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default="diffusers_var_accel/embedded/shapes-infinity-tiny", help="pipeline folder to write")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--output", default="diffusers_var_accel/embedded/shapes-infinity-tiny", help="pipeline folder to write"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-images", type=int, default=20000, help="training scenes (rendered once)")
     p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--lattice", type=int, default=0,
-                   help="N > 0: training scenes have object sizes and box corners on multiples of 1/N of the canvas "
-                        "(N = 16: one token of the 16x16 map), so edges fall on token boundaries; 0 = continuous")
-    p.add_argument("--layout", choices=("random", "canonical"), default="random",
-                   help="training scenes: objects at random places on plain or two-tone backgrounds, or at fixed places "
-                        "that follow from the caption on plain ones (shapes.sample_scene)")
-    p.add_argument("--object-sizes", default=None,
-                   help="'small_lo,small_hi,large_lo,large_hi': the training scenes' object size ranges, fractions of the "
-                        "canvas side (default: the world's, 0.19,0.27,0.30,0.40)")
-    p.add_argument("--unnamed-color", default=None,
-                   help="training scenes: the colour of objects whose caption names none (default: random each)")
+    p.add_argument(
+        "--lattice",
+        type=int,
+        default=0,
+        help="N > 0: training scenes have object sizes and box corners on multiples of 1/N of the canvas "
+        "(N = 16: one token of the 16x16 map), so edges fall on token boundaries; 0 = continuous",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("random", "canonical"),
+        default="random",
+        help="training scenes: objects at random places on plain or two-tone backgrounds, or at fixed places "
+        "that follow from the caption on plain ones (shapes.sample_scene)",
+    )
+    p.add_argument(
+        "--object-sizes",
+        default=None,
+        help="'small_lo,small_hi,large_lo,large_hi': the training scenes' object size ranges, fractions of the "
+        "canvas side (default: the world's, 0.19,0.27,0.30,0.40)",
+    )
+    p.add_argument(
+        "--unnamed-color",
+        default=None,
+        help="training scenes: the colour of objects whose caption names none (default: random each)",
+    )
     p.add_argument("--background", default=None, help="training scenes: one background for all (default: random)")
-    p.add_argument("--category-weights", default=None,
-                   help="training scenes: 'category=weight,...' relative weights of the caption categories (missing "
-                        "ones weigh 0; default: uniform)")
-    p.add_argument("--patch-nums", default=",".join(map(str, PATCH_NUMS)),
-                   help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
-                        "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels")
+    p.add_argument(
+        "--category-weights",
+        default=None,
+        help="training scenes: 'category=weight,...' relative weights of the caption categories (missing "
+        "ones weigh 0; default: uniform)",
+    )
+    p.add_argument(
+        "--patch-nums",
+        default=",".join(map(str, PATCH_NUMS)),
+        help="the fixed scale schedule (side of each square token map); the VAE's patch size is "
+        "IMAGE_SIZE / the last one, so its channel multipliers need log2(patch) + 1 levels",
+    )
     p.add_argument("--vae-steps", type=int, default=1500)
     p.add_argument("--vae-batch-size", type=int, default=16)
     p.add_argument("--vae-base-ch", type=int, default=48, help="VAE channels of the finest level (a multiple of 32)")
     p.add_argument("--vae-ch-mult", default="1,1,2", help="VAE channel multipliers per level (3 levels: patch 4)")
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--vae-res-blocks", type=int, default=1, help="VAE ResBlocks per encoder level (decoder: one more)")
-    p.add_argument("--vae-edge-weight", type=float, default=1.0,
-                   help="weight of an L1 loss on horizontal and vertical pixel differences (sharper edges)")
-    p.add_argument("--vae-only", action="store_true", help="train and evaluate the VAE only (reconstruction PSNR and the "
-                   "shapes scorer's accuracy on decoded ground-truth tokens), save it to OUTPUT/vae, then stop")
-    p.add_argument("--vae-path", default=None, help="use this trained VAE folder (e.g. OUTPUT/vae of a --vae-only run "
-                   "with the same seed and settings) instead of training one")
+    p.add_argument(
+        "--vae-edge-weight",
+        type=float,
+        default=1.0,
+        help="weight of an L1 loss on horizontal and vertical pixel differences (sharper edges)",
+    )
+    p.add_argument(
+        "--vae-only",
+        action="store_true",
+        help="train and evaluate the VAE only (reconstruction PSNR and the "
+        "shapes scorer's accuracy on decoded ground-truth tokens), save it to OUTPUT/vae, then stop",
+    )
+    p.add_argument(
+        "--vae-path",
+        default=None,
+        help="use this trained VAE folder (e.g. OUTPUT/vae of a --vae-only run "
+        "with the same seed and settings) instead of training one",
+    )
     p.add_argument("--steps", type=int, default=1700, help="transformer steps")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -104,41 +140,90 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--codebook-dim", type=int, default=16)
     p.add_argument("--text-dim", type=int, default=64)
-    p.add_argument("--bit-flip", type=float, default=0.0,
-                   help="bitwise self-correction (Infinity): flip each teacher bit with a probability drawn per image "
-                        "from [0, BIT_FLIP] and re-quantise the later scales' targets from the flipped sum")
-    p.add_argument("--self-correction", type=float, default=0.0,
-                   help="probability that a training image is fed the model's own sampled bits from a random scale on "
-                        "(self-correction with the model's errors instead of random flips)")
-    p.add_argument("--resume", action="store_true",
-                   help="with --pipeline-path: continue training its transformer and text encoder for --steps steps")
-    p.add_argument("--scale-loss-weight", type=float, default=0.5,
-                   help="weight every token of scale (h, w) by (h*w)**-ALPHA (normalised); 0.5 is Infinity's "
-                        "reweight_loss_by_scale, which gives the coarse scales, where the layout is decided, more weight")
-    p.add_argument("--decoder-steps", type=int, default=0,
-                   help="after the transformer: fine-tune the VAE decoder on the transformer's own sampled tokens "
-                        "(see finetune_decoder); 0 = off")
+    p.add_argument(
+        "--bit-flip",
+        type=float,
+        default=0.0,
+        help="bitwise self-correction (Infinity): flip each teacher bit with a probability drawn per image "
+        "from [0, BIT_FLIP] and re-quantise the later scales' targets from the flipped sum",
+    )
+    p.add_argument(
+        "--self-correction",
+        type=float,
+        default=0.0,
+        help="probability that a training image is fed the model's own sampled bits from a random scale on "
+        "(self-correction with the model's errors instead of random flips)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --pipeline-path: continue training its transformer and text encoder for --steps steps",
+    )
+    p.add_argument(
+        "--scale-loss-weight",
+        type=float,
+        default=0.5,
+        help="weight every token of scale (h, w) by (h*w)**-ALPHA (normalised); 0.5 is Infinity's "
+        "reweight_loss_by_scale, which gives the coarse scales, where the layout is decided, more weight",
+    )
+    p.add_argument(
+        "--decoder-steps",
+        type=int,
+        default=0,
+        help="after the transformer: fine-tune the VAE decoder on the transformer's own sampled tokens "
+        "(see finetune_decoder); 0 = off",
+    )
     p.add_argument("--decoder-lr", type=float, default=5e-4)
-    p.add_argument("--decoder-tokens", choices=("own", "truncated"), default="own",
-                   help="from a random scale on: the transformer's sampled bits ('own'), or nothing ('truncated': the "
-                        "decoder learns to draw from partial sums)")
-    p.add_argument("--decoder-clean-fraction", type=float, default=0.25,
-                   help="fraction of decoder fine-tuning images decoded from their ground-truth tokens only")
-    p.add_argument("--decoder-sampling", default="2.0:0.5",
-                   help="'guidance:tau' with which the transformer's tokens are sampled for decoder fine-tuning")
-    p.add_argument("--pipeline-path", default=None,
-                   help="start from this trained pipeline folder (its VAE, transformer and text encoder, trained with "
-                        "the same data settings) and run only the decoder fine-tuning and evaluation")
+    p.add_argument(
+        "--decoder-tokens",
+        choices=("own", "truncated"),
+        default="own",
+        help="from a random scale on: the transformer's sampled bits ('own'), or nothing ('truncated': the "
+        "decoder learns to draw from partial sums)",
+    )
+    p.add_argument(
+        "--decoder-clean-fraction",
+        type=float,
+        default=0.25,
+        help="fraction of decoder fine-tuning images decoded from their ground-truth tokens only",
+    )
+    p.add_argument(
+        "--decoder-sampling",
+        default="2.0:0.5",
+        help="'guidance:tau' with which the transformer's tokens are sampled for decoder fine-tuning",
+    )
+    p.add_argument(
+        "--pipeline-path",
+        default=None,
+        help="start from this trained pipeline folder (its VAE, transformer and text encoder, trained with "
+        "the same data settings) and run only the decoder fine-tuning and evaluation",
+    )
     p.add_argument("--device", default="cpu", help="torch device to train on (the defaults are sized for a CPU)")
-    p.add_argument("--eval-prompts", type=int, default=0,
-                   help="after saving, score N validation prompts (heldout_prompts(N, seed=1), not the held-out set)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="also score the validation prompts (--eval-prompts, first --eval-settings) every N transformer "
-                        "steps: a learning curve (0 = off)")
-    p.add_argument("--eval-settings", default="3.0:1.0:0",
-                   help="sampling settings to evaluate, 'guidance:tau:top_k' separated by commas")
+    p.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=0,
+        help="after saving, score N validation prompts (heldout_prompts(N, seed=1), not the held-out set)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also score the validation prompts (--eval-prompts, first --eval-settings) every N transformer "
+        "steps: a learning curve (0 = off)",
+    )
+    p.add_argument(
+        "--eval-settings",
+        default="3.0:1.0:0",
+        help="sampling settings to evaluate, 'guidance:tau:top_k' separated by commas",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--time-limit-minutes", type=float, default=45.0, help="stop the transformer stage early after this long (0 = off)")
+    p.add_argument(
+        "--time-limit-minutes",
+        type=float,
+        default=45.0,
+        help="stop the transformer stage early after this long (0 = off)",
+    )
     p.add_argument("--log-every", type=int, default=50)
     return p.parse_args(argv)
 
@@ -157,12 +242,31 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                        model_max_length=max_length, padding_side="right")
-    config = T5Config(vocab_size=len(vocab), d_model=text_dim, d_kv=text_dim // 2, d_ff=2 * text_dim, num_layers=2,
-                      num_decoder_layers=0, num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=32,
-                      dropout_rate=0.0, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
-                      decoder_start_token_id=0, tie_word_embeddings=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=max_length,
+        padding_side="right",
+    )
+    config = T5Config(
+        vocab_size=len(vocab),
+        d_model=text_dim,
+        d_kv=text_dim // 2,
+        d_ff=2 * text_dim,
+        num_layers=2,
+        num_decoder_layers=0,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        dropout_rate=0.0,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return T5EncoderModel(config), tokenizer
 
@@ -174,8 +278,10 @@ def world_options(args) -> dict:
     if args.object_sizes:
         v = [float(x) for x in args.object_sizes.split(",")]
         if len(v) != 4 or not (0 < v[0] <= v[1] and 0 < v[2] <= v[3] < 1):
-            raise SystemExit(f"--object-sizes {args.object_sizes!r}: expected 'small_lo,small_hi,large_lo,large_hi', "
-                             "increasing pairs of fractions in (0, 1)")
+            raise SystemExit(
+                f"--object-sizes {args.object_sizes!r}: expected 'small_lo,small_hi,large_lo,large_hi', "
+                "increasing pairs of fractions in (0, 1)"
+            )
         sizes = ((v[0], v[1]), (v[2], v[3]))
     weights = None
     if args.category_weights:
@@ -183,8 +289,14 @@ def world_options(args) -> dict:
             weights = {k.strip(): float(v) for k, v in (item.split("=") for item in args.category_weights.split(","))}
         except ValueError:
             raise SystemExit(f"--category-weights {args.category_weights!r}: expected 'category=weight,...'") from None
-    return {"lattice": 1.0 / args.lattice if args.lattice else None, "sizes": sizes, "layout": args.layout,
-            "unnamed_color": args.unnamed_color, "background": args.background, "category_weights": weights}
+    return {
+        "lattice": 1.0 / args.lattice if args.lattice else None,
+        "sizes": sizes,
+        "layout": args.layout,
+        "unnamed_color": args.unnamed_color,
+        "background": args.background,
+        "category_weights": weights,
+    }
 
 
 def render_dataset(n: int, seed: int, size: int, **world):
@@ -210,7 +322,9 @@ def reconstruction_loss(recon: torch.Tensor, x: torch.Tensor, edge_weight: float
     scorer reads, and plain L1 / L2 blurs them."""
     loss = F.l1_loss(recon, x) + F.mse_loss(recon, x)
     if edge_weight:
-        loss = loss + edge_weight * (F.l1_loss(recon.diff(dim=-1), x.diff(dim=-1)) + F.l1_loss(recon.diff(dim=-2), x.diff(dim=-2)))
+        loss = loss + edge_weight * (
+            F.l1_loss(recon.diff(dim=-1), x.diff(dim=-1)) + F.l1_loss(recon.diff(dim=-2), x.diff(dim=-2))
+        )
     return loss
 
 
@@ -228,8 +342,14 @@ def train_vae(args, images, schedule):
 
     torch.manual_seed(args.seed + 1)
     ch_mult = tuple(int(v) for v in args.vae_ch_mult.split(","))
-    vae = InfinityBSQVAE(codebook_dim=args.codebook_dim, base_ch=args.vae_base_ch, encoder_ch_mult=ch_mult, decoder_ch_mult=ch_mult,
-                         num_res_blocks=args.vae_res_blocks, patch_size=args.image_size // args.patch_nums[-1]).to(args.device)
+    vae = InfinityBSQVAE(
+        codebook_dim=args.codebook_dim,
+        base_ch=args.vae_base_ch,
+        encoder_ch_mult=ch_mult,
+        decoder_ch_mult=ch_mult,
+        num_res_blocks=args.vae_res_blocks,
+        patch_size=args.image_size // args.patch_nums[-1],
+    ).to(args.device)
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 2)
     start = time.time()
@@ -238,15 +358,20 @@ def train_vae(args, images, schedule):
         x = images[idx].to(args.device)
         z = vae.encode(x)
         f_hat, _ = multiscale_f_hat(vae, z.detach(), schedule)
-        z_q = z + (f_hat - z).detach()  # straight-through: the decoder sees the quantised sum, the encoder gets its gradient
+        z_q = (
+            z + (f_hat - z).detach()
+        )  # straight-through: the decoder sees the quantised sum, the encoder gets its gradient
         recon = vae.decoder(z_q)
         rec_loss = reconstruction_loss(recon, x, args.vae_edge_weight)
         commit = F.mse_loss(z, f_hat)
         loss = rec_loss + 0.25 * commit
         cosine_step(opt, loss, args.vae_lr, step, args.vae_steps)
         if step % args.log_every == 0 or step == 1:
-            print(f"[vae] step {step:5d}/{args.vae_steps}  rec {rec_loss.item():.4f}  commit {commit.item():.4f}  "
-                  f"({time.time() - start:.0f} s)", flush=True)
+            print(
+                f"[vae] step {step:5d}/{args.vae_steps}  rec {rec_loss.item():.4f}  commit {commit.item():.4f}  "
+                f"({time.time() - start:.0f} s)",
+                flush=True,
+            )
     return vae.eval()
 
 
@@ -255,7 +380,7 @@ def encode_dataset(vae, images, device, batch: int = 256) -> torch.Tensor:
     parts = []
     with torch.no_grad():
         for i in range(0, images.shape[0], batch):
-            parts.append(vae.encode(images[i:i + batch].to(device)).float().cpu())
+            parts.append(vae.encode(images[i : i + batch].to(device)).float().cpu())
     return torch.cat(parts)
 
 
@@ -284,8 +409,10 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, repla
             bits = bits ^ flips.to(bits.device)
         if replace_bits is not None:
             start = sum(hh * ww for _, hh, ww in schedule[:si])
-            own = replace_bits[:, start:start + h * w].reshape(B, h, w, d).permute(0, 3, 1, 2)
-            own = torch.empty_like(bits).copy_(own)  # the true bits' memory layout: the same kernels, the same rounding
+            own = replace_bits[:, start : start + h * w].reshape(B, h, w, d).permute(0, 3, 1, 2)
+            own = torch.empty_like(bits).copy_(
+                own
+            )  # the true bits' memory layout: the same kernels, the same rounding
             bits = torch.where((replace_from <= si).view(B, 1, 1, 1), own, bits)
         codes = vae.bits_to_codes(bits.permute(0, 2, 3, 1))
         f_hat = vae.add_scale_codes(f_hat, codes, final, is_last_scale=si == len(schedule) - 1)
@@ -310,9 +437,17 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     else:
         text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3)
         torch.manual_seed(args.seed + 4)
-        transformer = InfinityTransformer(depth=args.depth, embed_dim=args.embed_dim, num_heads=args.num_heads, mlp_ratio=4.0,
-                                          text_channels=args.text_dim, text_maxlen=tokenizer.model_max_length,
-                                          codebook_dim=args.codebook_dim, block_chunks=1, scale_schedule=schedule)
+        transformer = InfinityTransformer(
+            depth=args.depth,
+            embed_dim=args.embed_dim,
+            num_heads=args.num_heads,
+            mlp_ratio=4.0,
+            text_channels=args.text_dim,
+            text_maxlen=tokenizer.model_max_length,
+            codebook_dim=args.codebook_dim,
+            block_chunks=1,
+            scale_schedule=schedule,
+        )
         with torch.no_grad():  # the official initialisation scale of the learned unconditional text and start token
             transformer.cfg_uncond.normal_(0, 0.02)
             transformer.pos_start.normal_(0, math.sqrt(1 / args.embed_dim / 3))
@@ -370,12 +505,22 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
         if step % args.log_every == 0 or step == 1:
             with torch.no_grad():
                 acc = (logits.reshape(-1, 2).argmax(-1) == target.reshape(-1)).float().mean().item()
-                last = (logits[:, -lengths[-1]:].reshape(-1, 2).argmax(-1) == target[:, -lengths[-1]:].reshape(-1)).float().mean().item()
-            print(f"[transformer] step {step:5d}/{args.steps}  loss {loss.item():.4f}  bit acc {acc:.3f} (last scale {last:.3f})  "
-                  f"lr {lr:.2e}  ({time.time() - start:.0f} s)", flush=True)
+                last = (
+                    (logits[:, -lengths[-1] :].reshape(-1, 2).argmax(-1) == target[:, -lengths[-1] :].reshape(-1))
+                    .float()
+                    .mean()
+                    .item()
+                )
+            print(
+                f"[transformer] step {step:5d}/{args.steps}  loss {loss.item():.4f}  bit acc {acc:.3f} (last scale {last:.3f})  "
+                f"lr {lr:.2e}  ({time.time() - start:.0f} s)",
+                flush=True,
+            )
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             t_eval = time.time()  # the learning curve's evaluations do not count against the time limit
-            pipe = InfinityPipeline(transformer=transformer.eval(), vae=vae, text_encoder=text_encoder.eval(), tokenizer=tokenizer)
+            pipe = InfinityPipeline(
+                transformer=transformer.eval(), vae=vae, text_encoder=text_encoder.eval(), tokenizer=tokenizer
+            )
             evaluate_validation(pipe, args.eval_prompts, args.eval_settings.split(",")[0], label=f"eval step {step}")
             transformer.train()
             text_encoder.train()
@@ -390,16 +535,29 @@ def summed_codes(vae, bits_BLd: torch.Tensor, schedule, keep=None) -> torch.Tens
     """``f_hat`` of per-scale bits concatenated over the schedule; with ``keep`` (B, L, 1), dropped tokens add no code."""
     B, f_hat, offset = bits_BLd.shape[0], None, 0
     for si, (_, h, w) in enumerate(schedule):
-        codes = vae.bits_to_codes(bits_BLd[:, offset:offset + h * w].reshape(B, h, w, -1))
+        codes = vae.bits_to_codes(bits_BLd[:, offset : offset + h * w].reshape(B, h, w, -1))
         if keep is not None:
-            codes = codes * keep[:, offset:offset + h * w].reshape(B, 1, h, w).to(codes.dtype)  # codes are (B, d, h, w)
+            codes = codes * keep[:, offset : offset + h * w].reshape(B, 1, h, w).to(
+                codes.dtype
+            )  # codes are (B, d, h, w)
         f_hat = vae.add_scale_codes(f_hat, codes, schedule[-1], is_last_scale=si == len(schedule) - 1)
         offset += h * w
     return f_hat
 
 
-def own_samples(transformer, text_encoder, tokenizer, family, captions, inputs, scale_ids, rope, guidance: float,
-                tau: float, generator) -> torch.Tensor:
+def own_samples(
+    transformer,
+    text_encoder,
+    tokenizer,
+    family,
+    captions,
+    inputs,
+    scale_ids,
+    rope,
+    guidance: float,
+    tau: float,
+    generator,
+) -> torch.Tensor:
     """Bits (B, L, d) sampled from the transformer's teacher-forced logits (one block-causal pass over the true
     prefix of every scale), with classifier-free guidance and temperature as in generation."""
     from diffusers_var_accel.next_scale.context import VARForwardContext
@@ -410,7 +568,9 @@ def own_samples(transformer, text_encoder, tokenizer, family, captions, inputs, 
     mask = tokens.attention_mask.bool()
     text = torch.cat((text, transformer.null_text_embeds(mask).to(text.dtype)))
     condition = transformer.encode_condition(text, torch.cat((mask, mask)))
-    x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs.repeat(2, 1, 1), scale_ids[1:])), dim=1)
+    x = torch.cat(
+        (transformer.embed_start(condition), family.embed_inputs(inputs.repeat(2, 1, 1), scale_ids[1:])), dim=1
+    )
     context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
     logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float() / tau
     logits = (guidance * logits[:B] + (1 - guidance) * logits[B:]).unflatten(-1, (-1, 2))  # (B, L, d, 2)
@@ -451,21 +611,37 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
         B = args.batch_size
         with torch.no_grad():
             inputs, target = teacher_batch(vae, latents[idx].to(device), schedule)
-            lowest = len(schedule) // 2 if args.decoder_tokens == "truncated" else 0  # a sum of 1-4 scales draws little
+            lowest = (
+                len(schedule) // 2 if args.decoder_tokens == "truncated" else 0
+            )  # a sum of 1-4 scales draws little
             first_sampled = torch.randint(lowest, len(schedule), (B,), generator=g).to(device)
             first_sampled[torch.rand(B, generator=g).to(device) < args.decoder_clean_fraction] = len(schedule)
             use_sampled = (scale_ids[None, :] >= first_sampled[:, None]).unsqueeze(-1)  # (B, L, 1)
             if args.decoder_tokens == "truncated":  # the sum stops before scale k: no transformer pass needed
                 f_hat = summed_codes(vae, target.bool(), schedule, keep=~use_sampled)
             else:
-                sampled = own_samples(transformer, text_encoder, tokenizer, family, [captions[i] for i in idx.tolist()],
-                                      inputs, scale_ids, rope, guidance, tau, g)
+                sampled = own_samples(
+                    transformer,
+                    text_encoder,
+                    tokenizer,
+                    family,
+                    [captions[i] for i in idx.tolist()],
+                    inputs,
+                    scale_ids,
+                    rope,
+                    guidance,
+                    tau,
+                    g,
+                )
                 f_hat = summed_codes(vae, torch.where(use_sampled, sampled, target.bool()), schedule)
         x_img = images[idx].to(device)
         loss = reconstruction_loss(vae.decoder(f_hat), x_img, args.vae_edge_weight)
         cosine_step(opt, loss, args.decoder_lr, step, args.decoder_steps)
         if step % args.log_every == 0 or step == 1:
-            print(f"[decoder] step {step:5d}/{args.decoder_steps}  rec {loss.item():.4f}  ({time.time() - start:.0f} s)", flush=True)
+            print(
+                f"[decoder] step {step:5d}/{args.decoder_steps}  rec {loss.item():.4f}  ({time.time() - start:.0f} s)",
+                flush=True,
+            )
     vae.decoder.eval().requires_grad_(False)
     return vae
 
@@ -484,8 +660,11 @@ def evaluate_validation(folder, n: int, settings: str, label: str = "eval") -> N
         guidance, tau, top_k = setting.split(":")
         sampling = dict(guidance_scale=float(guidance), tau=float(tau), top_k=int(top_k), top_p=None)
         report = evaluate_shapes(pipe, prompts=prompts, sampling=sampling, batch_size=20, progress=False)
-        print(f"[{label}] {setting}  validation accuracy {report['overall']:.3f}  "
-              f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }", flush=True)
+        print(
+            f"[{label}] {setting}  validation accuracy {report['overall']:.3f}  "
+            f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }",
+            flush=True,
+        )
 
 
 def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae") -> None:
@@ -500,13 +679,20 @@ def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae")
     print(f"[{label}] reconstruction PSNR through the multi-scale quantiser: {psnr:.2f} dB", flush=True)
     world = {**world_options(args), "category_weights": None}  # the ceiling over uniform categories, as in evaluation
     held = make_dataset(240, seed=args.seed + 1000, size=args.image_size, **world)
-    x = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float() / 127.5 - 1
+    x = (
+        torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in held])).permute(0, 3, 1, 2).float()
+        / 127.5
+        - 1
+    )
     with torch.no_grad():
         f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)
         decoded = ((vae.decode(f_hat).cpu() + 1) / 2).permute(0, 2, 3, 1).numpy()
     report = score_batch([caption for _, caption, _ in held], list(decoded))
-    print(f"[{label}] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
-          f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }  ({(time.time() - t0) / 60:.1f} min)", flush=True)
+    print(
+        f"[{label}] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
+        f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }  ({(time.time() - t0) / 60:.1f} min)",
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
@@ -517,7 +703,9 @@ def main(argv=None) -> int:
     if args.eval_every and not args.eval_prompts:
         raise SystemExit(f"--eval-every {args.eval_every} scores --eval-prompts N validation prompts; give N > 0")
     if args.decoder_tokens != "own" and not args.decoder_steps:
-        raise SystemExit(f"--decoder-tokens {args.decoder_tokens} needs --decoder-steps N > 0 (the decoder stage is off)")
+        raise SystemExit(
+            f"--decoder-tokens {args.decoder_tokens} needs --decoder-steps N > 0 (the decoder stage is off)"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -526,7 +714,10 @@ def main(argv=None) -> int:
     if args.lattice < 0:
         raise SystemExit(f"--lattice {args.lattice}: expected 0 (off) or a positive number of cells per side")
     images, captions = render_dataset(args.num_images, args.seed, args.image_size, **world_options(args))
-    print(f"[data] {len(captions)} scenes of {args.image_size}x{args.image_size} ({time.time() - t0:.0f} s); e.g. {captions[:3]}", flush=True)
+    print(
+        f"[data] {len(captions)} scenes of {args.image_size}x{args.image_size} ({time.time() - t0:.0f} s); e.g. {captions[:3]}",
+        flush=True,
+    )
     from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline
 
     pipe = None
@@ -534,8 +725,10 @@ def main(argv=None) -> int:
         pipe = InfinityPipeline.from_pretrained(args.pipeline_path).to(args.device)
         vae = pipe.vae.eval()
         if [list(s) for s in pipe.transformer.config.scale_schedule] != [list(s) for s in schedule]:
-            raise SystemExit(f"--pipeline-path {args.pipeline_path} has the schedule {pipe.transformer.config.scale_schedule}, "
-                             f"not {schedule} (--patch-nums)")
+            raise SystemExit(
+                f"--pipeline-path {args.pipeline_path} has the schedule {pipe.transformer.config.scale_schedule}, "
+                f"not {schedule} (--patch-nums)"
+            )
         print(f"[pipeline] loaded {args.pipeline_path}", flush=True)
     elif args.vae_path:
         vae = InfinityBSQVAE.from_pretrained(args.vae_path).to(args.device).eval()
@@ -554,7 +747,9 @@ def main(argv=None) -> int:
         transformer, text_encoder, tokenizer = train_transformer(args, vae, captions, latents, schedule, resume)
         pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
     if args.decoder_steps:
-        finetune_decoder(args, vae, pipe.transformer, pipe.text_encoder, pipe.tokenizer, captions, images, latents, schedule)
+        finetune_decoder(
+            args, vae, pipe.transformer, pipe.text_encoder, pipe.tokenizer, captions, images, latents, schedule
+        )
         report_tokenizer(vae, images, args, schedule, t0, label="decoder")
     pipe.to("cpu").save_pretrained(args.output, safe_serialization=True)
     size_mb = sum(f.stat().st_size for f in Path(args.output).rglob("*") if f.is_file()) / 2**20

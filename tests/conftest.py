@@ -50,8 +50,9 @@ def pipes():
             if family == "infinity":
                 pipe = build_tiny_infinity_pipeline(seed=0, depth=6)  # FastVAR's preset layers 3.. exist
             else:
-                pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(),
-                                                tokenizer_ch_mult=(1,))
+                pipe = build_tiny_hart_pipeline(
+                    seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(), tokenizer_ch_mult=(1,)
+                )
             pipe.set_progress_bar_config(disable=True)
             built[family] = pipe
         return built[family]

@@ -52,11 +52,15 @@ class HARTFixture:
 
 def padded_text(inputs, name: str = "text"):
     """A fixture's varlen T5 features (``<name>.kv_compact``, ``.lens``, ``.cu_seqlens_k``) as padded embeds + mask."""
-    kv, lens, cu = inputs[f"{name}.kv_compact"], inputs[f"{name}.lens"].tolist(), inputs[f"{name}.cu_seqlens_k"].tolist()
+    kv, lens, cu = (
+        inputs[f"{name}.kv_compact"],
+        inputs[f"{name}.lens"].tolist(),
+        inputs[f"{name}.cu_seqlens_k"].tolist(),
+    )
     embeds = torch.zeros(len(lens), max(lens), kv.shape[1])
     mask = torch.zeros(len(lens), max(lens), dtype=torch.bool)
     for b, n in enumerate(lens):
-        embeds[b, :n] = kv[cu[b]:cu[b + 1]]
+        embeds[b, :n] = kv[cu[b] : cu[b + 1]]
         mask[b, :n] = True
     return embeds, mask
 
@@ -103,8 +107,10 @@ class RecordingFastVAR:
                 routes = super().route_pass(state, plan)
                 if routes is not None:
                     k = plan.scale_indices[0]
-                    routes.routes = {key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
-                                     for key, route in routes.routes.items()}
+                    routes.routes = {
+                        key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
+                        for key, route in routes.routes.items()
+                    }
                 return routes
 
             def after_scale(self, state, plan, hidden_states_RLC):
@@ -132,7 +138,9 @@ def check_pipeline_uint8_image(pipe, manifest, inputs, ref, run: str = "greedy_c
         return False
     embeds, mask = padded_text(inputs)
     # the run's exact call (its lists may be longer than the schedule: official_call_kwargs takes one per scale)
-    images = pipe(**official_call_kwargs(manifest, manifest["runs"][run]["call"], embeds, mask), output_type="np").images
+    images = pipe(
+        **official_call_kwargs(manifest, manifest["runs"][run]["call"], embeds, mask), output_type="np"
+    ).images
     assert images.shape[1:3] == tuple(manifest["image_hw"])
     ours = torch.from_numpy(images[:1] * 255).to(torch.uint8).flip(dims=(3,))  # truncation + BGR, as the official
     assert_official_uint8(ours, ref[f"{run}.img_uint8_bgr_s0"])
@@ -180,7 +188,9 @@ def check_hart_tokens_and_logits(recorded, ref, meta, batch_size: int, logits_ke
         assert torch.equal(recorded[s]["tokens"], ref[f"idx_s{s}"]), s
         raw = recorded[s]["logits"]
         logits = (1 + t) * raw[:batch_size] - t * raw[batch_size:] if raw.shape[0] > batch_size else raw
-        torch.testing.assert_close(logits.topk(2, dim=-1).values, ref[f"{logits_key}_top2_values_s{s}"], atol=1e-3, rtol=0)
+        torch.testing.assert_close(
+            logits.topk(2, dim=-1).values, ref[f"{logits_key}_top2_values_s{s}"], atol=1e-3, rtol=0
+        )
         if f"{logits_key}_s{s}" in ref:
             torch.testing.assert_close(logits, ref[f"{logits_key}_s{s}"], atol=1e-3, rtol=0)
 

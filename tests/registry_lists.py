@@ -49,8 +49,9 @@ def methods_with_preset(family: str) -> List[str]:
 
 
 #: ``(method, family)`` of every library method and every family it has a preset for.
-METHOD_FAMILY_CASES: List[Tuple[str, str]] = [(method, family) for method, cls in METHODS.items() for family in FAMILIES
-                                               if family in cls.presets]
+METHOD_FAMILY_CASES: List[Tuple[str, str]] = [
+    (method, family) for method, cls in METHODS.items() for family in FAMILIES if family in cls.presets
+]
 
 
 def draws_inside_passes(method: str, family: str) -> bool:
@@ -69,6 +70,7 @@ def capturable_in_every_family() -> List[str]:
     per_family = [set(capturable_methods(family)) for family in FAMILIES]
     return [method for method in METHODS if all(method in methods for methods in per_family)]
 
+
 #: ``{preset model: family}``: the model whose packaged presets each family uses (``"infinity-2b": "infinity"``).
 PRESET_MODELS: Dict[str, str] = {family.preset_model: name for name, family in MODEL_FAMILIES.items()}
 
@@ -79,10 +81,13 @@ PRESET_MODELS: Dict[str, str] = {family.preset_model: name for name, family in M
 #: split Infinity-2B's 32 blocks into 8 chunks and HART-0.7B's 24 into 24 (one ratio each); the tiny models take 2 and
 #: 4 chunks with ratios of the preset's own table. A method whose presets fit the tiny models needs no entry.
 TINY_MODEL_OVERRIDES: Dict[Tuple[str, str], Dict] = {
-    ("depthvar", "infinity"): {"reference_scale": -3}, ("depthvar", "hart"): {"reference_scale": -3},
+    ("depthvar", "infinity"): {"reference_scale": -3},
+    ("depthvar", "hart"): {"reference_scale": -3},
     ("stagevar", "infinity"): {"num_chunks": 2, "rank_ratios": ((0.13648282097649195, 0.2502819846292948),)},
-    ("stagevar", "hart"): {"num_chunks": 4, "rank_ratios": ((0.2074957426329037, 0.2366069362690658, 0.29325045350214707,
-                                                             0.3102232341181697),)},
+    ("stagevar", "hart"): {
+        "num_chunks": 4,
+        "rank_ratios": ((0.2074957426329037, 0.2366069362690658, 0.29325045350214707, 0.3102232341181697),),
+    },
 }
 
 

@@ -24,7 +24,9 @@ def pipe():
 
 
 def _latents(pipe, **kwargs):
-    return pipe("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", **SIZE, **kwargs).images
+    return pipe(
+        "a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", **SIZE, **kwargs
+    ).images
 
 
 def test_acceleration_component_round_trips_through_save_and_from_pretrained(pipe, tmp_path):
@@ -102,14 +104,22 @@ def test_load_acceleration_specs(tmp_path):
 
 
 def test_composed_scheduler_json_round_trip_and_conflicts(pipe, tmp_path):
-    composed = ComposedScheduler([LazyVARScheduler(), FastVARScheduler(prune_scales=(-5,), prune_ratios=(0.5,), cache_scale=-6,
-                                                                        skip_last_scales=False, pruned_layers=None)])
+    composed = ComposedScheduler(
+        [
+            LazyVARScheduler(),
+            FastVARScheduler(
+                prune_scales=(-5,), prune_ratios=(0.5,), cache_scale=-6, skip_last_scales=False, pruned_layers=None
+            ),
+        ]
+    )
     composed.save_pretrained(tmp_path)
     again = VARAccelScheduler.from_pretrained(tmp_path)
     assert isinstance(again, ComposedScheduler)
     assert [type(m) for m in again.members] == [LazyVARScheduler, FastVARScheduler]
     assert torch.equal(_latents(pipe, acceleration=composed), _latents(pipe, acceleration=again))
-    both_group = ComposedScheduler([LazyVARScheduler(), LazyVARScheduler(group_scales=(-2, -1), keep_ratios=(0.5, 0.5))])
+    both_group = ComposedScheduler(
+        [LazyVARScheduler(), LazyVARScheduler(group_scales=(-2, -1), keep_ratios=(0.5, 0.5))]
+    )
     with pytest.raises(ValueError, match="both group scales"):
         _latents(pipe, acceleration=both_group)
     with pytest.raises(ValueError, match="at least one"):
@@ -120,7 +130,10 @@ def test_split_acceleration_specs_keeps_overrides_together():
     from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
     assert split_acceleration_specs("baseline, fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3],lazyvar") == [
-        "baseline", "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]", "lazyvar"]
+        "baseline",
+        "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]",
+        "lazyvar",
+    ]
     assert split_acceleration_specs("arvar:branch_halving_scales=[-2,-1]") == ["arvar:branch_halving_scales=[-2,-1]"]
 
 
@@ -134,6 +147,9 @@ def test_a_bad_override_names_the_preset_it_was_given_over():
         pipe.enable_lazyvar(keep_ratios=(0.4, 0.2, 0.1, 0.02))
     message = str(err.value)
     assert message.startswith("lazyvar with keep_ratios=(0.4, 0.2, 0.1, 0.02) over the preset embedded/lazyvar (")
-    assert "group_scales=[-2, -1]" in message and "need one keep ratio per scale of the group: 2 scales, 4 ratios" in message
+    assert (
+        "group_scales=[-2, -1]" in message
+        and "need one keep ratio per scale of the group: 2 scales, 4 ratios" in message
+    )
     assert pipe.acceleration is None  # nothing attached
     assert pipe.enable_lazyvar(keep_ratios=(0.2, 0.1)).config.keep_ratios == (0.2, 0.1)

@@ -30,16 +30,23 @@ def infinity():
 
 @pytest.fixture(scope="module")
 def hart():
-    pipe = build_tiny_hart_pipeline(seed=0, depth=2, embed_dim=32, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"][:8],
-                                    tokenizer_ch_mult=(1,))
+    pipe = build_tiny_hart_pipeline(
+        seed=0, depth=2, embed_dim=32, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"][:8], tokenizer_ch_mult=(1,)
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def _image(pipe, acceleration=None):
     size = {"height": 256, "width": 256} if "Infinity" in type(pipe).__name__ else {}
-    return pipe("a red fox", generator=torch.Generator().manual_seed(0), output_type="pt", acceleration=acceleration,
-                guidance_scale=3.0, **size).images
+    return pipe(
+        "a red fox",
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+        acceleration=acceleration,
+        guidance_scale=3.0,
+        **size,
+    ).images
 
 
 def _lazyvar(pipe):
@@ -127,7 +134,7 @@ def test_set_attention_backend_on_the_model_chooses_the_kernel(family, request, 
 def test_per_scale_calls_of_a_grouped_pass_equal_the_masked_call(family, request, monkeypatch, dispatch_calls):
     pipe = request.getfixturevalue(family)
     masked = _image(pipe, _lazyvar(pipe))
-    assert any(has_mask for _, has_mask in dispatch_calls )  # the group ran with its block-causal mask
+    assert any(has_mask for _, has_mask in dispatch_calls)  # the group ran with its block-causal mask
     monkeypatch.setattr(VARAttnProcessor, "grouped_attention", "per_scale")
     dispatch_calls.clear()
     per_scale = _image(pipe, _lazyvar(pipe))
@@ -154,11 +161,14 @@ def test_backends_without_a_boolean_mask_get_per_scale_calls():
         processor.uses_per_scale_calls()
 
 
-@pytest.mark.parametrize("scale_ids", [
-    torch.tensor([2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4]),  # the loop's order: prefixes, no gather
-    torch.tensor([4, 2, 3, 4, 3, 4, 2, 4, 3]),  # any order
-    torch.tensor([[2, 3, 3, 4, 4, 4], [2, 2, 3, 4, 3, 4]]),  # routed tokens, one selection per row
-])
+@pytest.mark.parametrize(
+    "scale_ids",
+    [
+        torch.tensor([2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4]),  # the loop's order: prefixes, no gather
+        torch.tensor([4, 2, 3, 4, 3, 4, 2, 4, 3]),  # any order
+        torch.tensor([[2, 3, 3, 4, 4, 4], [2, 2, 3, 4, 3, 4]]),  # routed tokens, one selection per row
+    ],
+)
 def test_block_causal_calls_equal_the_masked_attention(scale_ids):
     g = torch.Generator().manual_seed(0)
     R, H, c, cache = 2, 3, 8, 5
@@ -166,8 +176,9 @@ def test_block_causal_calls_equal_the_masked_attention(scale_ids):
     q = torch.randn(R, L, H, c, generator=g)
     k, v = torch.randn(R, cache + L, H, c, generator=g), torch.randn(R, cache + L, H, c, generator=g)
     mask = block_causal_mask(cache, scale_ids)
-    reference = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                               scale=0.3).transpose(1, 2)
+    reference = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=0.3
+    ).transpose(1, 2)
     for slice_size in (None, 1):
         processor = VARAttnProcessor()
         processor.slice_size = slice_size

@@ -92,7 +92,7 @@ def test_load_matches_file_and_manifest(vae, raw_state_dict, manifest):
     args = {**kwargs["vae_model_args"], **kwargs["overridden_autoencoder_args"]}
     config = vae.config
     assert config.codebook_dim == args["codebook_dim"]
-    assert 2 ** config.codebook_dim == args["codebook_size"]
+    assert 2**config.codebook_dim == args["codebook_size"]
     assert list(config.encoder_ch_mult) == list(args["encoder_ch_mult"])
     assert list(config.decoder_ch_mult) == list(args["decoder_ch_mult"])
     assert config.patch_size == args["patch_size"]
@@ -193,15 +193,19 @@ def test_bits_layouts_agree(vae, reference, manifest, schedule):
 def test_bits_to_codes_lookup_equals_formula(codebook_dim):
     # The per-call lookup of the two un-normalised codes gives the formula's codes bit for bit, for any bits, shapes
     # and integer dtypes; other dtypes and layouts take the formula itself.
-    vae = InfinityBSQVAE(codebook_dim=codebook_dim, base_ch=32, encoder_ch_mult=[1], decoder_ch_mult=[1], num_res_blocks=1,
-                         patch_size=1)
+    vae = InfinityBSQVAE(
+        codebook_dim=codebook_dim, base_ch=32, encoder_ch_mult=[1], decoder_ch_mult=[1], num_res_blocks=1, patch_size=1
+    )
     generator = torch.Generator().manual_seed(codebook_dim)
     values = vae.bit_code_values()
     for shape in [(1, 1, 1), (2, 3, 5), (1, 16, 16), (3, 1, 1, 7)]:
         bits = torch.randint(0, 2, (*shape, codebook_dim), generator=generator)
-        d_scale = 1.0 / codebook_dim ** 0.5
-        formula = torch.nn.functional.normalize(bits.float() * (2.0 * d_scale) - d_scale, dim=-1).permute(0, 3, 1, 2) \
-            if bits.ndim == 4 else None
+        d_scale = 1.0 / codebook_dim**0.5
+        formula = (
+            torch.nn.functional.normalize(bits.float() * (2.0 * d_scale) - d_scale, dim=-1).permute(0, 3, 1, 2)
+            if bits.ndim == 4
+            else None
+        )
         reference = vae.bits_to_codes(bits)
         if formula is not None:
             assert torch.equal(reference, formula)
@@ -211,7 +215,7 @@ def test_bits_to_codes_lookup_equals_formula(codebook_dim):
         permuted = bits.transpose(1, 2).contiguous().transpose(1, 2) if bits.ndim == 4 else bits
         assert torch.equal(vae.bits_to_codes(permuted, bit_code_values=values), reference)
     # every bit of a code row set gives +-1/sqrt(d) before normalisation: the table holds exactly those two values
-    assert torch.equal(values, torch.tensor([0.0, 1.0]) * (2.0 / codebook_dim ** 0.5) - 1.0 / codebook_dim ** 0.5)
+    assert torch.equal(values, torch.tensor([0.0, 1.0]) * (2.0 / codebook_dim**0.5) - 1.0 / codebook_dim**0.5)
     with pytest.raises(ValueError, match="bit_code_values"):
         vae.bits_to_codes(torch.zeros(1, 2, 2, codebook_dim, dtype=torch.long), bit_code_values=values.double())
 
@@ -343,10 +347,21 @@ def _official_checkpoint(model, codebook_dim):
 @pytest.mark.parametrize(
     "config",
     [
-        dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1, 1], decoder_ch_mult=[2, 1, 1, 1, 1], patch_size=16),
+        dict(
+            codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1, 1], decoder_ch_mult=[2, 1, 1, 1, 1], patch_size=16
+        ),
         dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 2, 2], decoder_ch_mult=[1, 1, 3], patch_size=4),
-        dict(codebook_dim=6, base_ch=24, encoder_ch_mult=[1, 2, 2, 2], decoder_ch_mult=[2, 2, 1, 1], patch_size=8, num_res_blocks=1),
-        dict(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1], decoder_ch_mult=[1, 1, 1, 1], patch_size=8),  # d56-style
+        dict(
+            codebook_dim=6,
+            base_ch=24,
+            encoder_ch_mult=[1, 2, 2, 2],
+            decoder_ch_mult=[2, 2, 1, 1],
+            patch_size=8,
+            num_res_blocks=1,
+        ),
+        dict(
+            codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1, 1], decoder_ch_mult=[1, 1, 1, 1], patch_size=8
+        ),  # d56-style
     ],
 )
 def test_inferred_config_reads_each_side_from_its_own_tensors(config, tmp_path):
@@ -365,7 +380,9 @@ def test_inferred_config_reads_each_side_from_its_own_tensors(config, tmp_path):
 
 
 def test_inference_rejects_inconsistent_sides():
-    model = InfinityBSQVAE(codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1], decoder_ch_mult=[1, 1, 1], patch_size=4)
+    model = InfinityBSQVAE(
+        codebook_dim=4, base_ch=32, encoder_ch_mult=[1, 1, 1], decoder_ch_mult=[1, 1, 1], patch_size=4
+    )
     sd = _official_checkpoint(model, 4)["vae"]
     bad = {k: v for k, v in sd.items() if not k.startswith("encoder.down.1.downsample")}
     with pytest.raises(ValueError, match="downsamples"):

@@ -140,11 +140,20 @@ def test_prompt_sets(tmp_path):
     assert len({p.category for p in subset.prompts}) >= 5  # spread over the sorted categories
 
     (tmp_path / "p.txt").write_text("a red fox\n\n  a lighthouse at dusk  \n")
-    assert [p.prompt for p in load_prompt_set(str(tmp_path / "p.txt")).prompts] == ["a red fox", "a lighthouse at dusk"]
-    (tmp_path / "mjhq.json").write_text(json.dumps({"a1": {"prompt": "a cat", "category": "animals"},
-                                                    "b2": {"prompt": "a city", "category": "people"}}))
+    assert [p.prompt for p in load_prompt_set(str(tmp_path / "p.txt")).prompts] == [
+        "a red fox",
+        "a lighthouse at dusk",
+    ]
+    (tmp_path / "mjhq.json").write_text(
+        json.dumps(
+            {"a1": {"prompt": "a cat", "category": "animals"}, "b2": {"prompt": "a city", "category": "people"}}
+        )
+    )
     mjhq = load_prompt_set(str(tmp_path / "mjhq.json"))
-    assert [(p.prompt, p.category) for p in mjhq.prompts] == [("a cat", "animals"), ("a city", "people")] and not mjhq.geneval
+    assert [(p.prompt, p.category) for p in mjhq.prompts] == [
+        ("a cat", "animals"),
+        ("a city", "people"),
+    ] and not mjhq.geneval
     (tmp_path / "plain.jsonl").write_text('{"prompt": "a cat"}\n"a dog"\n')
     plain = load_prompt_set(str(tmp_path / "plain.jsonl"))
     assert [p.prompt for p in plain.prompts] == ["a cat", "a dog"] and not plain.geneval
@@ -160,11 +169,20 @@ def test_prompt_sets(tmp_path):
 
 def test_seeds_methods_and_folders():
     assert parse_seeds("0") == [0] and parse_seeds("0-3,10") == [0, 1, 2, 3, 10] and parse_seeds([5, 7]) == [5, 7]
-    for bad, why in (("1,x", "'x' is not a seed"), ("3-1", "ends before"), ("1,1", "repeated"), ("-1", "not a seed"), ("", "not a seed")):
+    for bad, why in (
+        ("1,x", "'x' is not a seed"),
+        ("3-1", "ends before"),
+        ("1,1", "repeated"),
+        ("-1", "not a seed"),
+        ("", "not a seed"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_seeds(bad)
     assert parse_methods("lazyvar,fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]") == [
-        "baseline", "lazyvar", "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]"]
+        "baseline",
+        "lazyvar",
+        "fastvar:skip_last_scales=false,prune_ratios=[0.2,0.3]",
+    ]
     assert parse_methods("fastvar,baseline") == ["baseline", "fastvar"]
     with pytest.raises(ValueError, match="given twice"):
         parse_methods("lazyvar,lazyvar")
@@ -177,11 +195,24 @@ def test_seeds_methods_and_folders():
         check_methods(["baseline", "missing/acceleration_config.json"])
     with pytest.raises(ValueError, match="unknown method 'lazyvar:no_such_setting=1'"):
         check_methods(["baseline", "lazyvar:no_such_setting=1"])
-    folders = method_folders(["baseline", "fastvar:skip_last_scales=false", "a/b/acceleration_config.json", "x/b.json",
-                              "lazyvar", "infinity-2b/lazyvar"])
-    assert folders == {"baseline": "baseline", "fastvar:skip_last_scales=false": "fastvar-skip_last_scales-false",
-                       "a/b/acceleration_config.json": "b", "x/b.json": "b-2", "lazyvar": "lazyvar",
-                       "infinity-2b/lazyvar": "infinity-2b-lazyvar"}
+    folders = method_folders(
+        [
+            "baseline",
+            "fastvar:skip_last_scales=false",
+            "a/b/acceleration_config.json",
+            "x/b.json",
+            "lazyvar",
+            "infinity-2b/lazyvar",
+        ]
+    )
+    assert folders == {
+        "baseline": "baseline",
+        "fastvar:skip_last_scales=false": "fastvar-skip_last_scales-false",
+        "a/b/acceleration_config.json": "b",
+        "x/b.json": "b-2",
+        "lazyvar": "lazyvar",
+        "infinity-2b/lazyvar": "infinity-2b-lazyvar",
+    }
     assert tuple(runner.DEFAULT_METHODS) == DEFAULT_BENCH_METHODS
 
 
@@ -204,8 +235,11 @@ def test_cli_rejects_bad_input_with_a_clear_message(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------------------
 GENEVAL_STYLE_LINES = [
     {"tag": "counting", "include": [{"class": "circle", "count": 2}], "prompt": "two red circles"},
-    {"tag": "position", "include": [{"class": "square", "count": 1}, {"class": "triangle", "count": 1, "position": ["left of", 0]}],
-     "prompt": "a blue square to the left of a yellow triangle"},
+    {
+        "tag": "position",
+        "include": [{"class": "square", "count": 1}, {"class": "triangle", "count": 1, "position": ["left of", 0]}],
+        "prompt": "a blue square to the left of a yellow triangle",
+    },
 ]
 
 
@@ -232,9 +266,19 @@ def bench_run(embedded_pipe, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     prompts = out / "geneval_style.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in GENEVAL_STYLE_LINES))
-    results = run_bench(pipe=embedded_pipe, prompts=str(prompts), seeds="0,1", methods="baseline,lazyvar", repeats=2, warmup=1,
-                        output_dir=out / "run", progress=False, fid_feature_extractor=_projection(),
-                        lpips_fn=_mean_abs_difference, verbose=False)
+    results = run_bench(
+        pipe=embedded_pipe,
+        prompts=str(prompts),
+        seeds="0,1",
+        methods="baseline,lazyvar",
+        repeats=2,
+        warmup=1,
+        output_dir=out / "run",
+        progress=False,
+        fid_feature_extractor=_projection(),
+        lpips_fn=_mean_abs_difference,
+        verbose=False,
+    )
     return results, out / "run", prompts
 
 
@@ -254,7 +298,9 @@ def test_bench_writes_the_json_table_plots_and_geneval_layout(bench_run):
     saved = _strict_json(out / "results.json")
     assert saved["methods"].keys() == results["methods"].keys() == {"baseline", "lazyvar"}
     assert saved["items"][0]["methods"]["baseline"]["psnr"] == "inf"  # strict JSON: an infinite PSNR is a string
-    assert saved["methods"]["lazyvar"]["fidelity"]["psnr_mean"] == results["methods"]["lazyvar"]["fidelity"]["psnr_mean"]
+    assert (
+        saved["methods"]["lazyvar"]["fidelity"]["psnr_mean"] == results["methods"]["lazyvar"]["fidelity"]["psnr_mean"]
+    )
     table = (out / "results.md").read_text()
     assert "| method | s / image (median)" in table and "| lazyvar |" in table and "FID*" in table
     for name in ("speedup_vs_fidelity.png", "scale_breakdown.png", "grid.png"):
@@ -267,7 +313,9 @@ def test_bench_writes_the_json_table_plots_and_geneval_layout(bench_run):
             assert sorted(p.name for p in (folder / "samples").iterdir()) == ["0000.png", "0001.png"]
     run = results["run"]
     assert run["geneval_layout"] and run["num_items"] == 4 and run["seeds"] == [0, 1] and run["num_processes"] == 1
-    assert run["model"] == "embedded" and all(run["sampling"][k] == v for k, v in EMBEDDED_SAMPLING.items())  # its settings
+    assert run["model"] == "embedded" and all(
+        run["sampling"][k] == v for k, v in EMBEDDED_SAMPLING.items()
+    )  # its settings
     assert (run["height"], run["width"]) == (64, 64)
     # the KV cache of one call, counted from the plan: the embedded model runs with CFG (guidance 2), LazyVAR's
     # group keeps fewer positions than the baseline
@@ -282,8 +330,14 @@ def test_bench_fidelity_matches_the_saved_images(bench_run):
     assert [(it["prompt_index"], it["seed"]) for it in items] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     features = {m: [] for m in ("baseline", "lazyvar")}
     for it in items:
-        loaded = {m: np.asarray(Image.open(out / m / "geneval" / f"{it['prompt_index']:05d}" / "samples" / f"{it['seed_position']:04d}.png"))
-                  for m in features}
+        loaded = {
+            m: np.asarray(
+                Image.open(
+                    out / m / "geneval" / f"{it['prompt_index']:05d}" / "samples" / f"{it['seed_position']:04d}.png"
+                )
+            )
+            for m in features
+        }
         base = it["methods"]["baseline"]
         assert math.isinf(base["psnr"]) and base["ssim"] == pytest.approx(1.0) and base["lpips"] == 0.0
         lazy = it["methods"]["lazyvar"]
@@ -332,9 +386,20 @@ def test_bench_reports_skipped_metrics_and_plain_image_layout(embedded_pipe, tmp
     monkeypatch.setattr(runner, "load_fid_extractor", unavailable)
     monkeypatch.setattr(runner, "load_lpips", unavailable)
     (tmp_path / "prompts.txt").write_text("a red fox in the snow\n")
-    results = run_bench(pipe=embedded_pipe, prompts=str(tmp_path / "prompts.txt"), seeds=[7], methods=["baseline"], repeats=1,
-                        warmup=0, output_dir=tmp_path / "out", progress=False, verbose=False)
-    assert results["skipped"]["fid_star"] == results["skipped"]["lpips"] == "weights not in this machine's cache (test)"
+    results = run_bench(
+        pipe=embedded_pipe,
+        prompts=str(tmp_path / "prompts.txt"),
+        seeds=[7],
+        methods=["baseline"],
+        repeats=1,
+        warmup=0,
+        output_dir=tmp_path / "out",
+        progress=False,
+        verbose=False,
+    )
+    assert (
+        results["skipped"]["fid_star"] == results["skipped"]["lpips"] == "weights not in this machine's cache (test)"
+    )
     assert "shapes grammar" in results["skipped"]["scorer"]
     fidelity = results["methods"]["baseline"]["fidelity"]
     assert fidelity["fid_star"] is None and fidelity["lpips_mean"] is None

@@ -14,8 +14,15 @@ from benchmarks.gpu import OFFICIAL_ROW, block_order, count_tflops_per_image, ma
 
 def test_blocks_run_in_order_of_importance():
     assert block_order(["infinity-2b", "hart-0.7b"], [1, 4], ["eager", "graphs"]) == [
-        ("infinity-2b", 1, "eager"), ("hart-0.7b", 1, "eager"), ("infinity-2b", 1, "graphs"), ("hart-0.7b", 1, "graphs"),
-        ("infinity-2b", 4, "eager"), ("hart-0.7b", 4, "eager"), ("infinity-2b", 4, "graphs"), ("hart-0.7b", 4, "graphs")]
+        ("infinity-2b", 1, "eager"),
+        ("hart-0.7b", 1, "eager"),
+        ("infinity-2b", 1, "graphs"),
+        ("hart-0.7b", 1, "graphs"),
+        ("infinity-2b", 4, "eager"),
+        ("hart-0.7b", 4, "eager"),
+        ("infinity-2b", 4, "graphs"),
+        ("hart-0.7b", 4, "graphs"),
+    ]
 
 
 def test_graph_rows_start_with_the_baseline_then_lazyvar():
@@ -28,14 +35,40 @@ def test_graph_rows_start_with_the_baseline_then_lazyvar():
 
 def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys):
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny,tiny-hart", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar",
-                 "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny,tiny-hart",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline,lazyvar",
+                "--batch-sizes",
+                "1,2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--graph-warmup",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
-    assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(["tiny", "tiny-hart"], [1, 2],
-                                                                                              ["eager", "graphs"])
+    assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(
+        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"]
+    )
     for block in report["blocks"]:
         labels = [r["label"] for r in block["records"]]
-        assert labels == (["baseline", "lazyvar", OFFICIAL_ROW] if block["mode"] == "eager" else ["baseline", "lazyvar"])
+        assert labels == (
+            ["baseline", "lazyvar", OFFICIAL_ROW] if block["mode"] == "eager" else ["baseline", "lazyvar"]
+        )
         assert block["tflops_per_image"] == {"baseline": None, "lazyvar": None}  # no counted config for tiny models
         for r in block["records"]:
             if block["mode"] == "eager":
@@ -49,15 +82,17 @@ def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys)
             assert eager_base["speedup_vs_eager"] == 1.0
     printed = capsys.readouterr().out
     assert printed.count("so far:") == len(report["blocks"])  # the table so far after every block
-    table = printed[printed.rindex("model "):]
+    table = printed[printed.rindex("model ") :]
     assert table.count("median s") == 1  # then the one final table of every row
     assert "vs eager" in table and "vs graphs" in table and "peak GiB" in table and OFFICIAL_ROW in table
     rows = [line for line in table.splitlines() if line.startswith(("tiny ", "tiny-hart "))]
     assert len(rows) == sum(len(b["records"]) for b in report["blocks"])
     from diffusers_var_accel import HARTPipeline, InfinityPipeline
 
-    graph_rows = {model: [line for line in rows if line.startswith(model + " ") and " graphs " in line]
-                  for model in ("tiny", "tiny-hart")}
+    graph_rows = {
+        model: [line for line in rows if line.startswith(model + " ") and " graphs " in line]
+        for model in ("tiny", "tiny-hart")
+    }
     for model, cls in (("tiny", InfinityPipeline), ("tiny-hart", HARTPipeline)):
         assert len(graph_rows[model]) == 2 * 2  # two methods, two batch sizes
         for line in graph_rows[model]:
@@ -70,11 +105,38 @@ def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys)
 
 def test_time_budget_stops_new_blocks(tmp_path, capsys):
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
-                 "--modes", "eager", "--repeats", "1", "--warmup", "0", "--max-seconds", "0", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline",
+                "--batch-sizes",
+                "1,2",
+                "--modes",
+                "eager",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--max-seconds",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
-    assert report["blocks"] == [] and report["skipped"] == ["tiny batch 1 eager: time budget spent",
-                                                            "tiny batch 2 eager: time budget spent"]
+    assert report["blocks"] == [] and report["skipped"] == [
+        "tiny batch 1 eager: time budget spent",
+        "tiny batch 2 eager: time budget spent",
+    ]
     assert "skipped tiny batch 1 eager" in capsys.readouterr().out
 
 
@@ -119,15 +181,50 @@ def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, mo
     monkeypatch.setattr(InfinityPipeline, "enable_cuda_graphs", enable_cuda_graphs, raising=False)
     monkeypatch.setattr(InfinityPipeline, "disable_cuda_graphs", lambda self: events.append("disable"), raising=False)
     monkeypatch.setattr(InfinityPipeline, "set_sampling", set_sampling, raising=False)
-    monkeypatch.setattr(InfinityPipeline, "sampling", property(lambda self: self.__dict__.get("_test_sampling", "device")),
-                        raising=False)
+    monkeypatch.setattr(
+        InfinityPipeline,
+        "sampling",
+        property(lambda self: self.__dict__.get("_test_sampling", "device")),
+        raising=False,
+    )
     monkeypatch.setattr(InfinityPipeline, "__call__", call)
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1",
-                 "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline",
+                "--batch-sizes",
+                "1",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--graph-warmup",
+                "0",
+                "--no-flops",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # eager block: baseline (device sampling), official-style (official, then restored); graphs block: enable .. disable
-    assert events == ["call:device", "sampling=official", "call:official", "sampling=device",
-                      "enable", "call:device", "disable"]
+    assert events == [
+        "call:device",
+        "sampling=official",
+        "call:official",
+        "sampling=device",
+        "enable",
+        "call:device",
+        "disable",
+    ]
     eager, graphs = json.loads(out.read_text())["blocks"]
     assert eager["records"][1]["sampled_with"] == "official"
     assert graphs["records"][0]["median_s"] > 0 and graphs["records"][0]["speedup_vs_graphs"] == 1.0
@@ -147,14 +244,43 @@ def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, 
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(gpu, "measure_rows", interrupted_second_block)
-    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable: (None, None))  # graph blocks "available" (CPU no-op)
+    monkeypatch.setattr(
+        gpu, "_graphs_switch", lambda pipe, enable: (None, None)
+    )  # graph blocks "available" (CPU no-op)
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline", "--batch-sizes", "1,2",
-                 "--repeats", "1", "--warmup", "0", "--graph-warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline",
+                "--batch-sizes",
+                "1,2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--graph-warmup",
+                "0",
+                "--no-flops",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert [(b["batch_size"], b["mode"]) for b in report["blocks"]] == [(1, "eager")]
-    assert report["skipped"] == ["tiny batch 1 graphs: interrupted", "tiny batch 2 eager: interrupted",
-                                 "tiny batch 2 graphs: interrupted"]
+    assert report["skipped"] == [
+        "tiny batch 1 graphs: interrupted",
+        "tiny batch 2 eager: interrupted",
+        "tiny batch 2 graphs: interrupted",
+    ]
     assert "interrupted" not in report["blocks"][0]
     printed = capsys.readouterr().out
     assert "tiny             1 eager   baseline" in printed and "skipped tiny batch 2 graphs: interrupted" in printed
@@ -173,8 +299,32 @@ def test_a_failing_row_keeps_the_others(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(InfinityPipeline, "__call__", call)
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar", "--batch-sizes",
-                 "1", "--modes", "eager", "--repeats", "2", "--warmup", "1", "--no-flops", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline,lazyvar",
+                "--batch-sizes",
+                "1",
+                "--modes",
+                "eager",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--no-flops",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (block,) = json.loads(out.read_text())["blocks"]
     records = {r["label"]: r for r in block["records"]}
     assert records["baseline"]["repeats"] == 2 and records[OFFICIAL_ROW]["repeats"] == 2
@@ -198,8 +348,30 @@ def test_an_interrupt_inside_a_block_keeps_its_finished_rounds(tmp_path, monkeyp
 
     monkeypatch.setattr(InfinityPipeline, "__call__", call)
     out = tmp_path / "gpu.json"
-    assert main(["--models", "tiny", "--device", "cpu", "--size", "256", "--methods", "baseline,lazyvar", "--batch-sizes",
-                 "1", "--repeats", "3", "--warmup", "0", "--no-flops", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--models",
+                "tiny",
+                "--device",
+                "cpu",
+                "--size",
+                "256",
+                "--methods",
+                "baseline,lazyvar",
+                "--batch-sizes",
+                "1",
+                "--repeats",
+                "3",
+                "--warmup",
+                "0",
+                "--no-flops",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     (block,) = report["blocks"]
     assert block["interrupted"] is True and block["mode"] == "eager"
@@ -213,12 +385,18 @@ def test_dry_run_of_gpu_sh_writes_its_results_under_out(tmp_path):
     import subprocess
 
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run", "--methods", "baseline,lazyvar"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run", "--methods", "baseline,lazyvar"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_results.json").read_text())
     assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(
-        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"])
+        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"]
+    )
     assert all(r["median_s"] > 0 for b in report["blocks"] for r in b["records"])
     log = (tmp_path / "gpu.log").read_text()
     assert log.count("so far:") == len(report["blocks"]) and "total" in log

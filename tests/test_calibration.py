@@ -56,8 +56,16 @@ def pipe():
 
 @pytest.fixture(scope="module")
 def result(pipe):
-    return calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS, seeds=[0], grid=TINY_GRID,
-                     timing_repeats=1, progress=False)
+    return calibrate(
+        pipe,
+        "lazyvar",
+        target_flops_ratio=1.5,
+        prompts=PROMPTS,
+        seeds=[0],
+        grid=TINY_GRID,
+        timing_repeats=1,
+        progress=False,
+    )
 
 
 def _without_timing(record):
@@ -82,8 +90,9 @@ def test_the_chosen_setting_meets_the_budget_and_is_the_closest(pipe, result):
     # the counted ratio is that of a real call: recount it independently with the demo's counter
     scheduler = result["scheduler"]
     base = count_call_flops(pipe, PROMPTS[0], generator=torch.Generator().manual_seed(0), **EMBEDDED_SAMPLING)
-    accel = count_call_flops(pipe, PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=scheduler,
-                             **EMBEDDED_SAMPLING)
+    accel = count_call_flops(
+        pipe, PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=scheduler, **EMBEDDED_SAMPLING
+    )
     assert chosen["flops"] == accel and result["baseline"]["flops"] == base
     # fidelity: a pruned setting is not the baseline, and the scorer ran on the shapes prompts
     assert 0 < chosen["ssim_mean"] < 1 and chosen["psnr_mean"] > 0 and 0 <= chosen["accuracy"] <= 1
@@ -103,9 +112,14 @@ def test_the_files_are_written_and_load(pipe, result, tmp_path):
     assert record["model"] == "embedded"  # the packaged model by its name, not this machine's install folder
     assert record["chosen"]["settings"] == result["chosen"]["settings"]
     assert {"flops_ratio", "psnr_mean", "ssim_mean", "accuracy", "speedup"} <= set(record["chosen"])
-    assert len(record["tried"]) == len(TINY_GRID) and all("flops_ratio" in t and "ssim_mean" in t for t in record["tried"])
-    for loaded in (LazyVARScheduler.from_pretrained(tmp_path), VARAccelScheduler.from_pretrained(tmp_path),
-                   load_acceleration(str(tmp_path), "infinity")):
+    assert len(record["tried"]) == len(TINY_GRID) and all(
+        "flops_ratio" in t and "ssim_mean" in t for t in record["tried"]
+    )
+    for loaded in (
+        LazyVARScheduler.from_pretrained(tmp_path),
+        VARAccelScheduler.from_pretrained(tmp_path),
+        load_acceleration(str(tmp_path), "infinity"),
+    ):
         assert type(loaded) is LazyVARScheduler
         for key, value in result["chosen"]["settings"].items():
             assert json.loads(json.dumps(loaded.config[key])) == value
@@ -116,23 +130,39 @@ def test_the_files_are_written_and_load(pipe, result, tmp_path):
     from PIL import Image
 
     made = np.asarray(Image.open(next(out.glob("*.png"))).convert("RGB"))
-    expected = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=result["scheduler"],
-                    **EMBEDDED_SAMPLING).images[0]
+    expected = pipe(
+        PROMPTS[0], generator=torch.Generator().manual_seed(0), acceleration=result["scheduler"], **EMBEDDED_SAMPLING
+    ).images[0]
     baseline = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), **EMBEDDED_SAMPLING).images[0]
     assert np.array_equal(made, np.asarray(expected)) and not np.array_equal(made, np.asarray(baseline))
 
 
 def test_the_search_is_deterministic(pipe, result):
-    again = calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS, seeds=[0], grid=TINY_GRID,
-                      timing_repeats=1, progress=False)
+    again = calibrate(
+        pipe,
+        "lazyvar",
+        target_flops_ratio=1.5,
+        prompts=PROMPTS,
+        seeds=[0],
+        grid=TINY_GRID,
+        timing_repeats=1,
+        progress=False,
+    )
     from diffusers_var_accel.calibration import calibration_record
 
     assert _without_timing(calibration_record(again)) == _without_timing(calibration_record(result))
 
 
 def test_no_setting_meets_the_budget(pipe, tmp_path, capsys):
-    out = calibrate(pipe, "lazyvar", target_flops_ratio=50.0, prompts=PROMPTS[:1], grid=TINY_GRID[:1],
-                    timing_repeats=1, progress=False)
+    out = calibrate(
+        pipe,
+        "lazyvar",
+        target_flops_ratio=50.0,
+        prompts=PROMPTS[:1],
+        grid=TINY_GRID[:1],
+        timing_repeats=1,
+        progress=False,
+    )
     assert out["chosen"] is None and out["scheduler"] is None
     written = write_calibration(out, tmp_path)
     assert "config" not in written and not (tmp_path / "acceleration_config.json").exists()
@@ -143,32 +173,69 @@ def test_the_command_writes_the_files(tmp_path, capsys):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps(TINY_GRID[1:2]))
     out = tmp_path / "out"
-    rc = main(["calibrate", "--model", "embedded", "--method", "lazyvar", "--target-flops-ratio", "1.5", "--grid", str(grid),
-               "--num-prompts", "1", "--timing-repeats", "1", "--output", str(out), "--no-progress"])
+    rc = main(
+        [
+            "calibrate",
+            "--model",
+            "embedded",
+            "--method",
+            "lazyvar",
+            "--target-flops-ratio",
+            "1.5",
+            "--grid",
+            str(grid),
+            "--num-prompts",
+            "1",
+            "--timing-repeats",
+            "1",
+            "--output",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert "counted FLOPs ratio" in capsys.readouterr().out
     assert list(LazyVARScheduler.from_pretrained(out).config.keep_ratios) == [0.2, 0.1]
     record = json.loads((out / CALIBRATION_FILE).read_text())
     assert record["prompts"] == calibration_prompts(1)
     # an unreachable budget: exit 2, one line, and calibration.json still says what was tried
-    rc = main(["calibrate", "--method", "lazyvar", "--target-flops-ratio", "40", "--grid", str(grid), "--num-prompts", "1",
-               "--timing-repeats", "1", "--output", str(tmp_path / "none"), "--no-progress"])
+    rc = main(
+        [
+            "calibrate",
+            "--method",
+            "lazyvar",
+            "--target-flops-ratio",
+            "40",
+            "--grid",
+            str(grid),
+            "--num-prompts",
+            "1",
+            "--timing-repeats",
+            "1",
+            "--output",
+            str(tmp_path / "none"),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and len([line for line in err.splitlines() if line.startswith("error: no setting")]) == 1
     assert (tmp_path / "none" / CALIBRATION_FILE).is_file()
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["--method", "lazyvarr", "--target-flops-ratio", "2"], "lazyvarr"),
-    (["--method", "lazyvar+lazyvar", "--target-flops-ratio", "2"], "lazyvar+lazyvar"),
-    (["--method", "lazyvar"], "budget"),
-    (["--method", "lazyvar", "--target-flops-ratio", "0.5"], "0.5"),
-    (["--method", "lazyvar", "--target-speedup", "nan"], "nan"),
-    (["--method", "lazyvar", "--target-flops-ratio", "2", "--seeds", "x"], "'x'"),
-    (["--method", "lazyvar", "--target-flops-ratio", "2", "--prompts", "missing.txt"], "missing.txt"),
-    (["--method", "lazyvar", "--target-flops-ratio", "2", "--grid", "nogrid.json"], "nogrid.json"),
-    (["--method", "lazyvar", "--target-flops-ratio", "2", "--select", "fid"], "fid"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--method", "lazyvarr", "--target-flops-ratio", "2"], "lazyvarr"),
+        (["--method", "lazyvar+lazyvar", "--target-flops-ratio", "2"], "lazyvar+lazyvar"),
+        (["--method", "lazyvar"], "budget"),
+        (["--method", "lazyvar", "--target-flops-ratio", "0.5"], "0.5"),
+        (["--method", "lazyvar", "--target-speedup", "nan"], "nan"),
+        (["--method", "lazyvar", "--target-flops-ratio", "2", "--seeds", "x"], "'x'"),
+        (["--method", "lazyvar", "--target-flops-ratio", "2", "--prompts", "missing.txt"], "missing.txt"),
+        (["--method", "lazyvar", "--target-flops-ratio", "2", "--grid", "nogrid.json"], "nogrid.json"),
+        (["--method", "lazyvar", "--target-flops-ratio", "2", "--select", "fid"], "fid"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors_naming_the_value(argv, named, tmp_path, capsys):
     assert main(["calibrate", *argv, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -176,18 +243,21 @@ def test_bad_arguments_are_one_line_errors_naming_the_value(argv, named, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    (dict(), "budget"),
-    (dict(target_flops_ratio=0.9), "0.9"),
-    (dict(target_flops_ratio=True), "True"),
-    (dict(target_flops_ratio=2, method="turbo"), "turbo"),
-    (dict(target_flops_ratio=2, select="fid"), "fid"),
-    (dict(target_flops_ratio=2, prompts=[]), "[]"),
-    (dict(target_flops_ratio=2, seeds=[-1]), "-1"),
-    (dict(target_flops_ratio=2, grid=[1]), "[1]"),
-    (dict(target_flops_ratio=2, timing_repeats=0), "0"),
-    (dict(target_flops_ratio=2, prompts=["a red fox"], select="accuracy"), "shapes prompts"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(), "budget"),
+        (dict(target_flops_ratio=0.9), "0.9"),
+        (dict(target_flops_ratio=True), "True"),
+        (dict(target_flops_ratio=2, method="turbo"), "turbo"),
+        (dict(target_flops_ratio=2, select="fid"), "fid"),
+        (dict(target_flops_ratio=2, prompts=[]), "[]"),
+        (dict(target_flops_ratio=2, seeds=[-1]), "-1"),
+        (dict(target_flops_ratio=2, grid=[1]), "[1]"),
+        (dict(target_flops_ratio=2, timing_repeats=0), "0"),
+        (dict(target_flops_ratio=2, prompts=["a red fox"], select="accuracy"), "shapes prompts"),
+    ],
+)
 def test_bad_arguments_raise_naming_the_value(pipe, kwargs, named):
     method = kwargs.pop("method", "lazyvar")
     with pytest.raises(ValueError) as err:
@@ -197,7 +267,9 @@ def test_bad_arguments_raise_naming_the_value(pipe, kwargs, named):
 
 def test_a_setting_the_model_cannot_run_is_recorded_not_chosen(pipe):
     grid = [dict(group_scales=[-12, -11], keep_ratios=[0.5, 0.5]), TINY_GRID[1]]  # the model has 10 scales
-    out = calibrate(pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS[:1], grid=grid, timing_repeats=1, progress=False)
+    out = calibrate(
+        pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS[:1], grid=grid, timing_repeats=1, progress=False
+    )
     assert "error" in out["tried"][0] and "-12" in out["tried"][0]["error"]
     assert out["chosen"]["settings"] == TINY_GRID[1]
 
@@ -215,7 +287,9 @@ def test_calibration_prompts_are_disjoint_from_the_held_out_set():
 
 
 #: Every library method alone and every pair of the methods that take composition settings (from the registry).
-GRID_CASES = sorted(METHODS) + [COMPOSE_SEPARATOR.join(pair) for pair in itertools.combinations(calibrated_methods(as_member=True), 2)]
+GRID_CASES = sorted(METHODS) + [
+    COMPOSE_SEPARATOR.join(pair) for pair in itertools.combinations(calibrated_methods(as_member=True), 2)
+]
 
 
 def test_every_library_method_ships_its_calibration_grid_on_its_class():
@@ -233,17 +307,24 @@ def test_a_method_without_a_grid_is_refused_by_name_and_one_with_a_grid_is_searc
 
     try:
         assert not NoGridScheduler.has_calibration_grid() and "nogrid" not in calibrated_methods()
-        with pytest.raises(ValueError, match=r"method 'nogrid' \(registered, but it has no calibration grid\) cannot be "
-                                             r"calibrated; methods with a grid: \['arvar'"):
+        with pytest.raises(
+            ValueError,
+            match=r"method 'nogrid' \(registered, but it has no calibration grid\) cannot be "
+            r"calibrated; methods with a grid: \['arvar'",
+        ):
             candidate_grid("nogrid", 6)
         with pytest.raises(NotImplementedError, match="NoGridScheduler has no calibration grid"):
             NoGridScheduler.calibration_grid(6)
         # a grid on the class is all it takes: the search reads it from there
-        NoGridScheduler.calibration_grid = classmethod(lambda cls, n: [dict(halved_scales=[-1]), dict(halved_scales=[-2, -1])])
+        NoGridScheduler.calibration_grid = classmethod(
+            lambda cls, n: [dict(halved_scales=[-1]), dict(halved_scales=[-2, -1])]
+        )
         assert "nogrid" in calibrated_methods() and "nogrid" not in calibrated_methods(as_member=True)
         assert candidate_grid("nogrid", 6) == [dict(halved_scales=[-1]), dict(halved_scales=[-2, -1])]
         assert build_candidate("nogrid", dict(halved_scales=[-2, -1]), "infinity").config.halved_scales == [-2, -1]
-        with pytest.raises(ValueError, match=r"'nogrid' has a calibration grid but no settings as a composition member"):
+        with pytest.raises(
+            ValueError, match=r"'nogrid' has a calibration grid but no settings as a composition member"
+        ):
             candidate_grid(f"lazyvar{COMPOSE_SEPARATOR}nogrid", 6)
     finally:
         unregister_method("nogrid")
@@ -278,7 +359,10 @@ def test_the_model_card_takes_calibrations(result, tmp_path):
     folder = tmp_path / "pipeline"
     shutil.copytree(embedded_model_path(), folder)
     card = write_model_card(folder, calibrations=[calibrated], repo_id="me/shapes").read_text()
-    assert "## Calibrated settings" in card and 'LazyVARScheduler.from_pretrained("me/shapes", subfolder="lazyvar")' in card
+    assert (
+        "## Calibrated settings" in card
+        and 'LazyVARScheduler.from_pretrained("me/shapes", subfolder="lazyvar")' in card
+    )
     assert f"{result['chosen']['flops_ratio']:.2f}×" in card and f"{result['chosen']['ssim_mean']:.3f}" in card
     assert "acceleration_calibrations" in card
     loaded = LazyVARScheduler.from_pretrained(folder, subfolder="lazyvar")
@@ -302,7 +386,9 @@ def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
     assert record["method"] == method and record["model_family"] == "infinity" and record["model"] == "embedded"
     chosen = record["chosen"]
     assert chosen["flops_ratio"] >= record["budget"]["target_flops_ratio"]
-    again = choose(record["tried"], record["budget"]["target_flops_ratio"], record["budget"]["target_speedup"], record["select"])
+    again = choose(
+        record["tried"], record["budget"]["target_flops_ratio"], record["budget"]["target_speedup"], record["select"]
+    )
     assert chosen["settings"] == again["settings"] and chosen["ssim_mean"] == again["ssim_mean"]
     # the calibration ran on prompts disjoint from the held-out set
     from diffusers_var_accel.data.shapes import heldout_prompts
@@ -315,8 +401,9 @@ def test_each_embedded_preset_is_its_calibrations_choice(method, tmp_path):
     scheduler.save_pretrained(tmp_path)  # the file is what save_pretrained writes (complete and canonical)
     written = json.loads((tmp_path / "acceleration_config.json").read_text())
     stored = json.loads((folder / "acceleration_config.json").read_text())
-    assert {k: v for k, v in written.items() if k != "_diffusers_version"} == \
-        {k: v for k, v in stored.items() if k != "_diffusers_version"}
+    assert {k: v for k, v in written.items() if k != "_diffusers_version"} == {
+        k: v for k, v in stored.items() if k != "_diffusers_version"
+    }
 
 
 def test_the_embedded_model_picks_its_own_presets(pipe):
@@ -329,30 +416,37 @@ def test_the_embedded_model_picks_its_own_presets(pipe):
         assert pipe.enable_acceleration(method).to_dict() == own.to_dict()
         assert load_acceleration(method, "infinity", preset_model=pipe.preset_model).to_dict() == own.to_dict()
         # the papers' presets are unchanged and stay the family's: another Infinity pipeline gets them
-        assert json.loads(json.dumps(cls.from_preset("infinity").to_dict())) == \
-            json.loads(json.dumps(cls.from_pretrained(f"infinity-2b/{method}").to_dict()))
+        assert json.loads(json.dumps(cls.from_preset("infinity").to_dict())) == json.loads(
+            json.dumps(cls.from_pretrained(f"infinity-2b/{method}").to_dict())
+        )
     pipe.disable_acceleration()
     lazy = pipe.enable_lazyvar(keep_ratios=[0.3, 0.2])  # overrides apply to the own preset
-    assert list(lazy.config.keep_ratios) == [0.3, 0.2] and list(lazy.config.group_scales) == \
-        list(LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales)
+    assert list(lazy.config.keep_ratios) == [0.3, 0.2] and list(lazy.config.group_scales) == list(
+        LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales
+    )
     pipe.disable_acceleration()
     composed = pipe.enable_acceleration("lazyvar+arvar")
-    assert [m.to_dict() for m in composed.members] == [LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict(),
-                                                           ARVARScheduler.from_pretrained("embedded/arvar").to_dict()]
+    assert [m.to_dict() for m in composed.members] == [
+        LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict(),
+        ARVARScheduler.from_pretrained("embedded/arvar").to_dict(),
+    ]
     pipe.disable_acceleration()
     tiny = build_tiny_infinity_pipeline(seed=0)
     assert tiny.preset_model == "infinity-2b"
-    assert json.loads(json.dumps(tiny.enable_lazyvar().to_dict())) == \
-        json.loads(json.dumps(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()))
+    assert json.loads(json.dumps(tiny.enable_lazyvar().to_dict())) == json.loads(
+        json.dumps(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict())
+    )
 
 
 def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
     from diffusers_var_accel.calibration import meets_budget
 
-    tried = [dict(settings={"a": 1}, flops_ratio=2.5, speedup=1.2, ssim_mean=0.7, psnr_mean=20.0),
-             dict(settings={"a": 2}, flops_ratio=1.6, speedup=1.5, ssim_mean=0.8, psnr_mean=22.0),
-             dict(settings={"a": 3}, flops_ratio=1.2, speedup=1.1, ssim_mean=0.95, psnr_mean=30.0),
-             dict(settings={"a": 4}, error="not runnable")]
+    tried = [
+        dict(settings={"a": 1}, flops_ratio=2.5, speedup=1.2, ssim_mean=0.7, psnr_mean=20.0),
+        dict(settings={"a": 2}, flops_ratio=1.6, speedup=1.5, ssim_mean=0.8, psnr_mean=22.0),
+        dict(settings={"a": 3}, flops_ratio=1.2, speedup=1.1, ssim_mean=0.95, psnr_mean=30.0),
+        dict(settings={"a": 4}, error="not runnable"),
+    ]
     assert choose(tried, target_speedup=1.4)["settings"] == {"a": 2}
     assert choose(tried, target_flops_ratio=2.0)["settings"] == {"a": 1}
     assert choose(tried, target_flops_ratio=2.0, target_speedup=1.4) is None
@@ -363,19 +457,32 @@ def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
 
 
 def test_progress_gives_a_time_estimate_and_what_is_left(pipe, capsys):
-    calibrate(pipe, "lazyvar", target_flops_ratio=1.2, prompts=PROMPTS[:1], grid=TINY_GRID[:2], timing_repeats=1,
-              progress=True)
+    calibrate(
+        pipe,
+        "lazyvar",
+        target_flops_ratio=1.2,
+        prompts=PROMPTS[:1],
+        grid=TINY_GRID[:2],
+        timing_repeats=1,
+        progress=True,
+    )
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate: ")]
-    assert re.search(r"baseline: 2 calls in [\d.]+ s \([\d.]+ s each\); the 2 candidates take about \d+ (s|min|h) at "
-                     "that pace", lines[1]), lines
+    assert re.search(
+        r"baseline: 2 calls in [\d.]+ s \([\d.]+ s each\); the 2 candidates take about \d+ (s|min|h) at "
+        "that pace",
+        lines[1],
+    ), lines
     assert re.search(r"^calibrate: \[1/2\] .*; \d+ s so far, about \d+ s left$", lines[2]), lines
     assert lines[3].endswith("about 0 s left"), lines
 
 
-@pytest.mark.parametrize("command, says", [
-    ("calibrate", "none was written: run the same command again to start the search over"),
-    ("generate", "finished images are kept: run the same command again to resume"),
-])
+@pytest.mark.parametrize(
+    "command, says",
+    [
+        ("calibrate", "none was written: run the same command again to start the search over"),
+        ("generate", "finished images are kept: run the same command again to resume"),
+    ],
+)
 def test_ctrl_c_says_what_each_command_leaves(command, says, monkeypatch, capsys, tmp_path):
     import diffusers_var_accel.cli as cli
 
@@ -423,6 +530,7 @@ def test_a_packaged_calibration_reproduces(pipe, method):
     assert _mean(fidelity["ssim"]) == pytest.approx(chosen["ssim_mean"], abs=1e-6)
     assert _mean(fidelity["psnr"]) == pytest.approx(chosen["psnr_mean"], abs=1e-4)
     first, seed = record["prompts"][0], record["seeds"][0]
-    ratio = _count_flops(pipe, first, seed, None, record["sampling"]) / _count_flops(pipe, first, seed, scheduler,
-                                                                                     record["sampling"])
+    ratio = _count_flops(pipe, first, seed, None, record["sampling"]) / _count_flops(
+        pipe, first, seed, scheduler, record["sampling"]
+    )
     assert ratio == pytest.approx(chosen["flops_ratio"], rel=1e-9)

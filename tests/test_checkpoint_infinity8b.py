@@ -24,7 +24,11 @@ from diffusers_var_accel.models.autoencoder_bsq import (
     convert_infinity_vae_checkpoint,
     infer_infinity_vae_config,
 )
-from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, convert_infinity_checkpoint, infer_infinity_config
+from diffusers_var_accel.models.transformer_infinity import (
+    INFINITY_CONFIGS,
+    convert_infinity_checkpoint,
+    infer_infinity_config,
+)
 from diffusers_var_accel.pipelines.infinity.convert import convert_infinity_original
 
 from fixture_utils import official_call_kwargs, padded_text
@@ -38,7 +42,9 @@ INDEX = "model.safetensors.index.json"
 @pytest.fixture(scope="module")
 def fixture():
     if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"Infinity-8B fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY8B_FIXTURE)")
+        pytest.fail(
+            f"Infinity-8B fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_INFINITY8B_FIXTURE)"
+        )
     manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
     return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
 
@@ -116,9 +122,9 @@ def test_sharded_folder_lists_every_bad_key(fixture, tmp_path):
     victims = [k for k, v in index["weight_map"].items() if v == shard][:3]
 
     def edit(t):
-        t["renamed." + victims[0]] = t.pop(victims[0])          # one missing + one unexpected
-        t[victims[1]] = torch.zeros(*t[victims[1]].shape, 3)    # one mis-shaped
-        del t[victims[2]]                                       # one more missing
+        t["renamed." + victims[0]] = t.pop(victims[0])  # one missing + one unexpected
+        t[victims[1]] = torch.zeros(*t[victims[1]].shape, 3)  # one mis-shaped
+        del t[victims[2]]  # one more missing
 
     _rewrite(folder, index, shard, edit)
     with pytest.raises(ValueError) as err:
@@ -188,8 +194,9 @@ def test_sharded_load_reads_each_shard_once_into_a_meta_built_model(fixture, mon
             return self.f.get_tensor(k)
 
     monkeypatch.setattr(safetensors, "safe_open", Spy)
-    model = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / SHARDED, apply_spatial_patchify=True,
-                                                         torch_dtype=torch.bfloat16)
+    model = InfinityTransformer.from_original_checkpoint(
+        FIXTURE_DIR / SHARDED, apply_spatial_patchify=True, torch_dtype=torch.bfloat16
+    )
     index = json.loads((FIXTURE_DIR / SHARDED / INDEX).read_text())["weight_map"]
     assert sorted(reads) == sorted((v, k) for k, v in index.items()) and len(set(reads)) == len(reads)
     assert [name for name, _ in reads] == sorted(name for name, _ in reads)  # shard by shard
@@ -203,8 +210,9 @@ def test_sharded_load_reads_each_shard_once_into_a_meta_built_model(fixture, mon
 def _greedy_latents(pipe, fixture):
     manifest, inputs, _ = fixture
     embeds, mask = padded_text(inputs)
-    return pipe(**official_call_kwargs(manifest, manifest["runs"]["greedy_cfg"]["call"], embeds, mask),
-                output_type="latent").images
+    return pipe(
+        **official_call_kwargs(manifest, manifest["runs"]["greedy_cfg"]["call"], embeds, mask), output_type="latent"
+    ).images
 
 
 def test_convert_sharded_folder_and_patchify_vae(fixture, tmp_path):
@@ -230,9 +238,24 @@ def test_convert_patchify_mismatches_are_errors(fixture):
 
 def test_cli_converts_the_sharded_folder(fixture, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["convert", "infinity", "--transformer", str(FIXTURE_DIR / SHARDED), "--vae", str(FIXTURE_DIR / "vae_tiny.pth"),
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(FIXTURE_DIR / SHARDED),
+                "--vae",
+                str(FIXTURE_DIR / "vae_tiny.pth"),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     config = json.loads((out / "transformer" / "config.json").read_text())
-    assert config["apply_spatial_patchify"] is True and config["codebook_dim"] == 4 * json.loads(
-        (out / "vae" / "config.json").read_text())["codebook_dim"]
+    assert (
+        config["apply_spatial_patchify"] is True
+        and config["codebook_dim"] == 4 * json.loads((out / "vae" / "config.json").read_text())["codebook_dim"]
+    )

@@ -8,7 +8,12 @@ from diffusers_var_accel.cli import main
 
 
 def test_generate_with_the_tiny_model_writes_images(tmp_path, capsys):
-    assert main(["generate", "a red circle", "a blue square", "--model", "tiny", "--output", str(tmp_path), "--seed", "3"]) == 0
+    assert (
+        main(
+            ["generate", "a red circle", "a blue square", "--model", "tiny", "--output", str(tmp_path), "--seed", "3"]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "generations.json").read_text())
     assert [r["prompt"] for r in report["images"]] == ["a red circle", "a blue square"]
     assert [r["seed"] for r in report["images"]] == [3, 4]
@@ -38,9 +43,37 @@ def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, caps
     build_tiny_hart_pipeline(seed=0).save_pretrained(tmp_path / "hart")
     assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--output", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "a-red-fox-s0.png").is_file()
-    assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--tau", "0.5", "--output", str(tmp_path / "o2")]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "a red fox",
+                "--model",
+                str(tmp_path / "hart"),
+                "--tau",
+                "0.5",
+                "--output",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 2
+    )
     assert "--tau" in capsys.readouterr().err
-    assert main(["generate", "a red fox", "--model", str(tmp_path / "hart"), "--height", "128", "--output", str(tmp_path / "o3")]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "a red fox",
+                "--model",
+                str(tmp_path / "hart"),
+                "--height",
+                "128",
+                "--output",
+                str(tmp_path / "o3"),
+            ]
+        )
+        == 2
+    )
     assert "64x64" in capsys.readouterr().err
     assert main(["generate", "x", "--model", str(tmp_path / "nothing"), "--output", str(tmp_path / "o4")]) == 2
     assert "model_index.json" in capsys.readouterr().err

@@ -46,7 +46,12 @@ def test_generate_prompts_file_writes_one_image_per_line_with_seeds(baseline_dir
 
 def test_generate_batch_size_keeps_each_images_seed(tmp_path, prompts_file, baseline_dir):
     out = tmp_path / "batched"
-    assert main(["generate", "--prompts-file", str(prompts_file), "--seed", "5", "--batch-size", "2", "--output", str(out)]) == 0
+    assert (
+        main(
+            ["generate", "--prompts-file", str(prompts_file), "--seed", "5", "--batch-size", "2", "--output", str(out)]
+        )
+        == 0
+    )
     record, images = _images(out)
     assert record["batch_size"] == 2 and [r["seed"] for r in record["images"]] == [5, 6]
     _, reference = _images(baseline_dir)
@@ -58,8 +63,22 @@ def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_di
     from diffusers_var_accel.schedulers.specs import load_acceleration
 
     preset_out = tmp_path / "lazyvar"
-    assert main(["generate", "--prompts-file", str(prompts_file), "--seed", "5", "--accel", "lazyvar",
-                 "--output", str(preset_out)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--prompts-file",
+                str(prompts_file),
+                "--seed",
+                "5",
+                "--accel",
+                "lazyvar",
+                "--output",
+                str(preset_out),
+            ]
+        )
+        == 0
+    )
     record, accelerated = _images(preset_out)
     assert record["acceleration"] == "lazyvar" and len(accelerated) == 2
     _, baseline = _images(baseline_dir)
@@ -72,8 +91,22 @@ def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_di
     shutil.copyfile(tmp_path / "saved" / "acceleration_config.json", json_file)
     (tmp_path / "saved" / "acceleration_config.json").unlink()  # the file's folder must not be what gets read
     json_out = tmp_path / "from_json"
-    assert main(["generate", "--prompts-file", str(prompts_file), "--seed", "5", "--accel", str(json_file),
-                 "--output", str(json_out)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--prompts-file",
+                str(prompts_file),
+                "--seed",
+                "5",
+                "--accel",
+                str(json_file),
+                "--output",
+                str(json_out),
+            ]
+        )
+        == 0
+    )
     _, from_json = _images(json_out)
     assert len(from_json) == 2
     for got, want in zip(from_json, accelerated):
@@ -89,7 +122,10 @@ def test_generate_accel_override_changes_the_scheduler(tmp_path, monkeypatch):
         return seen["scheduler"]
 
     monkeypatch.setattr(cli, "_load_accel", spy)
-    assert main(["generate", "two red circles", "--accel", "fastvar:skip_last_scales=false", "--output", str(tmp_path)]) == 0
+    assert (
+        main(["generate", "two red circles", "--accel", "fastvar:skip_last_scales=false", "--output", str(tmp_path)])
+        == 0
+    )
     assert type(seen["scheduler"]).__name__ == "FastVARScheduler"
     assert seen["scheduler"].config.skip_last_scales is False
 
@@ -105,7 +141,12 @@ def test_generate_loads_a_hub_shimmed_folder(tmp_path, capsys):
     write_hub_shim(folder)
     assert has_hub_shim(folder)
     assert json.loads((folder / "model_index.json").read_text())["_class_name"] == ["pipeline", "HARTPipeline"]
-    assert main(["generate", "a red fox", "--model", str(folder), "--accel", "fastvar", "--output", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            ["generate", "a red fox", "--model", str(folder), "--accel", "fastvar", "--output", str(tmp_path / "out")]
+        )
+        == 0
+    )
     record, images = _images(tmp_path / "out")
     assert len(images) == 1 and images[0].shape == (64, 64, 3)
 
@@ -130,8 +171,10 @@ def test_generate_loads_a_hub_shimmed_folder(tmp_path, capsys):
         (["generate"], ["give a prompt", "--prompts-file"]),
         (["generate", "x", "--batch-size", "0"], ["--batch-size 0", "1 or more"]),
         (["generate", "x", "--dtype", "float8"], ["invalid choice: 'float8'", "float32", "bfloat16"]),
-        (["generate", "x", "--model", "no_such_folder"], ["no_such_folder", "model_index.json", "var-accel convert",
-                                                         "tiny-hart"]),
+        (
+            ["generate", "x", "--model", "no_such_folder"],
+            ["no_such_folder", "model_index.json", "var-accel convert", "tiny-hart"],
+        ),
         (["convert"], ["infinity", "hart"]),
         (["convert", "sd"], ["invalid choice: 'sd'", "infinity", "hart"]),
         (["frobnicate"], ["invalid choice: 'frobnicate'", "generate", "convert", "flops"]),
@@ -149,32 +192,100 @@ def test_bad_inputs_exit_2_with_the_value_and_what_to_do(tmp_path, capsys, argv,
 
 def test_convert_infinity_official_fixture(tmp_path, capsys):
     out = tmp_path / "infinity"
-    assert main(["convert", "infinity", "--transformer", str(FIXTURES / "infinity" / "infinity_tiny.pth"),
-                 "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth"), "--output", str(out), "--hub-shim"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(FIXTURES / "infinity" / "infinity_tiny.pth"),
+                "--vae",
+                str(FIXTURES / "infinity" / "vae_tiny.pth"),
+                "--output",
+                str(out),
+                "--hub-shim",
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     from diffusers_var_accel.hub import has_hub_shim, pipeline_class
 
     assert pipeline_class(out).__name__ == "InfinityPipeline" and has_hub_shim(out)
     assert (out / "transformer").is_dir() and (out / "vae").is_dir()
     # an output that already holds a pipeline is not overwritten silently
-    assert main(["convert", "infinity", "--transformer", str(FIXTURES / "infinity" / "infinity_tiny.pth"),
-                 "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth"), "--output", str(out)]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(FIXTURES / "infinity" / "infinity_tiny.pth"),
+                "--vae",
+                str(FIXTURES / "infinity" / "vae_tiny.pth"),
+                "--output",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "--overwrite" in capsys.readouterr().err
 
 
 def test_convert_infinity_errors_say_what_to_do(tmp_path, capsys):
     # a missing input file is a bad value (exit 2); a checkpoint that does not convert is exit 1 (docs/cli.md)
-    assert main(["convert", "infinity", "--transformer", str(tmp_path / "nope.pth"),
-                 "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth"), "--output", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(tmp_path / "nope.pth"),
+                "--vae",
+                str(FIXTURES / "infinity" / "vae_tiny.pth"),
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "nope.pth" in err and "official checkpoint" in err
     # the transformer and VAE swapped: strict loading lists the offending keys
-    assert main(["convert", "infinity", "--transformer", str(FIXTURES / "infinity" / "vae_tiny.pth"),
-                 "--vae", str(FIXTURES / "infinity" / "infinity_tiny.pth"), "--output", str(tmp_path / "o")]) == 1
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(FIXTURES / "infinity" / "vae_tiny.pth"),
+                "--vae",
+                str(FIXTURES / "infinity" / "infinity_tiny.pth"),
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 1
+    )
     assert "error:" in capsys.readouterr().err
     assert not (tmp_path / "o" / "model_index.json").exists()
-    assert main(["convert", "infinity", "--transformer", "a.pth", "--vae", "b.pth", "--tokenizer", "t",
-                 "--output", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                "a.pth",
+                "--vae",
+                "b.pth",
+                "--tokenizer",
+                "t",
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "--tokenizer needs --text-encoder" in capsys.readouterr().err
 
 
@@ -208,16 +319,20 @@ def test_flops_prints_the_counted_table(capsys):
 def test_flops_runs_without_the_benchmarks_folder(tmp_path):
     """``var-accel flops`` needs only the package (an installed wheel has no ``benchmarks/``): with ``benchmarks``
     unimportable and the working directory outside the checkout, the counter still runs."""
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'benchmarks' or name.startswith('benchmarks.'):\n"
-            "            raise ImportError('benchmarks is not installed')\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "from diffusers_var_accel.cli import main\n"
-            "sys.exit(main(['flops', '--model', 'infinity-2b', '--height', '256', '--width', '256', '--json']))\n")
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'benchmarks' or name.startswith('benchmarks.'):\n"
+        "            raise ImportError('benchmarks is not installed')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from diffusers_var_accel.cli import main\n"
+        "sys.exit(main(['flops', '--model', 'infinity-2b', '--height', '256', '--width', '256', '--json']))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["model"] == "infinity-2b" and result["total_tflops"] > 0

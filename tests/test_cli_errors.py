@@ -56,8 +56,12 @@ def test_accel_overrides_are_checked_against_the_declared_types(tmp_path, capsys
 def test_accel_overrides_of_the_right_types_still_load():
     from diffusers_var_accel.cli import _load_accel, check_acceleration_overrides
 
-    for spec in ("lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]", "fastvar:skip_last_scales=false,prune_ratios=[0.3,0.4]",
-                 "depthvar:rotation_step=0.5,start_scale=null", "arvar:upsample_mode=nearest"):
+    for spec in (
+        "lazyvar:keep_ratios=[0.4,0.2,0.1,0.05]",
+        "fastvar:skip_last_scales=false,prune_ratios=[0.3,0.4]",
+        "depthvar:rotation_step=0.5,start_scale=null",
+        "arvar:upsample_mode=nearest",
+    ):
         check_acceleration_overrides(spec)
         assert _load_accel(spec, "infinity") is not None
 
@@ -66,11 +70,17 @@ def test_accel_overrides_of_the_right_types_still_load():
 def test_overrides_are_checked_in_every_command(tmp_path, capsys, command):
     flag = "--accel" if command == "generate" else "--methods"
     value = "fastvar:skip_last_scales=maybe" if command == "generate" else "baseline,fastvar:skip_last_scales=maybe"
-    _fails_cleanly(capsys, [command, *(["x"] if command == "generate" else []), flag, value, "-o", str(tmp_path / "o")],
-                   "skip_last_scales='maybe'", "boolean")
+    _fails_cleanly(
+        capsys,
+        [command, *(["x"] if command == "generate" else []), flag, value, "-o", str(tmp_path / "o")],
+        "skip_last_scales='maybe'",
+        "boolean",
+    )
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:99", "tpu", "cpu:x"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"]))
+@pytest.mark.parametrize(
+    "device", ["gpu", "cuda:99", "tpu", "cpu:x"] + ([] if torch.cuda.is_available() else ["cuda", "cuda:0"])
+)
 @pytest.mark.parametrize("command", ["generate", "bench"])
 def test_a_device_that_is_not_there(tmp_path, capsys, command, device):
     argv = [command, *(["x"] if command == "generate" else []), "--device", device, "-o", str(tmp_path / "o")]
@@ -88,8 +98,12 @@ def regular_file(tmp_path):
 @pytest.mark.parametrize("command", ["generate", "demo", "bench", "convert"])
 def test_an_output_that_is_or_is_under_a_regular_file(capsys, regular_file, command, under):
     output = str(regular_file / "sub" if under else regular_file)
-    argv = {"generate": ["generate", "x"], "demo": ["demo"], "bench": ["bench"],
-            "convert": ["convert", "hart", "--checkpoint", str(FIXTURES / "hart" / "hart-tiny")]}[command]
+    argv = {
+        "generate": ["generate", "x"],
+        "demo": ["demo"],
+        "bench": ["bench"],
+        "convert": ["convert", "hart", "--checkpoint", str(FIXTURES / "hart" / "hart-tiny")],
+    }[command]
     _fails_cleanly(capsys, argv + ["-o", output], f"--output {output}", "a_file", "not a folder")
     assert regular_file.read_text() == "not a folder"
 
@@ -105,7 +119,9 @@ def _model_folder(tmp_path, kind):
     elif kind == "bad_json":
         (folder / "model_index.json").write_text(index[: len(index) // 2])
     elif kind == "unknown_class":
-        (folder / "model_index.json").write_text(json.dumps({**json.loads(index), "_class_name": "StableDiffusionPipelin"}))
+        (folder / "model_index.json").write_text(
+            json.dumps({**json.loads(index), "_class_name": "StableDiffusionPipelin"})
+        )
     elif kind in ("truncated_weights", "empty_weights", "no_vae"):
         import shutil
 
@@ -119,11 +135,14 @@ def _model_folder(tmp_path, kind):
     return folder
 
 
-@pytest.mark.parametrize("kind", ["empty", "only_index", "bad_json", "unknown_class", "truncated_weights", "empty_weights",
-                                  "no_vae"])
+@pytest.mark.parametrize(
+    "kind", ["empty", "only_index", "bad_json", "unknown_class", "truncated_weights", "empty_weights", "no_vae"]
+)
 def test_a_model_folder_that_is_not_a_pipeline(tmp_path, capsys, kind):
     folder = _model_folder(tmp_path, kind)
-    line = _fails_cleanly(capsys, ["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out")], f"--model {folder}")
+    line = _fails_cleanly(
+        capsys, ["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out")], f"--model {folder}"
+    )
     if kind in ("truncated_weights", "empty_weights", "no_vae"):
         assert "vae" in line  # the message says which part of the folder is wrong
     assert not (tmp_path / "out").exists()
@@ -166,8 +185,16 @@ def test_options_are_not_abbreviated(capsys, argv, unknown):
     _fails_cleanly(capsys, argv, "unrecognized arguments", unknown)
 
 
-@pytest.mark.parametrize("argv", [["generate", "x"], ["demo"], ["bench"], ["convert", "hart", "--checkpoint", "c"],
-                                  ["convert", "infinity", "--transformer", "t", "--vae", "v"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "x"],
+        ["demo"],
+        ["bench"],
+        ["convert", "hart", "--checkpoint", "c"],
+        ["convert", "infinity", "--transformer", "t", "--vae", "v"],
+    ],
+)
 def test_dash_o_is_output_in_every_command(argv):
     assert build_parser().parse_args(argv + ["-o", "here"]).output == "here"
 
@@ -175,14 +202,34 @@ def test_dash_o_is_output_in_every_command(argv):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["convert", "infinity", "--transformer", "missing.pth", "--vae", str(FIXTURES / "infinity" / "vae_tiny.pth")],
-         ["--transformer missing.pth", "no such file"]),
-        (["convert", "infinity", "--transformer", str(FIXTURES / "infinity" / "infinity_tiny.pth"), "--vae", "nope.pth"],
-         ["--vae nope.pth", "no such file"]),
+        (
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                "missing.pth",
+                "--vae",
+                str(FIXTURES / "infinity" / "vae_tiny.pth"),
+            ],
+            ["--transformer missing.pth", "no such file"],
+        ),
+        (
+            [
+                "convert",
+                "infinity",
+                "--transformer",
+                str(FIXTURES / "infinity" / "infinity_tiny.pth"),
+                "--vae",
+                "nope.pth",
+            ],
+            ["--vae nope.pth", "no such file"],
+        ),
         (["convert", "hart", "--checkpoint", "no_such_folder"], ["--checkpoint no_such_folder", "not a folder"]),
         (["convert", "hart", "--checkpoint", "EMPTY"], ["llm/config.json"]),
-        (["convert", "hart", "--checkpoint", str(FIXTURES / "hart" / "hart-tiny"), "--text-encoder", "no_t5"],
-         ["--text-encoder no_t5", "not a folder"]),
+        (
+            ["convert", "hart", "--checkpoint", str(FIXTURES / "hart" / "hart-tiny"), "--text-encoder", "no_t5"],
+            ["--text-encoder no_t5", "not a folder"],
+        ),
     ],
 )
 def test_convert_with_missing_inputs_exits_2(tmp_path, capsys, argv, expected):
@@ -198,10 +245,13 @@ def test_debug_shows_the_traceback_instead(tmp_path):
         main(["generate", "x", "--model", str(folder), "-o", str(tmp_path / "out"), "--debug"])
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["flops", "--model", "infinity-2b", "--accel", "nope"], "unknown acceleration 'nope'"),
-    (["launches", "--models", "nope"], "--models 'nope': unknown"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["flops", "--model", "infinity-2b", "--accel", "nope"], "unknown acceleration 'nope'"),
+        (["launches", "--models", "nope"], "--models 'nope': unknown"),
+    ],
+)
 def test_debug_reaches_the_counters_before_or_after_their_name(capsys, argv, needle):
     """``flops`` and ``launches`` parse their own arguments: without ``--debug`` one error line and status 2; with it,
     wherever it stands, the traceback of the same error (their own arguments kept, not dropped)."""
@@ -215,11 +265,15 @@ def test_debug_reaches_the_counters_before_or_after_their_name(capsys, argv, nee
 def test_the_installed_command_prints_one_line_and_exits_2(tmp_path):
     """The real process: stderr is exactly one line (no traceback, no warnings) for errors found before loading."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    script = ("import sys; from diffusers_var_accel.cli import main\n"
-              "codes = [main(a.split('|')) for a in sys.argv[1:]]\nsys.exit(max(codes) if min(codes) == max(codes) else 99)")
-    cases = [f"generate|x|--accel|lazyvar:keep_ratios=abc|-o|{tmp_path / 'o'}",
-             f"generate|x|--device|cuda:99|-o|{tmp_path / 'o'}",
-             f"generate|x|-o|{Path(__file__)}/sub"]
+    script = (
+        "import sys; from diffusers_var_accel.cli import main\n"
+        "codes = [main(a.split('|')) for a in sys.argv[1:]]\nsys.exit(max(codes) if min(codes) == max(codes) else 99)"
+    )
+    cases = [
+        f"generate|x|--accel|lazyvar:keep_ratios=abc|-o|{tmp_path / 'o'}",
+        f"generate|x|--device|cuda:99|-o|{tmp_path / 'o'}",
+        f"generate|x|-o|{Path(__file__)}/sub",
+    ]
     done = subprocess.run([sys.executable, "-c", script, *cases], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
@@ -249,7 +303,8 @@ def test_sampling_values_are_checked_before_loading(tmp_path, capsys, command, o
     _fails_cleanly(capsys, argv, f"argument {option}", f"'{value}'", expected)
 
 
-@pytest.mark.parametrize("option, value", [("--num-prompts", "0"), ("--num-prompts", "-2"), ("--repeats", "0"),
-                                           ("--num-prompts", "two")])
+@pytest.mark.parametrize(
+    "option, value", [("--num-prompts", "0"), ("--num-prompts", "-2"), ("--repeats", "0"), ("--num-prompts", "two")]
+)
 def test_demo_counts_are_checked(tmp_path, capsys, option, value):
     _fails_cleanly(capsys, ["demo", option, value, "-o", str(tmp_path / "o")], f"argument {option}", f"'{value}'")

@@ -76,7 +76,16 @@ def test_file_names_are_readable_and_distinct(prompt, seed, name):
 
 
 def test_names_of_close_prompts_never_collide():
-    prompts = ["red fox", "Red fox", "red  fox", "red-fox", "red fox.", "RED FOX", "red fox " + "x" * 70, "red fox " + "y" * 70]
+    prompts = [
+        "red fox",
+        "Red fox",
+        "red  fox",
+        "red-fox",
+        "red fox.",
+        "RED FOX",
+        "red fox " + "x" * 70,
+        "red fox " + "y" * 70,
+    ]
     assert len({image_file_name(p, 0) for p in prompts}) == len(prompts)
     assert image_file_name("red fox", 0) != image_file_name("red fox", 1)
 
@@ -86,15 +95,37 @@ def test_the_manifest_records_the_settings_used(one_shot):
     settings = manifest["settings"]
     assert settings["model"] == "embedded" and settings["pipeline"] == "InfinityPipeline"
     assert {k: settings[k] for k in EMBEDDED_SAMPLING} == EMBEDDED_SAMPLING  # the embedded model's evaluated settings
-    assert (settings["height"], settings["width"], settings["dtype"], settings["device_type"]) == (64, 64, "float32", "cpu")
+    assert (settings["height"], settings["width"], settings["dtype"], settings["device_type"]) == (
+        64,
+        64,
+        "float32",
+        "cpu",
+    )
     assert settings["acceleration"] == "baseline" and settings["acceleration_config"] is None
     assert [(r["prompt"], r["seed"], r["file"]) for r in manifest["images"]] == [
-        (p, 7 + i, image_file_name(p, 7 + i)) for i, p in enumerate(PROMPTS)]
+        (p, 7 + i, image_file_name(p, 7 + i)) for i, p in enumerate(PROMPTS)
+    ]
 
 
 def test_tiny_model_records_the_pipeline_defaults_and_the_overrides(tmp_path):
-    assert main(["generate", "x", "--model", "tiny", "--top-k", "5", "--accel", "lazyvar:keep_ratios=[0.5,0.4,0.3,0.2]",
-                 "-o", str(tmp_path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "x",
+                "--model",
+                "tiny",
+                "--top-k",
+                "5",
+                "--accel",
+                "lazyvar:keep_ratios=[0.5,0.4,0.3,0.2]",
+                "-o",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     settings = _manifest(tmp_path)["settings"]
     defaults = inspect.signature(InfinityPipeline.__call__).parameters
     assert settings["guidance_scale"] == defaults["guidance_scale"].default
@@ -161,7 +192,9 @@ def test_other_settings_into_the_same_folder_are_refused_unless_overwrite(tmp_pa
 
 def test_a_folder_of_an_older_version_is_not_overwritten(tmp_path, capsys):
     (tmp_path / "0000.png").write_bytes(b"old")
-    (tmp_path / "generations.json").write_text(json.dumps({"height": 64, "width": 64, "images": [{"file": "0000.png"}]}))
+    (tmp_path / "generations.json").write_text(
+        json.dumps({"height": 64, "width": 64, "images": [{"file": "0000.png"}]})
+    )
     assert main(["generate", "a circle", "-o", str(tmp_path), "--no-progress"]) == 2
     assert "older var-accel" in capsys.readouterr().err and (tmp_path / "0000.png").read_bytes() == b"old"
     assert main(["generate", "a circle", "-o", str(tmp_path), "--no-progress", "--overwrite"]) == 0
@@ -222,7 +255,9 @@ def test_the_same_command_again_loads_no_model_but_a_changed_file_does(tmp_path,
     import diffusers_var_accel.cli as cli
 
     accel = tmp_path / "accel.json"
-    accel.write_text(json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.2, 0.1]}))
+    accel.write_text(
+        json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.2, 0.1]})
+    )
     out = tmp_path / "out"
     argv = ["generate", *PROMPTS[:2], "--accel", str(accel), "-o", str(out), "--no-progress"]
     assert main(argv) == 0 and calls["n"] == 2
@@ -232,7 +267,12 @@ def test_the_same_command_again_loads_no_model_but_a_changed_file_does(tmp_path,
     capsys.readouterr()
     assert main(argv) == 0
     assert loads == [] and calls["n"] == 2
-    assert "all 2 images of this command are already there (same command, same files): nothing to generate" in capsys.readouterr().err
-    accel.write_text(json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.3, 0.1]}))
+    assert (
+        "all 2 images of this command are already there (same command, same files): nothing to generate"
+        in capsys.readouterr().err
+    )
+    accel.write_text(
+        json.dumps({"_class_name": "LazyVARScheduler", "group_scales": [-2, -1], "keep_ratios": [0.3, 0.1]})
+    )
     assert main(argv) == 2  # other settings in the same folder: refused, after loading the model to compare them
     assert len(loads) == 1 and "other settings" in capsys.readouterr().err

@@ -16,8 +16,13 @@ PROMPT = "a blue square to the left of a yellow triangle"
 
 def generate(pipe, method):
     acceleration = load_acceleration(method, "infinity")  # None for "baseline"
-    return pipe(PROMPT, generator=torch.Generator().manual_seed(3), output_type="pt", acceleration=acceleration,
-                **EMBEDDED_SAMPLING).images
+    return pipe(
+        PROMPT,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+        acceleration=acceleration,
+        **EMBEDDED_SAMPLING,
+    ).images
 
 
 @pytest.fixture(autouse=True)

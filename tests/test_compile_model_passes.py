@@ -32,7 +32,9 @@ def _pipe(family):
     if family == "infinity":
         pipe = build_tiny_infinity_pipeline(seed=0, depth=2)
     else:
-        pipe = build_tiny_hart_pipeline(seed=0, depth=2, embed_dim=32, patch_nums=HART_PATCH_NUMS, tokenizer_ch_mult=(1,))
+        pipe = build_tiny_hart_pipeline(
+            seed=0, depth=2, embed_dim=32, patch_nums=HART_PATCH_NUMS, tokenizer_ch_mult=(1,)
+        )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -50,8 +52,14 @@ def test_every_pass_of_the_transformer_is_one_graph_compiled_once(family):
 
     def generate():
         acceleration = LazyVARScheduler.from_preset(family) if method == "lazyvar" else None
-        return pipe("a red fox", generator=torch.Generator().manual_seed(0), guidance_scale=3.0, output_type="pt",
-                    acceleration=acceleration, **kwargs).images
+        return pipe(
+            "a red fox",
+            generator=torch.Generator().manual_seed(0),
+            guidance_scale=3.0,
+            output_type="pt",
+            acceleration=acceleration,
+            **kwargs,
+        ).images
 
     eager = generate()
     pipe.transformer.forward = torch.compile(pipe.transformer.forward, fullgraph=True, backend="eager", dynamic=False)

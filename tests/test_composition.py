@@ -32,29 +32,50 @@ PAIRS = {
         ("fastvar", "arvar"): "skips scale .* which ARVARScheduler",
         ("lazyvar", "depthvar"): None,
         ("lazyvar", "arvar"): "must run alone, not in the group",
-        ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
-        ("fastvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
+        (
+            "depthvar",
+            "arvar",
+        ): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+        (
+            "fastvar",
+            "stagevar",
+        ): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
         ("lazyvar", "stagevar"): "StageVARScheduler .* skips scale .* which LazyVARScheduler",
         ("depthvar", "stagevar"): "StageVARScheduler .* skips scale .* which DepthVARScheduler",
         ("arvar", "stagevar"): "StageVARScheduler .* skips scale .* which ARVARScheduler",
     },
     "hart": {
         ("fastvar", "lazyvar"): "FastVAR routes single-scale passes",
-        ("fastvar", "depthvar"): "FastVARScheduler .* records the sublayer update .* DepthVARScheduler .* routes that layer",
+        (
+            "fastvar",
+            "depthvar",
+        ): "FastVARScheduler .* records the sublayer update .* DepthVARScheduler .* routes that layer",
         ("fastvar", "arvar"): "routed as a whole block or per sublayer, not both",
         ("lazyvar", "depthvar"): None,
         ("lazyvar", "arvar"): "must run alone, not in the group",
-        ("depthvar", "arvar"): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
-        ("fastvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
+        (
+            "depthvar",
+            "arvar",
+        ): "ARVARScheduler .* records the attention map of layer .* DepthVARScheduler .* routes that layer",
+        (
+            "fastvar",
+            "stagevar",
+        ): "StageVARScheduler .* records the block output of layer .* FastVARScheduler .* routes that layer",
         ("lazyvar", "stagevar"): "StageVAR projects scale 13, which is decoded in the group \\[12, 13\\]",
-        ("depthvar", "stagevar"): "StageVARScheduler .* records the block output of layer .* DepthVARScheduler .* routes that layer",
+        (
+            "depthvar",
+            "stagevar",
+        ): "StageVARScheduler .* records the block output of layer .* DepthVARScheduler .* routes that layer",
         ("arvar", "stagevar"): "cfg_halve .* and cfg_uncond_only .* are two branch rules; a pass takes one",
     },
 }
 
 #: StageVAR's presets split the real models' blocks into 8 (Infinity-2B) and 24 (HART-0.7B) chunks; the tiny models
 #: here have 4 blocks, so they run 4 chunks (one per block) at ratios of the presets' range.
-STAGEVAR_CHUNKS = {"infinity": {"num_chunks": 4, "rank_ratios": ((0.2,) * 4,)}, "hart": {"num_chunks": 4, "rank_ratios": ((0.3,) * 4,)}}
+STAGEVAR_CHUNKS = {
+    "infinity": {"num_chunks": 4, "rank_ratios": ((0.2,) * 4,)},
+    "hart": {"num_chunks": 4, "rank_ratios": ((0.3,) * 4,)},
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +89,13 @@ def pipes():
 
 def latents(pipes, family, scheduler=None):
     size = dict(height=1024, width=1024) if family == "infinity" else {}  # the real 13 / 14-scale schedules
-    return pipes[family]("a fox in the snow", generator=torch.Generator().manual_seed(0), acceleration=scheduler,
-                         output_type="latent", **size).images
+    return pipes[family](
+        "a fox in the snow",
+        generator=torch.Generator().manual_seed(0),
+        acceleration=scheduler,
+        output_type="latent",
+        **size,
+    ).images
 
 
 def preset(family, method, **overrides):
@@ -125,7 +151,9 @@ def test_stagevar_branch_rule_composes_with_the_token_rules(pipes, family, other
     out = latents(pipes, family, ComposedScheduler([stagevar, member]))
     assert torch.isfinite(out).all()
     assert torch.equal(out, latents(pipes, family, ComposedScheduler([member, stagevar])))
-    assert not torch.equal(out, latents(pipes, family, stagevar)) and not torch.equal(out, latents(pipes, family, member))
+    assert not torch.equal(out, latents(pipes, family, stagevar)) and not torch.equal(
+        out, latents(pipes, family, member)
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -149,8 +177,12 @@ def test_depthvar_with_an_end_scale_before_a_lazyvar_group(pipes, family):
     out = latents(pipes, family, ComposedScheduler([depthvar, lazyvar]))
     assert torch.isfinite(out).all() and not torch.equal(out, latents(pipes, family, lazyvar))
     # a dynamic scale right after a group would be ranked by a grouped scale: refused, the error names end_scale
-    inner = ComposedScheduler([LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1), model_family=family),
-                               DepthVARScheduler(reference_scale=-3, model_family=family)])
+    inner = ComposedScheduler(
+        [
+            LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1), model_family=family),
+            DepthVARScheduler(reference_scale=-3, model_family=family),
+        ]
+    )
     with pytest.raises(ValueError, match="end_scale"):
         latents(pipes, family, inner)
 
@@ -165,7 +197,9 @@ def test_lazyvar_with_pivotal_token_scores(pipes, family):
     ones = [1.0] * len(pts.config.keep_ratios)
     everything = preset(family, "lazyvar", token_scores="pivotal", keep_ratios=ones)
     dense_group = preset(family, "lazyvar", keep_ratios=ones)
-    torch.testing.assert_close(latents(pipes, family, everything), latents(pipes, family, dense_group), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        latents(pipes, family, everything), latents(pipes, family, dense_group), atol=1e-5, rtol=0
+    )
 
 
 def test_pivotal_group_selection_keeps_each_scales_top_tokens_and_writes_nothing():
@@ -177,7 +211,7 @@ def test_pivotal_group_selection_keeps_each_scales_top_tokens_and_writes_nothing
     assert index.shape == (4, 5) and torch.equal(index[:2], index[2:])  # an image's two rows share the choice
     chosen = select.split(index)
     for k, offset, length, n in ((5, 0, 4, 2), (6, 4, 9, 3)):
-        want = pivotal_token_scores(x[:2, offset:offset + length]).topk(n, dim=1).indices.sort(dim=1).values
+        want = pivotal_token_scores(x[:2, offset : offset + length]).topk(n, dim=1).indices.sort(dim=1).values
         assert torch.equal(chosen[k], want)
     assert torch.equal(index[:2, 2:] - 4, chosen[6])
 
@@ -201,7 +235,7 @@ def test_the_pivotal_selection_reaches_the_call_through_the_pass_records(pipes):
     pts.route_pass = spy
     latents(pipes, "infinity", pts)
     assert len(seen) == 1
-    (scales, (state, routes)), = seen.items()
+    ((scales, (state, routes)),) = seen.items()
     kept = pts.kept_tokens(state)
     assert sorted(routes.residual_tokens) == sorted(kept) == list(scales)
     for k in scales:

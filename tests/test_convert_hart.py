@@ -25,7 +25,11 @@ from safetensors.torch import load_file, save_file
 
 from diffusers_var_accel import HARTPipeline
 from diffusers_var_accel.models.autoencoder_hart import hart_tokenizer_state_dict_from_original
-from diffusers_var_accel.models.transformer_hart import IGNORED_ORIGINAL_KEYS, convert_hart_checkpoint, hart_config_from_original
+from diffusers_var_accel.models.transformer_hart import (
+    IGNORED_ORIGINAL_KEYS,
+    convert_hart_checkpoint,
+    hart_config_from_original,
+)
 from diffusers_var_accel.pipelines.hart.convert import load_original_hart_pipeline
 from diffusers_var_accel.pipelines.hart.tiny import build_tiny_qwen2
 
@@ -52,13 +56,21 @@ def fixture():
     """(manifest, inputs, run name, run meta, reference) of the fixture's greedy guided run without Gumbel mixing."""
     _require_fixture()
     manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
-    runs = [name for name, meta in sorted(manifest["runs"].items())
-            if meta["greedy_top_k1"] and meta["call"]["cfg"] != 0 and not meta["call"]["more_smooth"]]
+    runs = [
+        name
+        for name, meta in sorted(manifest["runs"].items())
+        if meta["greedy_top_k1"] and meta["call"]["cfg"] != 0 and not meta["call"]["more_smooth"]
+    ]
     if not runs:
         pytest.fail(f"{FIXTURE_DIR} has no greedy guided run without more_smooth to replay")
     run = runs[0]
-    return (manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), run, manifest["runs"][run],
-            load_file(FIXTURE_DIR / f"ref_{run}.safetensors"))
+    return (
+        manifest,
+        load_file(FIXTURE_DIR / "inputs.safetensors"),
+        run,
+        manifest["runs"][run],
+        load_file(FIXTURE_DIR / f"ref_{run}.safetensors"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +120,11 @@ def write_ema(folder: Path, state_dict):
 
 
 def _env():
-    return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
 
 
 def _missing_block_key(ema_state_dict):
@@ -145,17 +161,41 @@ def cli_runs(tmp_path_factory, qwen_dir, tokenizer_dir, ema_state_dict):
     write_ema(broken, {k: v for k, v in ema_state_dict.items() if k != removed})
     jobs = {
         "plain": (["--checkpoint", CHECKPOINT, "--output", base / "plain"], base / "plain", None),
-        "text": (["--checkpoint", CHECKPOINT, "--text-encoder", qwen_dir, "--tokenizer", tokenizer_dir, "--output", base / "text"],
-                 base / "text", None),
+        "text": (
+            [
+                "--checkpoint",
+                CHECKPOINT,
+                "--text-encoder",
+                qwen_dir,
+                "--tokenizer",
+                tokenizer_dir,
+                "--output",
+                base / "text",
+            ],
+            base / "text",
+            None,
+        ),
         "missing": (["--checkpoint", broken, "--output", base / "missing"], base / "missing", removed),
     }
-    procs = {name: subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
-             for name, (args, _, _) in jobs.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(SCRIPT), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+        )
+        for name, (args, _, _) in jobs.items()
+    }
     results = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
-        results[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), jobs[name][1], jobs[name][2])
+        results[name] = (
+            subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+            jobs[name][1],
+            jobs[name][2],
+        )
     return results
 
 
@@ -193,7 +233,11 @@ def test_script_converts_the_official_folder(cli_runs, fixture, official_config)
     assert pipe.text_encoder is None and pipe.tokenizer is None
     cfg = pipe.transformer.config
     assert (cfg.depth, cfg.embed_dim, cfg.context_tokens, cfg.context_dim) == (
-        official_config["depth"], official_config["embed_dim"], official_config["context_token"], official_config["context_dim"])
+        official_config["depth"],
+        official_config["embed_dim"],
+        official_config["context_token"],
+        official_config["context_dim"],
+    )
     assert list(cfg.patch_nums) == list(official_config["patch_nums"])
     assert_reproduces_the_reference(pipe, fixture)
     with pytest.raises(ValueError, match="prompt_embeds"):
@@ -226,12 +270,18 @@ def _assert_tiny_tokenizer(tokenizer):
     """``tokenizer`` splits text as the tiny word-level tokenizer of ``build_tiny_qwen2``."""
     _, reference = build_tiny_qwen2(hidden_size=4, seed=0)
     for text in ("a red fox", "two cats sleeping on a bed"):
-        assert tokenizer(text).input_ids == reference(text).input_ids, (text, tokenizer(text).input_ids, type(tokenizer))
+        assert tokenizer(text).input_ids == reference(text).input_ids, (
+            text,
+            tokenizer(text).input_ids,
+            type(tokenizer),
+        )
     assert tokenizer.pad_token_id == reference.pad_token_id
 
 
 def test_text_encoder_folder_with_its_own_tokenizer(cli, capsys, tmp_path, qwen_dir):
-    code, _, err = run_main(cli, capsys, "--checkpoint", CHECKPOINT, "--text-encoder", qwen_dir, "--output", tmp_path / "out")
+    code, _, err = run_main(
+        cli, capsys, "--checkpoint", CHECKPOINT, "--text-encoder", qwen_dir, "--output", tmp_path / "out"
+    )
     assert code == 0, err
     _assert_tiny_tokenizer(HARTPipeline.from_pretrained(tmp_path / "out").tokenizer)
 
@@ -246,7 +296,9 @@ def test_converted_weights_equal_the_official_ones(cli_runs, ema_state_dict):
     assert set(expected) == set(ours)
     for key, value in expected.items():
         assert torch.equal(ours[key], value), key
-    tokenizer_weights = hart_tokenizer_state_dict_from_original(load_file(CHECKPOINT / "tokenizer" / "model.safetensors"))
+    tokenizer_weights = hart_tokenizer_state_dict_from_original(
+        load_file(CHECKPOINT / "tokenizer" / "model.safetensors")
+    )
     vae = pipe.vae.state_dict()
     assert set(tokenizer_weights) == set(vae)
     for key, value in tokenizer_weights.items():
@@ -278,7 +330,9 @@ def test_llm_folder_instead_of_the_root(cli, capsys, tmp_path, cli_runs):
 
 
 def test_dtype_option(cli, capsys, tmp_path):
-    code, _, err = run_main(cli, capsys, "--checkpoint", CHECKPOINT, "--dtype", "bfloat16", "--output", tmp_path / "bf16")
+    code, _, err = run_main(
+        cli, capsys, "--checkpoint", CHECKPOINT, "--dtype", "bfloat16", "--output", tmp_path / "bf16"
+    )
     assert code == 0, err
     for component in ("transformer", "vae"):
         (weights_file,) = (tmp_path / "bf16" / component).glob("*.safetensors")
@@ -375,7 +429,9 @@ def test_unexpected_tokenizer_key(cli, capsys, tmp_path):
 
 
 def test_usage_errors(cli, capsys, tmp_path):
-    code, _, err = run_main(cli, capsys, "--checkpoint", CHECKPOINT, "--tokenizer", tmp_path, "--output", tmp_path / "out")
+    code, _, err = run_main(
+        cli, capsys, "--checkpoint", CHECKPOINT, "--tokenizer", tmp_path, "--output", tmp_path / "out"
+    )
     assert code == 2 and "--text-encoder" in err
     code, _, err = run_main(cli, capsys, "--checkpoint", tmp_path / "no_such_folder", "--output", tmp_path / "out")
     assert code == 2 and "no_such_folder" in err  # a missing checkpoint is a usage error (docs/cli.md)

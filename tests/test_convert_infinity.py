@@ -48,7 +48,9 @@ def t5_dir(tmp_path_factory, fixture):
 @pytest.fixture(scope="module")
 def converted_dir(tmp_path_factory, t5_dir):
     out = tmp_path_factory.mktemp("converted")
-    pipe = convert_infinity_original(FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", text_encoder_path=t5_dir)
+    pipe = convert_infinity_original(
+        FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", text_encoder_path=t5_dir
+    )
     pipe.save_pretrained(out)
     return out
 
@@ -102,15 +104,23 @@ def test_convert_without_text_encoder_runs_from_embeds(fixture):
 
 
 def test_convert_dtype_and_config_checks(t5_dir):
-    pipe = convert_infinity_original(FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", text_encoder_path=t5_dir,
-                                     torch_dtype=torch.bfloat16)
+    pipe = convert_infinity_original(
+        FIXTURE_DIR / "infinity_tiny.pth",
+        FIXTURE_DIR / "vae_tiny.pth",
+        text_encoder_path=t5_dir,
+        torch_dtype=torch.bfloat16,
+    )
     assert pipe.transformer.dtype == torch.bfloat16 and pipe.vae.dtype == torch.bfloat16
     assert pipe.text_encoder.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="infinity-3b"):
-        convert_infinity_original(FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", config="infinity-3b")
+        convert_infinity_original(
+            FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", config="infinity-3b"
+        )
     # a named config that does not fit the checkpoint's shapes is a strict-load error, not a silent partial load
     with pytest.raises(ValueError, match="pos_start"):
-        convert_infinity_original(FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", config="infinity-2b")
+        convert_infinity_original(
+            FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", config="infinity-2b"
+        )
     with pytest.raises(FileNotFoundError, match="no_such_file"):
         convert_infinity_original(FIXTURE_DIR / "no_such_file.pth", FIXTURE_DIR / "vae_tiny.pth")
 
@@ -122,18 +132,36 @@ def test_convert_rejects_a_text_encoder_of_the_wrong_width(tmp_path, fixture):
     text_encoder.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=f"{width}-channel"):
-        convert_infinity_original(FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", text_encoder_path=tmp_path)
+        convert_infinity_original(
+            FIXTURE_DIR / "infinity_tiny.pth", FIXTURE_DIR / "vae_tiny.pth", text_encoder_path=tmp_path
+        )
 
 
 def _run_script(*args):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
 
 
 def test_script_writes_a_loadable_folder(tmp_path, fixture, t5_dir):
     out = tmp_path / "out"
-    result = _run_script("--transformer", FIXTURE_DIR / "infinity_tiny.pth", "--vae", FIXTURE_DIR / "vae_tiny.pth",
-                         "--text-encoder", t5_dir, "--dtype", "float32", "--output", out)
+    result = _run_script(
+        "--transformer",
+        FIXTURE_DIR / "infinity_tiny.pth",
+        "--vae",
+        FIXTURE_DIR / "vae_tiny.pth",
+        "--text-encoder",
+        t5_dir,
+        "--dtype",
+        "float32",
+        "--output",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     index = json.loads((out / "model_index.json").read_text())
     assert index["_class_name"] == "InfinityPipeline"
@@ -163,6 +191,8 @@ def test_script_fails_on_a_wrong_vae_key(tmp_path):
     del state_dict[removed]
     bad = tmp_path / "bad_vae.pth"
     torch.save(checkpoint, bad)
-    result = _run_script("--transformer", FIXTURE_DIR / "infinity_tiny.pth", "--vae", bad, "--output", tmp_path / "out")
+    result = _run_script(
+        "--transformer", FIXTURE_DIR / "infinity_tiny.pth", "--vae", bad, "--output", tmp_path / "out"
+    )
     assert result.returncode != 0
     assert "decoder.conv_out" in result.stderr and "missing" in result.stderr.lower()

@@ -14,7 +14,9 @@ import pytest
 import diffusers_var_accel
 
 PACKAGE = Path(diffusers_var_accel.__file__).parent
-COPIED_FROM = re.compile(r"^(?P<indent>\s*)# Copied from (?P<target>diffusers_var_accel(?:\.\w+)+)(?: with (?P<renames>.+))?$")
+COPIED_FROM = re.compile(
+    r"^(?P<indent>\s*)# Copied from (?P<target>diffusers_var_accel(?:\.\w+)+)(?: with (?P<renames>.+))?$"
+)
 
 
 def _resolve(target: str):
@@ -34,7 +36,12 @@ def _resolve(target: str):
 def _block_after(lines: list, start: int, indent: str) -> str:
     """The class or function starting at ``lines[start]``: up to the next non-blank line indented no deeper."""
     end = start + 1
-    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > len(indent)):
+    # a signature split over lines closes at the def's own indentation (``) -> ...:``): still the block
+    while end < len(lines) and (
+        not lines[end].strip()
+        or len(lines[end]) - len(lines[end].lstrip()) > len(indent)
+        or lines[end].lstrip().startswith(")")
+    ):
         end += 1
     return textwrap.dedent("\n".join(lines[start:end])).rstrip()
 
@@ -69,12 +76,18 @@ def test_the_family_copies_are_marked():
 @pytest.mark.parametrize("path", _marked_files(), ids=lambda p: p.relative_to(PACKAGE).as_posix())
 def test_marked_copies_equal_their_source(path):
     stale = stale_copies(path.read_text())
-    assert not stale, "\n\n".join(f"{target}: expected\n{expected}\nfound\n{found}" for target, expected, found in stale)
+    assert not stale, "\n\n".join(
+        f"{target}: expected\n{expected}\nfound\n{found}" for target, expected, found in stale
+    )
 
 
 def test_a_changed_copy_is_reported():
     source = Path(inspect.getsourcefile(_resolve("diffusers_var_accel.models.autoencoder_hart"))).read_text()
     assert stale_copies(source) == []
-    edited = source.replace('F.pad(x_BChw, (0, 1, 0, 1), mode="constant", value=0.0)', 'F.pad(x_BChw, (1, 0, 1, 0))', 1)
+    edited = source.replace(
+        'F.pad(x_BChw, (0, 1, 0, 1), mode="constant", value=0.0)', "F.pad(x_BChw, (1, 0, 1, 0))", 1
+    )
     assert edited != source
-    assert [target for target, _, _ in stale_copies(edited)] == ["diffusers_var_accel.models.autoencoder_bsq.BSQDownsample"]
+    assert [target for target, _, _ in stale_copies(edited)] == [
+        "diffusers_var_accel.models.autoencoder_bsq.BSQDownsample"
+    ]

@@ -55,11 +55,14 @@ def placement_tracker(pipe):
         if name in pipe._exclude_from_cpu_offload:  # placed on the execution device once, never offloaded
             assert all(p.device.type == execution_device.type for p in component.parameters()), name
             onloaded.add(id(component))
+
         def check(submodule, args, name=name, component=component):
             uses.append(name)
             assert id(component) in onloaded, (
                 f"{name}.{type(submodule).__name__} ran while {name} was offloaded: a method of {name} other than "
-                f"forward uses its weights without the offload hook (wrap it with diffusers' apply_forward_hook)")
+                f"forward uses its weights without the offload hook (wrap it with diffusers' apply_forward_hook)"
+            )
+
         for submodule in list(component.modules())[1:]:  # not the root: its hook runs inside its own forward call
             handles.append(submodule.register_forward_pre_hook(check))
     CpuOffload.pre_forward, CpuOffload.init_hook = pre_forward, init_hook
@@ -72,8 +75,13 @@ def placement_tracker(pipe):
 
 
 def run(pipe, method, family, **kwargs):
-    return pipe("a red fox in the snow", generator=torch.Generator().manual_seed(1), output_type="pt",
-                acceleration=load_acceleration(method, family), **kwargs).images
+    return pipe(
+        "a red fox in the snow",
+        generator=torch.Generator().manual_seed(1),
+        output_type="pt",
+        acceleration=load_acceleration(method, family),
+        **kwargs,
+    ).images
 
 
 @pytest.mark.parametrize("family", ["infinity", "hart"])
@@ -82,9 +90,16 @@ def test_model_cpu_offload_gives_the_same_images_with_every_method(family):
         build = load_embedded_pipeline  # a trained 6-block model: every preset applies as on the real one
         kwargs = dict(EMBEDDED_SAMPLING)
     else:
+
         def build():
-            return build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, tokenizer_ch_mult=(1,),
-                                                        patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"])
+            return build_tiny_hart_pipeline(
+                seed=0,
+                depth=4,
+                embed_dim=32,
+                tokenizer_ch_mult=(1,),
+                patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"],
+            )
+
         kwargs = dict(guidance_scale=4.5)
     reference_pipe = build()
     reference_pipe.set_progress_bar_config(disable=True)

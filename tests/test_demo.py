@@ -22,12 +22,13 @@ def test_caption_grid_labels_every_row_and_column():
     header_h = grid.shape[0] - cell * len(methods)
     assert label_w >= 80 and header_h >= 12
     for j in range(len(prompts)):  # text (dark pixels) above every column
-        assert (grid[:header_h, label_w + j * cell:label_w + (j + 1) * cell] < 128).any(), j
+        assert (grid[:header_h, label_w + j * cell : label_w + (j + 1) * cell] < 128).any(), j
     for i in range(len(methods)):  # and left of every row
-        assert (grid[header_h + i * cell:header_h + (i + 1) * cell, :label_w] < 128).any(), i
+        assert (grid[header_h + i * cell : header_h + (i + 1) * cell, :label_w] < 128).any(), i
+
     # the long prompt wraps onto more lines than the short one: its caption goes lower
     def lowest_ink(j):
-        return np.nonzero((grid[:header_h, label_w + j * cell:label_w + (j + 1) * cell] < 128).any(axis=1))[0].max()
+        return np.nonzero((grid[:header_h, label_w + j * cell : label_w + (j + 1) * cell] < 128).any(axis=1))[0].max()
 
     assert lowest_ink(1) > lowest_ink(0)
 
@@ -38,7 +39,7 @@ def test_docs_quote_the_prompts_the_demo_draws(doc):
     listed = re.search(r"generates the first six held-out shapes prompts \(([^;)]*)", text)
     assert listed, f"{doc} no longer says which prompts var-accel demo draws"
     assert re.findall(r'"([^"]+)"', listed.group(1)) == default_prompts(6)
-    assert "a blue square to the left of a yellow triangle\")" not in text
+    assert 'a blue square to the left of a yellow triangle")' not in text
 
 
 def test_demo_and_bench_count_the_same_flops(tmp_path):
@@ -47,13 +48,27 @@ def test_demo_and_bench_count_the_same_flops(tmp_path):
     from diffusers_var_accel.loading import load_embedded_pipeline
 
     pipe = load_embedded_pipeline()
-    demo = run_demo(num_prompts=1, methods=["baseline", "lazyvar"], output_dir=tmp_path / "demo", pipe=pipe,
-                    progress=False)
-    bench = run_bench(num_prompts=1, methods="baseline,lazyvar", repeats=1, warmup=0, output_dir=tmp_path / "bench",
-                      pipe=pipe, save_images=False, progress=False, fid_feature_extractor=None, lpips_fn=None, verbose=False)
+    demo = run_demo(
+        num_prompts=1, methods=["baseline", "lazyvar"], output_dir=tmp_path / "demo", pipe=pipe, progress=False
+    )
+    bench = run_bench(
+        num_prompts=1,
+        methods="baseline,lazyvar",
+        repeats=1,
+        warmup=0,
+        output_dir=tmp_path / "bench",
+        pipe=pipe,
+        save_images=False,
+        progress=False,
+        fid_feature_extractor=None,
+        lpips_fn=None,
+        verbose=False,
+    )
     assert demo["prompts"][0] == bench["items"][0]["prompt"] and demo["seeds"][0] == bench["items"][0]["seed"]
     for method in ("baseline", "lazyvar"):
-        assert demo["methods"][method]["gflops"] == pytest.approx(bench["methods"][method]["flops"]["total_gflops"], rel=1e-12)
+        assert demo["methods"][method]["gflops"] == pytest.approx(
+            bench["methods"][method]["flops"]["total_gflops"], rel=1e-12
+        )
     assert demo["methods"]["lazyvar"]["flops_ratio"] == pytest.approx(bench["methods"]["lazyvar"]["flops"]["ratio"])
 
 
@@ -86,8 +101,9 @@ def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch
     monkeypatch.setattr(type(pipe), "__call__", recording)
     ticks = iter([0.0, 1.0, 10.0, 11.0, 20.0, 21.0, 30.0, 34.0])  # lazyvar: 1 s then 4 s
     monkeypatch.setattr(demo_module.time, "perf_counter", lambda: next(ticks))
-    report = demo_module.run_demo(num_prompts=1, methods=["baseline", "lazyvar"], repeats=2, output_dir=tmp_path / "d",
-                                  pipe=pipe, progress=False)
+    report = demo_module.run_demo(
+        num_prompts=1, methods=["baseline", "lazyvar"], repeats=2, output_dir=tmp_path / "d", pipe=pipe, progress=False
+    )
     assert calls[:6] == ["baseline", "LazyVARScheduler"] * 3  # warm-up of each, then two interleaved rounds
     assert report["methods"]["baseline"]["spread"] == 0.0
     assert report["methods"]["lazyvar"]["spread"] == pytest.approx(3 / 2.5)

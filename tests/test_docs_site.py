@@ -23,13 +23,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def site(tmp_path_factory):
     for module in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers"):
         if importlib.util.find_spec(module) is None:
-            pytest.fail(f"{module} is not installed: pip install -e '.[docs]' (the test extra includes it)", pytrace=False)
+            pytest.fail(
+                f"{module} is not installed: pip install -e '.[docs]' (the test extra includes it)", pytrace=False
+            )
     site_dir = tmp_path_factory.mktemp("site")
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "--site-dir", str(site_dir)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
-        pytest.fail(f"`mkdocs {' '.join(cmd[3:])}` failed with exit status {proc.returncode} (every warning is an error "
-                    f"under --strict); mkdocs said:\n{proc.stdout}\n{proc.stderr}", pytrace=False)
+        pytest.fail(
+            f"`mkdocs {' '.join(cmd[3:])}` failed with exit status {proc.returncode} (every warning is an error "
+            f"under --strict); mkdocs said:\n{proc.stdout}\n{proc.stderr}",
+            pytrace=False,
+        )
     return site_dir
 
 
@@ -40,26 +45,75 @@ def _page(site_dir: Path, page: str) -> str:
 
 
 def test_site_builds_strict_with_every_page(site):
-    for page in ("", "quickstart", "fastvar", "lazyvar", "depthvar", "arvar", "acceleration", "infinity", "hart",
-                 "embedded", "next_scale_loop", "presets_and_hub", "cli", "benchmark_protocol", "benchmarks", "flops",
-                 "api"):
+    for page in (
+        "",
+        "quickstart",
+        "fastvar",
+        "lazyvar",
+        "depthvar",
+        "arvar",
+        "acceleration",
+        "infinity",
+        "hart",
+        "embedded",
+        "next_scale_loop",
+        "presets_and_hub",
+        "cli",
+        "benchmark_protocol",
+        "benchmarks",
+        "flops",
+        "api",
+    ):
         path = site / page / "index.html" if page else site / "index.html"
         assert path.is_file(), f"page {page or 'index'} missing from the built site"
 
 
-@pytest.mark.parametrize("page, expected", [
-    ("api/pipelines", ["InfinityPipeline", "HARTPipeline", "enable_lazyvar", "enable_fastvar", "disable_acceleration",
-                       "guidance_scale", "prompt_embeds"]),
-    ("api/schedulers", ["VARAccelScheduler", "ComposedScheduler", "IdentityScheduler", "keep_ratios", "group_scales",
-                        "prune_ratios", "reference_scale", "load_acceleration"]),
-    ("api/presets", ["available_presets", "load_preset_config"]),
-    ("api/models", ["InfinityTransformer", "InfinityBSQVAE", "HARTTransformer", "HARTHybridTokenizer",
-                    "VARAttnProcessor", "VARForwardContext"]),
-    ("api/next_scale", ["run_next_scale_loop", "ScaleModelFamily", "NextScaleState"]),
-    ("api/hub", ["write_model_card", "write_hub_shim", "read_benchmark_results"]),
-    ("api/bench", ["run_bench", "load_prompt_set", "fid_star"]),
-    ("api/data", ["render_scene", "heldout_prompts", "score_batch"]),
-])
+@pytest.mark.parametrize(
+    "page, expected",
+    [
+        (
+            "api/pipelines",
+            [
+                "InfinityPipeline",
+                "HARTPipeline",
+                "enable_lazyvar",
+                "enable_fastvar",
+                "disable_acceleration",
+                "guidance_scale",
+                "prompt_embeds",
+            ],
+        ),
+        (
+            "api/schedulers",
+            [
+                "VARAccelScheduler",
+                "ComposedScheduler",
+                "IdentityScheduler",
+                "keep_ratios",
+                "group_scales",
+                "prune_ratios",
+                "reference_scale",
+                "load_acceleration",
+            ],
+        ),
+        ("api/presets", ["available_presets", "load_preset_config"]),
+        (
+            "api/models",
+            [
+                "InfinityTransformer",
+                "InfinityBSQVAE",
+                "HARTTransformer",
+                "HARTHybridTokenizer",
+                "VARAttnProcessor",
+                "VARForwardContext",
+            ],
+        ),
+        ("api/next_scale", ["run_next_scale_loop", "ScaleModelFamily", "NextScaleState"]),
+        ("api/hub", ["write_model_card", "write_hub_shim", "read_benchmark_results"]),
+        ("api/bench", ["run_bench", "load_prompt_set", "fid_star"]),
+        ("api/data", ["render_scene", "heldout_prompts", "score_batch"]),
+    ],
+)
 def test_api_pages_render_docstrings(site, page, expected):
     html = _page(site, page)
     assert 'class="doc doc-object' in html or "doc-heading" in html, f"{page}: no mkdocstrings output"
@@ -73,15 +127,22 @@ def _signatures(html: str) -> list:
     return [unescape(re.sub(r"<[^>]+>", "", block)) for block in blocks]
 
 
-@pytest.mark.parametrize("page, starts, contains", [
-    # the class signature is its __init__'s (merge_init_into_class), with the parameters and their defaults
-    ("api/schedulers", "LazyVARScheduler(", ["keep_ratios: Sequence[float] = (0.2, 0.1, 0.05, 0.01)", "group_scales"]),
-    ("api/schedulers", "FastVARScheduler(", ["prune_ratios", "skip_last_scales"]),
-    ("api/schedulers", "DepthVARScheduler(", ["reference_scale"]),
-    ("api/pipelines", "enable_lazyvar(", ["**overrides", "-> VARAccelScheduler"]),
-    ("api/pipelines", "InfinityPipeline(", ["transformer: InfinityTransformer", "vae: InfinityBSQVAE"]),
-    ("api/next_scale", "run_next_scale_loop(", ["family: ScaleModelFamily", "-> NextScaleState"]),
-])
+@pytest.mark.parametrize(
+    "page, starts, contains",
+    [
+        # the class signature is its __init__'s (merge_init_into_class), with the parameters and their defaults
+        (
+            "api/schedulers",
+            "LazyVARScheduler(",
+            ["keep_ratios: Sequence[float] = (0.2, 0.1, 0.05, 0.01)", "group_scales"],
+        ),
+        ("api/schedulers", "FastVARScheduler(", ["prune_ratios", "skip_last_scales"]),
+        ("api/schedulers", "DepthVARScheduler(", ["reference_scale"]),
+        ("api/pipelines", "enable_lazyvar(", ["**overrides", "-> VARAccelScheduler"]),
+        ("api/pipelines", "InfinityPipeline(", ["transformer: InfinityTransformer", "vae: InfinityBSQVAE"]),
+        ("api/next_scale", "run_next_scale_loop(", ["family: ScaleModelFamily", "-> NextScaleState"]),
+    ],
+)
 def test_signatures_are_rendered(site, page, starts, contains):
     signatures = [sig for sig in _signatures(_page(site, page)) if sig.lstrip().startswith(starts)]
     assert signatures, f"{page}: no rendered signature starting with {starts!r}"

@@ -41,7 +41,9 @@ def test_loads_by_name_offline_with_its_fixed_schedule(pipe, monkeypatch):
 
 def test_generates_deterministically_with_a_seed(pipe):
     def run(seed):
-        return pipe("a red circle", generator=torch.Generator().manual_seed(seed), output_type="pt", **EMBEDDED_SAMPLING).images
+        return pipe(
+            "a red circle", generator=torch.Generator().manual_seed(seed), output_type="pt", **EMBEDDED_SAMPLING
+        ).images
 
     a, b, c = run(0), run(0), run(1)
     assert a.shape == (1, 3, 64, 64)
@@ -69,7 +71,9 @@ def test_demo_on_two_prompts_writes_its_files(tmp_path, capsys):
     from PIL import Image
 
     width, height = Image.open(tmp_path / "grid.png").size
-    assert 12 <= height - len(report["methods"]) * 128 <= 80 and 80 <= width - 2 * 128 <= 220  # a caption row and a label column
+    assert (
+        12 <= height - len(report["methods"]) * 128 <= 80 and 80 <= width - 2 * 128 <= 220
+    )  # a caption row and a label column
     captured = capsys.readouterr()
     assert "| method |" in captured.out and "lazyvar" in captured.out
     assert "demo: loading the embedded model" in captured.err and "counting FLOPs" in captured.err  # progress

@@ -20,8 +20,12 @@ SCHEDULERS = Path(__file__).resolve().parents[1] / "diffusers_var_accel" / "sche
 def test_schedulers_move_no_tokens():
     """The methods compute decisions only: no gather, scatter, index_put or interpolate call in ``schedulers/``."""
     call = re.compile(r"\b\w*(scatter|index_put|interpolate|gather)\w*\s*\(")
-    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(SCHEDULERS.glob("*.py"))
-             for n, line in enumerate(path.read_text().splitlines(), 1) if call.search(line.split("#")[0])]
+    found = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in sorted(SCHEDULERS.glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if call.search(line.split("#")[0])
+    ]
     assert found == []
 
 
@@ -47,20 +51,31 @@ class _Fixed(VARAccelScheduler):
 
 
 def _latents(pipe, scheduler=None):
-    return pipe("a fox", height=256, width=256, generator=torch.Generator().manual_seed(0), acceleration=scheduler,
-                output_type="latent").images
+    return pipe(
+        "a fox",
+        height=256,
+        width=256,
+        generator=torch.Generator().manual_seed(0),
+        acceleration=scheduler,
+        output_type="latent",
+    ).images
 
 
 def _kept(state, num_tokens):
     g = torch.Generator().manual_seed(1)
-    return torch.stack([torch.randperm(num_tokens, generator=g)[: num_tokens // 3].sort().values
-                        for _ in range(state.batch_size)])
+    return torch.stack(
+        [torch.randperm(num_tokens, generator=g)[: num_tokens // 3].sort().values for _ in range(state.batch_size)]
+    )
 
 
 def test_a_span_equals_a_gather_and_scatter_per_block(pipe):
     depth = pipe.transformer.config.depth
-    span = _Fixed(lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n))))
-    per_block = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=_kept(state, n).clone()) for l in range(depth)})
+    span = _Fixed(
+        lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n)))
+    )
+    per_block = _Fixed(
+        lambda state, n: {(l, "block"): TokenRoute(index=_kept(state, n).clone()) for l in range(depth)}
+    )
     out = _latents(pipe, span)
     assert torch.equal(out, _latents(pipe, per_block))
     assert not torch.equal(out, _latents(pipe))
@@ -89,12 +104,18 @@ def test_for_layers_is_one_route_on_every_layer_and_none_computes_no_token(pipe)
     scale's blocks pass their input through, and the image differs from the dense pass."""
     depth = pipe.transformer.config.depth
     shared = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute(index=_kept(state, n)), range(depth)).routes)
-    by_hand = _Fixed(lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n))))
+    by_hand = _Fixed(
+        lambda state, n: dict.fromkeys([(l, "block") for l in range(depth)], TokenRoute(index=_kept(state, n)))
+    )
     assert torch.equal(_latents(pipe, shared), _latents(pipe, by_hand))
-    routes = PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [2, 0], "ffn", residual_tokens={3: 1})
+    routes = PassRoutes.for_layers(
+        TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [2, 0], "ffn", residual_tokens={3: 1}
+    )
     assert list(routes.routes) == [(2, "ffn"), (0, "ffn")] and routes.routes[(2, "ffn")] is routes.routes[(0, "ffn")]
     assert routes.residual_tokens == {3: 1}
-    with pytest.raises(ValueError, match="sublayer must be one of \\['block', 'self_attn', 'cross_attn', 'ffn'\\], got 'mlp'"):
+    with pytest.raises(
+        ValueError, match="sublayer must be one of \\['block', 'self_attn', 'cross_attn', 'ffn'\\], got 'mlp'"
+    ):
         PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [0], "mlp")
     with pytest.raises(ValueError, match="layers must be integers >= 0, got -1"):
         PassRoutes.for_layers(TokenRoute(index=torch.zeros(1, 2, dtype=torch.long)), [0, -1])
@@ -104,12 +125,18 @@ def test_for_layers_is_one_route_on_every_layer_and_none_computes_no_token(pipe)
     with pytest.raises(ValueError, match="at least one row, got rows=0"):
         TokenRoute.none(0)
     nothing = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute.none(state.batch_size), range(depth)).routes)
-    empty = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=torch.zeros(state.batch_size, 0, dtype=torch.long))
-                                     for l in range(depth)})
+    empty = _Fixed(
+        lambda state, n: {
+            (l, "block"): TokenRoute(index=torch.zeros(state.batch_size, 0, dtype=torch.long)) for l in range(depth)
+        }
+    )
     assert torch.equal(_latents(pipe, nothing), _latents(pipe, empty))
     assert not torch.equal(_latents(pipe, nothing), _latents(pipe))
-    every_token = _Fixed(lambda state, n: PassRoutes.for_layers(TokenRoute(index=torch.arange(n).expand(state.batch_size, n)),
-                                                                range(depth)).routes)
+    every_token = _Fixed(
+        lambda state, n: (
+            PassRoutes.for_layers(TokenRoute(index=torch.arange(n).expand(state.batch_size, n)), range(depth)).routes
+        )
+    )
     assert torch.equal(_latents(pipe, every_token), _latents(pipe))
 
 
@@ -121,8 +148,12 @@ def test_a_route_takes_exactly_one_of_index_and_selector():
 
 
 def test_layer_routed_as_block_and_sublayer_is_refused(pipe):
-    both = _Fixed(lambda state, n: {(0, "block"): TokenRoute(index=_kept(state, n)),
-                                    (0, "ffn"): TokenRoute(index=_kept(state, n))})
+    both = _Fixed(
+        lambda state, n: {
+            (0, "block"): TokenRoute(index=_kept(state, n)),
+            (0, "ffn"): TokenRoute(index=_kept(state, n)),
+        }
+    )
     with pytest.raises(ValueError, match="layer 0 has a block route and sublayer routes"):
         _latents(pipe, both)
 
@@ -137,13 +168,22 @@ def test_a_routed_block_on_a_half_precision_stream_promotes_as_the_dense_path():
     bf16 = build_launch_pipeline("infinity-2b", LaunchConfig(depth=3, size=256), torch.bfloat16)
     bf16.set_progress_bar_config(disable=True)
     depth = bf16.transformer.config.depth
-    every = _Fixed(lambda state, n: {(l, "block"): TokenRoute(index=torch.arange(n).expand(state.batch_size, -1).clone())
-                                     for l in range(depth)})
+    every = _Fixed(
+        lambda state, n: {
+            (l, "block"): TokenRoute(index=torch.arange(n).expand(state.batch_size, -1).clone()) for l in range(depth)
+        }
+    )
     embeds = torch.randn(1, 8, bf16.transformer.config.text_channels, generator=torch.Generator().manual_seed(2))
 
     def run(scheduler):
-        return bf16(prompt_embeds=embeds, height=256, width=256, generator=torch.Generator().manual_seed(0),
-                    acceleration=scheduler, output_type="latent").images
+        return bf16(
+            prompt_embeds=embeds,
+            height=256,
+            width=256,
+            generator=torch.Generator().manual_seed(0),
+            acceleration=scheduler,
+            output_type="latent",
+        ).images
 
     assert torch.equal(run(every), run(None))
 
@@ -167,7 +207,9 @@ def test_a_mixing_span_with_the_identity_projection_is_the_dense_pass(pipe):
                 return torch.arange(N).expand(R, N), torch.eye(N).expand(R, N, N)
 
             canvas = EarlierScale(torch.zeros(state.rows, 1, pipe.transformer.config.embed_dim), (1, 1))
-            return PassRoutes(mixing={0: MixingRoute(depth // 2, mixer, canvas), depth // 2: MixingRoute(depth, mixer, canvas)})
+            return PassRoutes(
+                mixing={0: MixingRoute(depth // 2, mixer, canvas), depth // 2: MixingRoute(depth, mixer, canvas)}
+            )
 
     assert torch.equal(_latents(pipe, _Identity()), _latents(pipe))
 
@@ -202,8 +244,14 @@ def test_mixtures_at_their_drawn_positions_take_those_positions(pipes, family):
 
     def run(scheduler):
         kwargs = {"height": 256, "width": 256} if family == "infinity" else {}
-        return model("a fox", generator=torch.Generator().manual_seed(0), acceleration=scheduler, guidance_scale=3.0,
-                     output_type="latent", **kwargs).images
+        return model(
+            "a fox",
+            generator=torch.Generator().manual_seed(0),
+            acceleration=scheduler,
+            guidance_scale=3.0,
+            output_type="latent",
+            **kwargs,
+        ).images
 
     dense = run(None)
     # HART's latent passes the last scale's features through its diffusion head and soft codebook mixtures, which
@@ -223,7 +271,10 @@ def test_a_mixing_span_refuses_routes_inside_it(pipe):
     def make(state, n):
         mixer = lambda x: (torch.arange(4).expand(x.shape[0], 4), torch.rand(x.shape[0], x.shape[1], 4))  # noqa: E731
         canvas = EarlierScale(torch.zeros(state.rows, 1, pipe.transformer.config.embed_dim), (1, 1))
-        return {"mixing": {0: MixingRoute(depth, mixer, canvas)}, "routes": {(1, "ffn"): TokenRoute(index=_kept(state, n))}}
+        return {
+            "mixing": {0: MixingRoute(depth, mixer, canvas)},
+            "routes": {(1, "ffn"): TokenRoute(index=_kept(state, n))},
+        }
 
     class _Both(VARAccelScheduler):
         def route_pass(self, state, plan):

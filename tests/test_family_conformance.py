@@ -36,8 +36,10 @@ STEPS = ("start", "embed", "run_blocks", "predict", "add_codes", "select_rows")
 SMALL_CALLS = {"infinity": {"height": 144, "width": 432}}
 #: Settings a method's Infinity preset needs on the toy's short schedule and 6 blocks (as on the tiny Infinity: see
 #: test_method_conformance.SMALL_SCHEDULE_OVERRIDES).
-TOY_OVERRIDES = {"depthvar": {"reference_scale": -3},
-                 "stagevar": {"num_chunks": 2, "rank_ratios": ((0.13648282097649195, 0.2502819846292948),)}}
+TOY_OVERRIDES = {
+    "depthvar": {"reference_scale": -3},
+    "stagevar": {"num_chunks": 2, "rank_ratios": ((0.13648282097649195, 0.2502819846292948),)},
+}
 PROMPTS = ["a red fox in the snow", "two cats"]
 
 
@@ -79,8 +81,12 @@ def generate(pipe, name, guidance=None, spy=None, **kwargs):
         options["guidance_scale"] = guidance
     pipe._pass_runner = spy
     try:
-        return pipe(PROMPTS, generator=[torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)],
-                    output_type="pt", **options).images
+        return pipe(
+            PROMPTS,
+            generator=[torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)],
+            output_type="pt",
+            **options,
+        ).images
     finally:
         pipe._pass_runner = None
 
@@ -106,7 +112,9 @@ def test_the_adapter_implements_the_six_steps(name, family_pipes):
     assert all(f is adapter for f in spy.families)  # one adapter per call
     assert isinstance(adapter, ScaleModelFamily) and adapter.family == name
     for step in STEPS:
-        assert getattr(type(adapter), step) is not getattr(ScaleModelFamily, step), f"{type(adapter).__name__} lacks {step}"
+        assert getattr(type(adapter), step) is not getattr(ScaleModelFamily, step), (
+            f"{type(adapter).__name__} lacks {step}"
+        )
     assert adapter.num_layers == len(pipe.transformer.blocks)
     assert isinstance(adapter.num_start_tokens, int) and adapter.num_start_tokens >= 1
 
@@ -140,7 +148,9 @@ class _HalvedLast(VARAccelScheduler):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_halved_pass_runs_one_half(name, family_pipes):
     pipe, spy = family_pipes(name), _PassSpy()
-    halved = generate(pipe, name, guidance=get_model_family(name).no_guidance + 1.5, spy=spy, acceleration=_HalvedLast())
+    halved = generate(
+        pipe, name, guidance=get_model_family(name).no_guidance + 1.5, spy=spy, acceleration=_HalvedLast()
+    )
     assert spy.rows[:-1] == [2 * len(PROMPTS)] * (len(spy.rows) - 1) and spy.rows[-1] == len(PROMPTS)
     assert torch.isfinite(halved).all()
 

@@ -9,9 +9,16 @@ import inspect
 
 import pytest
 
-from diffusers_var_accel.families import (MODEL_FAMILIES, ConvertCommand, check_sampling_options, family_of_tiny_model,
-                                          get_model_family, model_family_names, sampling_option_names,
-                                          tiny_model_names)
+from diffusers_var_accel.families import (
+    MODEL_FAMILIES,
+    ConvertCommand,
+    check_sampling_options,
+    family_of_tiny_model,
+    get_model_family,
+    model_family_names,
+    sampling_option_names,
+    tiny_model_names,
+)
 
 FAMILIES = model_family_names()
 
@@ -33,8 +40,11 @@ def test_sampling_option_names_are_every_familys_once_in_order():
 
 def test_an_option_of_another_family_is_refused_naming_both():
     check_sampling_options("infinity", ["tau", "top_k", "height", "acceleration"])  # Infinity's own, and non-sampling
-    with pytest.raises(ValueError, match=r"--tau is an option of Infinity only; HART samples with --guidance-scale, "
-                                         r"--top-k, --top-p"):
+    with pytest.raises(
+        ValueError,
+        match=r"--tau is an option of Infinity only; HART samples with --guidance-scale, "
+        r"--top-k, --top-p",
+    ):
         check_sampling_options("hart", ["top_k", "tau"], lambda o: "--" + o.replace("_", "-"))
     with pytest.raises(ValueError, match="unknown model family 'halt'"):
         check_sampling_options("halt", [])

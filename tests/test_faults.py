@@ -28,7 +28,7 @@ FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).p
 #: diffusers writes weights), on its ``KILL_AT``-th call, once it has written. Then the file is truncated to half its
 #: size (``KILL_MODE=half``; for ``replace`` the temporary) or left whole (``before-rename``), and the process
 #: SIGKILLs itself: the state a writer killed at that moment leaves.
-PREAMBLE = textwrap.dedent('''
+PREAMBLE = textwrap.dedent("""
     import fnmatch, os, signal, sys
     import safetensors.torch
     _calls = [0]
@@ -54,10 +54,12 @@ PREAMBLE = textwrap.dedent('''
                 _die(filename)
             return out
         safetensors.torch.save_file = _dying_save_file
-''')
+""")
 
 
-def run_child(code: str, kill_name=None, kill_at=1, mode="half", hook="replace", cwd=None) -> subprocess.CompletedProcess:
+def run_child(
+    code: str, kill_name=None, kill_at=1, mode="half", hook="replace", cwd=None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     if kill_name is not None or hook == "save_file":
         env.update(KILL_HOOK=hook, KILL_NAME=kill_name or "*", KILL_AT=str(kill_at), KILL_MODE=mode)
@@ -74,8 +76,11 @@ def assert_killed(result: subprocess.CompletedProcess):
 
 
 def visible_files(folder: Path):
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                  if p.is_file() and not any(part.startswith(".partial-") for part in p.relative_to(folder).parts))
+    return sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".partial-") for part in p.relative_to(folder).parts)
+    )
 
 
 @pytest.mark.parametrize("mode", ["half", "before-rename"])
@@ -96,23 +101,40 @@ def test_generate_killed_while_writing_an_image_then_resumed(tmp_path, mode):
     assert "already there" in again.stderr
     manifest = json.loads((out / "generations.json").read_text())
     assert sorted(r["file"] for r in manifest["images"]) == sorted(
-        ["a-red-circle-s0.png", "two-blue-squares-s1.png", "a-green-triangle-s2.png"])
+        ["a-red-circle-s0.png", "two-blue-squares-s1.png", "a-green-triangle-s2.png"]
+    )
     for record in manifest["images"]:
         Image.open(out / record["file"]).load()
     assert not any(p.name.startswith(".partial-") for p in out.iterdir())  # the resumed run cleared them
     # the resumed image is the one a run that was never killed makes
     fresh = tmp_path / "fresh"
     assert run_child(cli("generate", "two blue squares", "--seed", "1", "-o", fresh, "--no-progress")).returncode == 0
-    assert np.array_equal(np.asarray(Image.open(out / "two-blue-squares-s1.png")),
-                          np.asarray(Image.open(fresh / "two-blue-squares-s1.png")))
+    assert np.array_equal(
+        np.asarray(Image.open(out / "two-blue-squares-s1.png")),
+        np.asarray(Image.open(fresh / "two-blue-squares-s1.png")),
+    )
 
 
 def test_calibrate_killed_while_writing_its_record_then_run_again(tmp_path):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{"group_scales": [-2, -1], "keep_ratios": [0.2, 0.1]}]))
     out = tmp_path / "cal"
-    argv = ["calibrate", "--method", "lazyvar", "--target-flops-ratio", "1.2", "--num-prompts", "1", "--grid", grid,
-            "--timing-repeats", "1", "-o", out, "--no-progress"]
+    argv = [
+        "calibrate",
+        "--method",
+        "lazyvar",
+        "--target-flops-ratio",
+        "1.2",
+        "--num-prompts",
+        "1",
+        "--grid",
+        grid,
+        "--timing-repeats",
+        "1",
+        "-o",
+        out,
+        "--no-progress",
+    ]
     killed = run_child(cli(*argv), kill_name="calibration.json", mode="half")
     assert_killed(killed)
     assert "calibration.json" not in visible_files(out) and "acceleration_config.json" not in visible_files(out)
@@ -124,16 +146,19 @@ def test_calibrate_killed_while_writing_its_record_then_run_again(tmp_path):
     assert json.loads((out / "acceleration_config.json").read_text())["_class_name"] == "LazyVARScheduler"
 
 
-SAVE = textwrap.dedent('''
+SAVE = textwrap.dedent("""
     import torch
     from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
     pipe = build_tiny_infinity_pipeline(seed={seed})
     pipe.save_pretrained(sys.argv[1] if len(sys.argv) > 1 else {folder!r})
-''')
+""")
 
 
-@pytest.mark.parametrize("hook, kill_name, mode", [("save_file", None, "half"), ("replace", "model_index.json", "before-rename")],
-                         ids=["in-a-weights-file", "before-the-index"])
+@pytest.mark.parametrize(
+    "hook, kill_name, mode",
+    [("save_file", None, "half"), ("replace", "model_index.json", "before-rename")],
+    ids=["in-a-weights-file", "before-the-index"],
+)
 def test_save_pretrained_killed_over_an_earlier_save_leaves_a_loadable_folder(tmp_path, hook, kill_name, mode):
     """Killed while saving over an earlier save: every file there is whole (the earlier save's or the new one's), the
     folder loads, and the same save again gives the new pipeline."""
@@ -142,7 +167,9 @@ def test_save_pretrained_killed_over_an_earlier_save_leaves_a_loadable_folder(tm
 
     folder = tmp_path / "pipe"
     assert run_child("import sys\n" + SAVE.format(seed=0, folder=str(folder))).returncode == 0
-    killed = run_child("import sys\n" + SAVE.format(seed=1, folder=str(folder)), kill_name=kill_name, mode=mode, hook=hook)
+    killed = run_child(
+        "import sys\n" + SAVE.format(seed=1, folder=str(folder)), kill_name=kill_name, mode=mode, hook=hook
+    )
     assert_killed(killed)
     InfinityPipeline.from_pretrained(folder)  # loads: no file is a part of itself
     again = run_child("import sys\n" + SAVE.format(seed=1, folder=str(folder)))
@@ -160,8 +187,16 @@ def test_convert_killed_while_saving_then_run_again(tmp_path):
     from diffusers_var_accel import InfinityPipeline
 
     out = tmp_path / "converted"
-    argv = ["convert", "infinity", "--transformer", FIXTURE_DIR / "infinity_tiny.pth", "--vae", FIXTURE_DIR / "vae_tiny.pth",
-            "--output", out]
+    argv = [
+        "convert",
+        "infinity",
+        "--transformer",
+        FIXTURE_DIR / "infinity_tiny.pth",
+        "--vae",
+        FIXTURE_DIR / "vae_tiny.pth",
+        "--output",
+        out,
+    ]
     killed = run_child(cli(*argv), kill_at=2, mode="half", hook="save_file")
     assert_killed(killed)
     assert not (out / "model_index.json").is_file()  # not a pipeline yet, so the same command is not refused

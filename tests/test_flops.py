@@ -52,9 +52,12 @@ def analytic_scale_flops(cfg, rows, batch, L, S, T, first):
     C, d, N = cfg["embed_dim"], cfg["codebook_dim"], cfg["depth"]
     F = round(C * cfg["mlp_ratio"] / 256) * 256
     block = (
-        2 * rows * L * C * 3 * C + 2 * rows * L * C * C  # self-attn projections
+        2 * rows * L * C * 3 * C
+        + 2 * rows * L * C * C  # self-attn projections
         + 4 * rows * L * S * C  # self-attn QK^T + PV (H heads x c = C)
-        + 2 * rows * L * C * C + (2 * rows * T * C * 2 * C if first else 0) + 2 * rows * L * C * C  # cross q, K/V, proj
+        + 2 * rows * L * C * C
+        + (2 * rows * T * C * 2 * C if first else 0)
+        + 2 * rows * L * C * C  # cross q, K/V, proj
         + 4 * rows * L * T * C  # cross QK^T + PV
         + 2 * rows * L * C * F * 2  # FFN
     )
@@ -82,8 +85,9 @@ def _tiny_models(device):
 
 def _count_tiny(device, cfg_on, batch=1):
     transformer, vae = _tiny_models(device)
-    return count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), cfg=cfg_on, batch_size=batch,
-                                  text_tokens=TEXT_TOKENS)
+    return count_generation_flops(
+        transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), cfg=cfg_on, batch_size=batch, text_tokens=TEXT_TOKENS
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -125,8 +129,16 @@ def test_tiny_patchify_counts_match_analytic(device):
     else:
         torch.manual_seed(0)
         transformer, vae = InfinityTransformer(**config).eval(), InfinityBSQVAE(**vae_config).eval()
-    result = count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), cfg=True, batch_size=2,
-                                    text_tokens=TEXT_TOKENS, spatial_patchify=True)
+    result = count_generation_flops(
+        transformer,
+        vae,
+        TINY_SCHEDULE,
+        rope_grid_hw(1.0),
+        cfg=True,
+        batch_size=2,
+        text_tokens=TEXT_TOKENS,
+        spatial_patchify=True,
+    )
     text, scales = analytic_generation(TINY, TINY_SCHEDULE, 2, True, TEXT_TOKENS)
     assert result["text_flops"] == text
     for counted, expected in zip(result["per_scale"], scales):
@@ -167,8 +179,13 @@ def test_cfg_doubles_transformer_flops():
 # (3) the script on the real 2B config, 1024x1024
 # ---------------------------------------------------------------------------------------------------------------------
 def _run_script(*args):
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "flops.py"), *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "flops.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +197,17 @@ def infinity_2b_json():
 
 def test_script_json_infinity_2b_1024(infinity_2b_json):
     r = infinity_2b_json
-    for key in ("total_tflops", "transformer_tflops", "vae_tflops", "text_tflops", "per_scale", "model", "height",
-                "width", "cfg"):
+    for key in (
+        "total_tflops",
+        "transformer_tflops",
+        "vae_tflops",
+        "text_tflops",
+        "per_scale",
+        "model",
+        "height",
+        "width",
+        "cfg",
+    ):
         assert key in r, key
     assert (r["model"], r["height"], r["width"], r["cfg"]) == ("infinity-2b", 1024, 1024, True)
     assert len(r["per_scale"]) == 13
@@ -215,14 +241,29 @@ def test_unsupported_size_fails_with_the_list():
 # =====================================================================================================================
 import diffusers_var_accel.bench.flops as flops_module  # noqa: E402
 from benchmarks.flops import (  # noqa: E402
-    HART_PAPER_TFLOPS, compare_hart_methods, count_hart_flops, format_hart_comparison, hart_conventions,
+    HART_PAPER_TFLOPS,
+    compare_hart_methods,
+    count_hart_flops,
+    format_hart_comparison,
+    hart_conventions,
 )
 from diffusers_var_accel.models.transformer_hart import HART_CONFIGS, llama_mlp_hidden_size  # noqa: E402
 
 #: A tiny HART: 6 scales (the presets' negative scale indices need >= 5), 2 blocks, 4 diffusion steps.
-HART_TINY = dict(depth=2, embed_dim=64, num_heads=4, mlp_ratio=4.0, context_tokens=8, context_dim=48,
-                 patch_nums=(1, 2, 3, 4, 6, 8), vocab_size=32, token_channels=8, diffusion_width=32, diffusion_depth=2,
-                 num_sampling_steps="4")
+HART_TINY = dict(
+    depth=2,
+    embed_dim=64,
+    num_heads=4,
+    mlp_ratio=4.0,
+    context_tokens=8,
+    context_dim=48,
+    patch_nums=(1, 2, 3, 4, 6, 8),
+    vocab_size=32,
+    token_channels=8,
+    diffusion_width=32,
+    diffusion_depth=2,
+    num_sampling_steps="4",
+)
 HART_TINY_TOKENIZER = dict(vocab_size=32, z_channels=8, ch=32, ch_mult=(1, 1))
 
 
@@ -268,7 +309,9 @@ def analytic_hart(cfg, batch, cfg_on, steps):
         scales.append(dict(blocks=blocks, head=head, embed=embed, attention=N * 4 * R * L * S * C))
     L = patch_nums[-1] ** 2
     rows = R * L
-    per_row = Cv * W + 256 * W + W * W + C * W + cfg["diffusion_depth"] * (3 * W * W + 2 * W * W) + 2 * W * W + W * 2 * Cv
+    per_row = (
+        Cv * W + 256 * W + W * W + C * W + cfg["diffusion_depth"] * (3 * W * W + 2 * W * W) + 2 * W * W + W * 2 * Cv
+    )
     diffusion = 2 * batch * L * Cv * C + steps * 2 * rows * per_row
     text = 2 * R * T * cfg["context_dim"] * C
     return text, scales, diffusion
@@ -294,8 +337,9 @@ def test_hart_tiny_counts_match_analytic(cfg_on, batch):
     P, Cv = HART_TINY["patch_nums"][-1], HART_TINY["token_channels"]
     assert r["codes_flops"] == (len(HART_TINY["patch_nums"]) - 1) * 2 * batch * P * P * Cv * Cv * 9
     assert r["vae_flops"] > 0
-    assert r["total_flops"] == (r["text_flops"] + r["transformer_flops"] + r["diffusion_flops"] + r["codes_flops"]
-                                + r["vae_flops"])
+    assert r["total_flops"] == (
+        r["text_flops"] + r["transformer_flops"] + r["diffusion_flops"] + r["codes_flops"] + r["vae_flops"]
+    )
     assert r["transformer_flops"] == sum(s["blocks"] + s["head"] + s["embed"] for s in scales)
     assert (r["height"], r["width"]) == (16, 16)  # last patch number 8 x 2x tokenizer downsampling
 
@@ -337,11 +381,18 @@ def test_hart_conventions_and_comparison_on_tiny(tiny_hart_baseline):
     assert base["attention_core_flops"] > ctx["attention_core_flops"] > cur["attention_core_flops"] > 0
     for r in (cur, ctx):
         assert r["total_flops"] - r["attention_core_flops"] == base["total_flops"] - base["attention_core_flops"]
-    comps = {m: dict(linear=r["transformer_tflops"] - r["attention_core_tflops"] + r["text_tflops"],
-                     self_attn_cache=r["attention_core_tflops"], self_attn_context_and_current_pass=0.0,
-                     self_attn_current_pass=0.0, diffusion=r["diffusion_tflops"],
-                     vae_decode=r["vae_tflops"] + r["codes_tflops"], total=r["total_tflops"])
-             for m, r in (("baseline", base), ("fastvar", fast))}
+    comps = {
+        m: dict(
+            linear=r["transformer_tflops"] - r["attention_core_tflops"] + r["text_tflops"],
+            self_attn_cache=r["attention_core_tflops"],
+            self_attn_context_and_current_pass=0.0,
+            self_attn_current_pass=0.0,
+            diffusion=r["diffusion_tflops"],
+            vae_decode=r["vae_tflops"] + r["codes_tflops"],
+            total=r["total_tflops"],
+        )
+        for m, r in (("baseline", base), ("fastvar", fast))
+    }
     rows = hart_conventions(comps)
     assert rows[0]["totals"]["baseline"] == pytest.approx(base["total_tflops"])
     assert all(row["saved"]["baseline"] == 0 for row in rows)
@@ -384,7 +435,6 @@ def test_cli_hart_rejects_other_sizes(capsys):
     assert "1024x1024" in captured.err and captured.out == ""
 
 
-
 # =====================================================================================================================
 # the meter itself: generic attribution, and no family named in its code
 # =====================================================================================================================
@@ -412,11 +462,19 @@ def test_bench_flops_names_no_family_in_its_code():
 
     source = (REPO / "diffusers_var_accel" / "bench" / "flops.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    words = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    words = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
     words += [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
     words += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
     words += [alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names]

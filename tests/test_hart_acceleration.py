@@ -42,8 +42,14 @@ def run(pipe, seed=0, record=None, **kwargs):
             record[si] = {k: v.clone() for k, v in values.items() if v is not None}
         return {}
 
-    return pipe("a red fox", generator=torch.Generator().manual_seed(seed), output_type="pt", callback_on_step_end=callback,
-                callback_on_step_end_tensor_inputs=["tokens", "logits", "latents"], **kwargs).images
+    return pipe(
+        "a red fox",
+        generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["tokens", "logits", "latents"],
+        **kwargs,
+    ).images
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +105,22 @@ def test_fastvar_prunes_the_hart_preset_scales(pipe):
     class Recording(FastVARScheduler):
         def route_pass(self, state, plan):
             routes = super().route_pass(state, plan)
-            for key, route in (routes.routes.items() if routes is not None else ()):
+            for key, route in routes.routes.items() if routes is not None else ():
+
                 def spy(x, select=route.selector, key=(plan.scale_indices[0], *key)):
                     index = select(x)
                     kept[key] = index.shape
                     return index
+
                 routes.routes[key] = replace(route, selector=spy)
             return routes
 
-    run(pipe, acceleration=Recording(**{k: v for k, v in FastVARScheduler.from_preset("hart").to_dict().items() if k != "_class_name"}))
+    run(
+        pipe,
+        acceleration=Recording(
+            **{k: v for k, v in FastVARScheduler.from_preset("hart").to_dict().items() if k != "_class_name"}
+        ),
+    )
     n = len(PATCH_NUMS)
     depth = len(pipe.transformer.blocks)
     for si, ratio in ((n - 2, 0.5), (n - 1, 0.75)):
@@ -137,9 +150,22 @@ def test_a_scheduler_for_no_family_in_particular_runs_on_both(pipe):
     """(Schedulers configured for the other family are refused: test_method_conformance.py.)"""
     infinity = build_tiny_infinity_pipeline(seed=0, depth=4)
     infinity.set_progress_bar_config(disable=True)
-    neutral = FastVARScheduler(prune_scales=(-2,), prune_ratios=(0.5,), pruned_layers=None, cache_scale=-3,
-                               skip_last_scales=False, skipped_scales=(), model_family=None)
+    neutral = FastVARScheduler(
+        prune_scales=(-2,),
+        prune_ratios=(0.5,),
+        pruned_layers=None,
+        cache_scale=-3,
+        skip_last_scales=False,
+        skipped_scales=(),
+        model_family=None,
+    )
     assert torch.isfinite(run(pipe, acceleration=neutral)).all()
-    out = infinity("a red fox", height=256, width=256, generator=torch.Generator().manual_seed(0), output_type="pt",
-                   acceleration=neutral).images
+    out = infinity(
+        "a red fox",
+        height=256,
+        width=256,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+        acceleration=neutral,
+    ).images
     assert torch.isfinite(out).all()

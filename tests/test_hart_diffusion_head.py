@@ -54,7 +54,7 @@ def token_channels(fixture_dir):
 @pytest.fixture(scope="module")
 def diffloss_state_dict(fixture_dir):
     ema = torch.load(fixture_dir / "hart-tiny" / "llm" / "ema_model.bin", map_location="cpu", weights_only=True)
-    return {k[len("diffloss."):]: v for k, v in ema.items() if k.startswith("diffloss.")}
+    return {k[len("diffloss.") :]: v for k, v in ema.items() if k.startswith("diffloss.")}
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,9 @@ def test_sample_matches_reference_with_recorded_noise(head, greedy_runs):
     for run, meta, ref in greedy_runs:
         steps = _step_noises(ref)
         assert len(steps) == head.num_steps, run
-        out = head.sample(ref["diff_cond"], guidance=meta["diffusion_cfg_t"],
-                          initial_noise=ref["diff_noise_0"], step_noises=steps)
+        out = head.sample(
+            ref["diff_cond"], guidance=meta["diffusion_cfg_t"], initial_noise=ref["diff_noise_0"], step_noises=steps
+        )
         n = ref["diff_cond"].shape[0] // 2
         assert out.shape == (n, head.token_channels) and out.dtype == torch.float32
         # The official output has 2N rows (x 0.6 included); the loop keeps the first N, which we return.
@@ -125,8 +126,9 @@ def test_sample_generator_order(head, greedy_runs):
         assert torch.equal(torch.randn(ref["diff_noise_0"].shape, generator=g), ref["diff_noise_0"]), run
         for i, noise in enumerate(_step_noises(ref), start=1):
             assert torch.equal(torch.randn(noise.shape, generator=g), noise), (run, i)
-        out = head.sample(ref["diff_cond"], guidance=meta["diffusion_cfg_t"],
-                          generator=torch.Generator().manual_seed(seed))
+        out = head.sample(
+            ref["diff_cond"], guidance=meta["diffusion_cfg_t"], generator=torch.Generator().manual_seed(seed)
+        )
         n = ref["diff_cond"].shape[0] // 2
         torch.testing.assert_close(out, ref["diff_out"][:n], atol=DIFF_ATOL, rtol=0, msg=lambda m: f"{run}: {m}")
 
@@ -144,8 +146,13 @@ def test_sample_argument_checks_and_modes(head, greedy_runs):
     a = head.sample(cond, 2.0, generator=torch.Generator().manual_seed(1), temperature=0.0)
     g = torch.Generator().manual_seed(1)
     initial = torch.randn(32, head.token_channels, generator=g)
-    b = head.sample(cond, 2.0, initial_noise=initial, step_noises=[torch.full((64, head.token_channels), 7.0)] * head.num_steps,
-                    temperature=0.0)
+    b = head.sample(
+        cond,
+        2.0,
+        initial_noise=initial,
+        step_noises=[torch.full((64, head.token_channels), 7.0)] * head.num_steps,
+        temperature=0.0,
+    )
     assert torch.equal(a, b)
     # guidance == 1.0 takes the official no-CFG branch: a (2N, Cv) initial draw, unguided cond rows.
     g1 = torch.Generator().manual_seed(3)

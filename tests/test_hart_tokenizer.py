@@ -89,7 +89,9 @@ def _rebuild(tok, ref, sides, upto):
 
 def test_load_matches_file(tok, raw_state_dict):
     ours = tok.state_dict()
-    expected = {k[len("vae."):]: v for k, v in raw_state_dict.items() if k.startswith("vae.") and k not in UNUSED_KEYS}
+    expected = {
+        k[len("vae.") :]: v for k, v in raw_state_dict.items() if k.startswith("vae.") and k not in UNUSED_KEYS
+    }
     assert set(ours) == set(expected)
     for key, value in expected.items():
         assert torch.equal(ours[key], value), key
@@ -103,7 +105,7 @@ def test_strict_missing_key(tokenizer_dir, raw_state_dict, tmp_path):
     folder.mkdir()
     shutil.copy(tokenizer_dir / "config.json", folder / "config.json")
     save_file({k: v for k, v in raw_state_dict.items() if k != removed}, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match=re.escape(removed[len("vae."):])):
+    with pytest.raises(ValueError, match=re.escape(removed[len("vae.") :])):
         HARTHybridTokenizer.from_original_folder(folder)
 
 
@@ -129,10 +131,12 @@ def test_strict_extra_key_and_dropped_keys(tokenizer_dir, raw_state_dict, origin
 
 
 def test_unsupported_configs_raise(tokenizer_dir, original_config, raw_state_dict, tmp_path):
-    for changes, message in (({"quantizer_type": "var"}, "quantizer_type"),
-                             ({"double_decoder": True}, "double_decoder"),
-                             ({"share_quant_resi": 1}, "share_quant_resi"),
-                             ({"model_type": "hart_transformer_t2i"}, "model_type")):
+    for changes, message in (
+        ({"quantizer_type": "var"}, "quantizer_type"),
+        ({"double_decoder": True}, "double_decoder"),
+        ({"share_quant_resi": 1}, "share_quant_resi"),
+        ({"model_type": "hart_transformer_t2i"}, "model_type"),
+    ):
         with pytest.raises(ValueError, match=message):
             hart_tokenizer_config_from_original({**original_config, **changes})
     folder = tmp_path / "tokenizer"
@@ -184,8 +188,9 @@ def test_f_hat_per_scale_from_indices(tok, references):
             if before is not None:
                 assert f_hat is not before
             if f"f_hat_after_s{s}" in ref:
-                torch.testing.assert_close(f_hat, ref[f"f_hat_after_s{s}"], atol=F_HAT_ATOL, rtol=0,
-                                           msg=lambda m: f"{run} scale {s}: {m}")
+                torch.testing.assert_close(
+                    f_hat, ref[f"f_hat_after_s{s}"], atol=F_HAT_ATOL, rtol=0, msg=lambda m: f"{run} scale {s}: {m}"
+                )
 
 
 def test_f_hat_final_from_indices_and_diffusion_output(tok, references, manifest):
@@ -200,7 +205,12 @@ def test_f_hat_final_from_indices_and_diffusion_output(tok, references, manifest
         with torch.no_grad():
             f_hat = _rebuild(tok, ref, sides, len(sides) - 2)
             B, Cv = f_hat.shape[:2]
-            residual = ref["diff_out"][: B * side * side].reshape(B, side * side, Cv).transpose(1, 2).reshape(B, Cv, side, side)
+            residual = (
+                ref["diff_out"][: B * side * side]
+                .reshape(B, side * side, Cv)
+                .transpose(1, 2)
+                .reshape(B, Cv, side, side)
+            )
             last = tok.indices_to_codes(ref[f"idx_s{len(sides) - 1}"], side, side) + residual
             f_hat = tok.add_scale_codes(f_hat, last, len(sides) - 1, len(sides), side)
         torch.testing.assert_close(f_hat, ref["f_hat_final"], atol=F_HAT_ATOL, rtol=0, msg=lambda m: f"{run}: {m}")
@@ -228,7 +238,9 @@ def test_add_scale_codes_semantics(tok):
         first = tok.add_scale_codes(None, codes, 1, 5, 8)
         up = F.interpolate(codes, size=(8, 8), mode="bicubic", align_corners=False)
         phi = tok.quantize.quant_resi.qresi_ls[tok.phi_index(1, 5)]
-        torch.testing.assert_close(first, 0.5 * up + 0.5 * phi._conv_forward(up, phi.weight, phi.bias), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            first, 0.5 * up + 0.5 * phi._conv_forward(up, phi.weight, phi.bias), atol=1e-6, rtol=0
+        )
         assert first.dtype == codes.dtype
         snapshot = first.clone()
         last_codes = torch.randn(2, Cv, 8, 8)
@@ -250,8 +262,9 @@ def test_indices_and_next_scale_input_layout(tok):
     assert same.shape == (2, 64, tok.config.z_channels)
     assert torch.equal(same[0, 8 * 3 + 5], f_hat[0, :, 3, 5])
     torch.testing.assert_close(tok.next_scale_input(f_hat, 1)[:, 0], f_hat.mean(dim=(2, 3)))
-    torch.testing.assert_close(tok.next_scale_input(f_hat, (4, 4)).transpose(1, 2).reshape(2, -1, 4, 4),
-                               F.avg_pool2d(f_hat, 2))
+    torch.testing.assert_close(
+        tok.next_scale_input(f_hat, (4, 4)).transpose(1, 2).reshape(2, -1, 4, 4), F.avg_pool2d(f_hat, 2)
+    )
 
 
 def test_encode_quantize_round_trip(tok, references):

@@ -71,11 +71,15 @@ def test_write_and_remove_the_shim(saved, tmp_path):
     assert plain["_class_name"] == "HARTPipeline" and not has_hub_shim(folder)
     shim = write_hub_shim(folder)
     assert shim.read_text() == hub_shim_source("HARTPipeline")
-    assert shim.read_text().count("\n") == 1 and shim.read_text().startswith("from diffusers_var_accel import HARTPipeline")
+    assert shim.read_text().count("\n") == 1 and shim.read_text().startswith(
+        "from diffusers_var_accel import HARTPipeline"
+    )
     assert index(folder) == {**plain, "_class_name": ["pipeline", "HARTPipeline"]}  # nothing else changes
     assert has_hub_shim(folder)
     write_hub_shim(folder)  # idempotent
-    assert index(folder)["_class_name"] == ["pipeline", "HARTPipeline"] and shim.read_text() == hub_shim_source("HARTPipeline")
+    assert index(folder)["_class_name"] == ["pipeline", "HARTPipeline"] and shim.read_text() == hub_shim_source(
+        "HARTPipeline"
+    )
     remove_hub_shim(folder)
     assert index(folder) == plain and not shim.exists()
 
@@ -125,7 +129,10 @@ def test_diffusion_pipeline_loads_our_pipeline_from_the_hub(kind, saved, offline
     # our own class checks that pipeline.py is exactly its one-line shim, so it needs no trust_remote_code
     direct = cls.from_pretrained(repo_id, cache_dir=offline_hub)
     assert type(direct) is cls
-    assert all(torch.equal(a, b) for a, b in zip(direct.transformer.state_dict().values(), pipe.transformer.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(direct.transformer.state_dict().values(), pipe.transformer.state_dict().values())
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -185,4 +192,6 @@ def test_component_entries_may_name_the_top_level_package(kind, saved, tmp_path)
     for name in ("transformer", "vae"):
         data[name] = ["diffusers_var_accel", data[name][1]]
     (folder / "model_index.json").write_text(json.dumps(data))
-    assert torch.equal(run(DiffusionPipeline.from_pretrained(folder), size), run(cls.from_pretrained(saved[kind]), size))
+    assert torch.equal(
+        run(DiffusionPipeline.from_pretrained(folder), size), run(cls.from_pretrained(saved[kind]), size)
+    )

@@ -53,12 +53,23 @@ def _generate(pipe, size, rows=slice(0, 2), acceleration=None, text=None):
         return {}
 
     hook = pipe.transformer.blocks[0].ffn.fc1.register_forward_hook(
-        lambda m, args, out: computed.__setitem__(0, computed[0] + args[0].shape[0] * args[0].shape[1]))
+        lambda m, args, out: computed.__setitem__(0, computed[0] + args[0].shape[0] * args[0].shape[1])
+    )
     try:
-        latents = pipe(prompt_embeds=embeds[rows], prompt_attention_mask=mask[rows], height=size[0], width=size[1],
-                       guidance_scale=3.0, top_k=1, top_p=None, acceleration=acceleration, output_type="latent",
-                       generator=[torch.Generator().manual_seed(10 + b) for b in range(2)][rows],
-                       callback_on_step_end=record, callback_on_step_end_tensor_inputs=["tokens"]).images
+        latents = pipe(
+            prompt_embeds=embeds[rows],
+            prompt_attention_mask=mask[rows],
+            height=size[0],
+            width=size[1],
+            guidance_scale=3.0,
+            top_k=1,
+            top_p=None,
+            acceleration=acceleration,
+            output_type="latent",
+            generator=[torch.Generator().manual_seed(10 + b) for b in range(2)][rows],
+            callback_on_step_end=record,
+            callback_on_step_end_tensor_inputs=["tokens"],
+        ).images
     finally:
         hook.remove()
     return latents, tokens, computed[0]
@@ -104,9 +115,9 @@ def test_batch_rows_equal_single_runs(pipe, method):
         latents, tokens, _ = _generate(pipe, size, rows=slice(b, b + 1), acceleration=scheduler)
         for si, t in tokens.items():
             if t is not None and (exact or si < compared):
-                assert torch.equal(batch_tokens[si][b:b + 1], t), (method, b, si)
+                assert torch.equal(batch_tokens[si][b : b + 1], t), (method, b, si)
         if exact:
-            torch.testing.assert_close(batch_latents[b:b + 1], latents, atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch_latents[b : b + 1], latents, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("method", [None, *METHODS])
@@ -132,8 +143,14 @@ def test_zero_pruning_reproduces_the_baseline(pipe):
     from diffusers_var_accel import FastVARScheduler
 
     size = (320, 256)
-    scheduler = FastVARScheduler(prune_scales=[-3, -2], prune_ratios=[0.0, 0.0], pruned_layers=None, cache_scale=-4,
-                                 skip_last_scales=False, model_family="infinity")
+    scheduler = FastVARScheduler(
+        prune_scales=[-3, -2],
+        prune_ratios=[0.0, 0.0],
+        pruned_layers=None,
+        cache_scale=-4,
+        skip_last_scales=False,
+        model_family="infinity",
+    )
     base, base_tokens, _ = _generate(pipe, size)
     ours, tokens, _ = _generate(pipe, size, acceleration=scheduler)
     assert torch.equal(base, ours)

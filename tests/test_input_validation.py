@@ -84,8 +84,10 @@ def assert_error(pipe, kwargs, error, *needles):
 # sizes
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("side", ["height", "width"])
-@pytest.mark.parametrize("value, error", [(0, ValueError), (-64, ValueError), ("64", TypeError), (64.0, TypeError),
-                                          (True, TypeError), ([64], TypeError)])
+@pytest.mark.parametrize(
+    "value, error",
+    [(0, ValueError), (-64, ValueError), ("64", TypeError), (64.0, TypeError), (True, TypeError), ([64], TypeError)],
+)
 def test_bad_height_or_width(pipe, side, value, error):
     h, w = size_of(pipe)
     kwargs = {"height": h, "width": w, side: value}
@@ -104,8 +106,18 @@ def test_one_side_without_the_other(pipe, side):
 # ---------------------------------------------------------------------------------------------------------------------
 # guidance and sampling values
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, error", [(-1.0, ValueError), (-0.01, ValueError), (NAN, ValueError), (INF, ValueError),
-                                          (-INF, ValueError), ("4", TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (-1.0, ValueError),
+        (-0.01, ValueError),
+        (NAN, ValueError),
+        (INF, ValueError),
+        (-INF, ValueError),
+        ("4", TypeError),
+        (None, TypeError),
+    ],
+)
 def test_bad_guidance_scale(pipe, value, error):
     assert_error(pipe, {"guidance_scale": value}, error, "guidance_scale", repr(value))
 
@@ -124,8 +136,9 @@ def test_cfg_list_that_is_not_a_list(pipe, value):
     assert_error(pipe, {"cfg_list": value} if value is not None else {"cfg_list": object()}, TypeError, "cfg_list")
 
 
-@pytest.mark.parametrize("value, error", [(INF, ValueError), (NAN, ValueError), (0.0, ValueError), (-0.5, ValueError),
-                                          ("0.5", TypeError)])
+@pytest.mark.parametrize(
+    "value, error", [(INF, ValueError), (NAN, ValueError), (0.0, ValueError), (-0.5, ValueError), ("0.5", TypeError)]
+)
 def test_bad_tau(infinity, value, error):
     assert_error(infinity, {"tau": value}, error, "tau", repr(value))
 
@@ -137,9 +150,16 @@ def test_bad_value_in_tau_list(infinity, bad):
     assert_error(infinity, {"tau_list": values}, ValueError, "tau_list[2]", repr(bad))
 
 
-@pytest.mark.parametrize("name, value, error", [("top_p", NAN, ValueError), ("top_p", "0.9", TypeError),
-                                                ("top_k", NAN, ValueError), ("top_k", "5", TypeError),
-                                                ("top_k", INF, ValueError)])
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("top_p", NAN, ValueError),
+        ("top_p", "0.9", TypeError),
+        ("top_k", NAN, ValueError),
+        ("top_k", "5", TypeError),
+        ("top_k", INF, ValueError),
+    ],
+)
 def test_bad_top_k_or_top_p(pipe, name, value, error):
     assert_error(pipe, {name: value}, error, name, repr(value))
 
@@ -147,14 +167,17 @@ def test_bad_top_k_or_top_p(pipe, name, value, error):
 # ---------------------------------------------------------------------------------------------------------------------
 # prompts and embeddings
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, error, needle", [
-    ([], ValueError, "empty list"),
-    (["a red circle", None], TypeError, "prompt[1] is None"),
-    ([None], TypeError, "prompt[0] is None"),
-    (["a red circle", 3], TypeError, "prompt[1] is 3"),
-    (5, TypeError, "5"),
-    (b"a red circle", TypeError, "bytes"),
-])
+@pytest.mark.parametrize(
+    "value, error, needle",
+    [
+        ([], ValueError, "empty list"),
+        (["a red circle", None], TypeError, "prompt[1] is None"),
+        ([None], TypeError, "prompt[0] is None"),
+        (["a red circle", 3], TypeError, "prompt[1] is 3"),
+        (5, TypeError, "5"),
+        (b"a red circle", TypeError, "bytes"),
+    ],
+)
 def test_bad_prompt(pipe, value, error, needle):
     assert_error(pipe, {"prompt": value}, error, "prompt", needle)
 
@@ -166,8 +189,9 @@ def test_bad_negative_prompt(pipe, value, needle):
     assert "negative_prompt" in str(info.value) and needle in str(info.value)
 
 
-@pytest.mark.parametrize("value, error", [(0, ValueError), (-1, ValueError), (2.5, TypeError), ("2", TypeError),
-                                          (True, TypeError)])
+@pytest.mark.parametrize(
+    "value, error", [(0, ValueError), (-1, ValueError), (2.5, TypeError), ("2", TypeError), (True, TypeError)]
+)
 def test_bad_num_images_per_prompt(pipe, value, error):
     assert_error(pipe, {"num_images_per_prompt": value}, error, "num_images_per_prompt", repr(value))
 
@@ -187,11 +211,19 @@ def _embeds(pipe, kind):
 
 
 @pytest.mark.parametrize("name", ["prompt_embeds", "negative_prompt_embeds"])
-@pytest.mark.parametrize("kind, error, needle", [
-    ("int", TypeError, "torch.int64"), ("bool", TypeError, "torch.bool"), ("nan", ValueError, "non-finite"),
-    ("inf", ValueError, "non-finite"), ("width", ValueError, "shape"), ("2d", ValueError, "shape"),
-    ("empty", ValueError, "shape"), ("list", TypeError, "list"),
-])
+@pytest.mark.parametrize(
+    "kind, error, needle",
+    [
+        ("int", TypeError, "torch.int64"),
+        ("bool", TypeError, "torch.bool"),
+        ("nan", ValueError, "non-finite"),
+        ("inf", ValueError, "non-finite"),
+        ("width", ValueError, "shape"),
+        ("2d", ValueError, "shape"),
+        ("empty", ValueError, "shape"),
+        ("list", TypeError, "list"),
+    ],
+)
 def test_bad_text_embeddings(pipe, name, kind, error, needle):
     bad = _embeds(pipe, kind)
     good = torch.zeros(1, text_tokens(pipe), text_width(pipe))
@@ -236,8 +268,9 @@ def test_a_short_prompt_does_not_warn(pipe, recwarn):
 # ---------------------------------------------------------------------------------------------------------------------
 # generators and output types
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, needle", [(0, "0"), (42, "42"), ("seed", "'seed'"), ([], "[]"),
-                                           (np.random.default_rng(0), "Generator")])
+@pytest.mark.parametrize(
+    "value, needle", [(0, "0"), (42, "42"), ("seed", "'seed'"), ([], "[]"), (np.random.default_rng(0), "Generator")]
+)
 def test_generator_that_is_not_a_torch_generator(pipe, value, needle):
     assert_error(pipe, {"generator": value}, TypeError, "generator", needle, "torch.Generator")
 
@@ -270,14 +303,19 @@ def test_infinity_teacher_tokens_of_the_wrong_shape(infinity):
     d = infinity.vae.config.codebook_dim
     _, h, w = schedule[1]
     good0 = torch.zeros(1, 1, 1, 1, d, dtype=torch.long)
-    for bad in (torch.zeros(1, 1, h + 1, w, d, dtype=torch.long), torch.zeros(2, 1, h, w, d, dtype=torch.long),
-                torch.zeros(1, h * w * d + 1, dtype=torch.long)):
+    for bad in (
+        torch.zeros(1, 1, h + 1, w, d, dtype=torch.long),
+        torch.zeros(2, 1, h, w, d, dtype=torch.long),
+        torch.zeros(1, h * w * d + 1, dtype=torch.long),
+    ):
         message = assert_error(infinity, {"teacher_tokens": [good0, bad]}, ValueError, "teacher_tokens[1]")
         assert f"(1, 1, {h}, {w}, {d})" in message and str(tuple(bad.shape)) in message
     assert_error(infinity, {"teacher_tokens": [good0 + 2]}, ValueError, "teacher_tokens[0]", "[0, 1]")
     assert_error(infinity, {"teacher_tokens": good0}, TypeError, "teacher_tokens", "Tensor")
     too_many = [good0] * (len(schedule) + 1)
-    assert_error(infinity, {"teacher_tokens": too_many}, ValueError, f"{len(schedule) + 1} entries", f"{len(schedule)} scales")
+    assert_error(
+        infinity, {"teacher_tokens": too_many}, ValueError, f"{len(schedule) + 1} entries", f"{len(schedule)} scales"
+    )
 
 
 def test_hart_teacher_tokens_of_the_wrong_shape(hart):
@@ -286,8 +324,12 @@ def test_hart_teacher_tokens_of_the_wrong_shape(hart):
     good0 = torch.zeros(1, 1, dtype=torch.long)
     pn = patch_nums[2]
     for bad in (torch.zeros(1, pn * pn + 1, dtype=torch.long), torch.zeros(3, pn * pn, dtype=torch.long)):
-        message = assert_error(hart, {"teacher_tokens": [good0, torch.zeros(1, patch_nums[1] ** 2, dtype=torch.long), bad]},
-                               ValueError, "teacher_tokens[2]")
+        message = assert_error(
+            hart,
+            {"teacher_tokens": [good0, torch.zeros(1, patch_nums[1] ** 2, dtype=torch.long), bad]},
+            ValueError,
+            "teacher_tokens[2]",
+        )
         assert f"(1, {pn * pn})" in message and str(tuple(bad.shape)) in message
     assert_error(hart, {"teacher_tokens": [good0 + vocab]}, ValueError, "teacher_tokens[0]", str(vocab))
     assert_error(hart, {"teacher_tokens": [["a"]]}, TypeError, "teacher_tokens[0]", "list")
@@ -306,17 +348,30 @@ def test_generator_per_image_batch_reproduces_each_single_call(infinity, method,
         from diffusers_var_accel import LazyVARScheduler
 
         scheduler = LazyVARScheduler.from_preset("infinity")
-    batch = infinity(prompts, generator=[gen(s) for s in seeds], output_type=output_type, acceleration=scheduler,
-                     **EMBEDDED_SAMPLING).images
+    batch = infinity(
+        prompts,
+        generator=[gen(s) for s in seeds],
+        output_type=output_type,
+        acceleration=scheduler,
+        **EMBEDDED_SAMPLING,
+    ).images
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        single = infinity(prompt, generator=gen(seed), output_type=output_type, acceleration=scheduler, **EMBEDDED_SAMPLING).images
+        single = infinity(
+            prompt, generator=gen(seed), output_type=output_type, acceleration=scheduler, **EMBEDDED_SAMPLING
+        ).images
         assert np.array_equal(np.asarray(batch[i]), np.asarray(single[0])), (method, i)
 
 
 def test_nan_check_does_not_reject_finite_extremes(infinity):
     """Large but finite values are valid numbers: they are not refused as non-finite."""
-    out = infinity(PROMPT, guidance_scale=1e3, tau=1e-3, generator=gen(0), output_type="latent",
-                   **{k: v for k, v in EMBEDDED_SAMPLING.items() if k not in ("guidance_scale", "tau")}).images
+    out = infinity(
+        PROMPT,
+        guidance_scale=1e3,
+        tau=1e-3,
+        generator=gen(0),
+        output_type="latent",
+        **{k: v for k, v in EMBEDDED_SAMPLING.items() if k not in ("guidance_scale", "tau")},
+    ).images
     assert torch.isfinite(out).all() and math.isfinite(float(out.abs().max()))
 
 
@@ -324,13 +379,20 @@ def test_nan_check_does_not_reject_finite_extremes(infinity):
 def test_hart_position_ids_that_are_not_an_integer_tensor(hart, value):
     embeds = torch.zeros(1, text_tokens(hart), text_width(hart))
     ids = torch.zeros(1, text_tokens(hart)) if isinstance(value, list) else value
-    assert_error(hart, {"prompt": None, "prompt_embeds": embeds, "prompt_position_ids": ids}, TypeError, "prompt_position_ids",
-                 "float32" if isinstance(value, list) else "str")
+    assert_error(
+        hart,
+        {"prompt": None, "prompt_embeds": embeds, "prompt_position_ids": ids},
+        TypeError,
+        "prompt_position_ids",
+        "float32" if isinstance(value, list) else "str",
+    )
 
 
 @pytest.mark.parametrize("kind", ["negative_prompt", "negative_prompt_embeds"])
 def test_negative_prompt_without_guidance_warns(pipe, kind):
-    off = {"guidance_scale": 1.0 if hasattr(pipe.transformer.config, "text_channels") else 0.0}  # Infinity: 1, HART: t = 0
+    off = {
+        "guidance_scale": 1.0 if hasattr(pipe.transformer.config, "text_channels") else 0.0
+    }  # Infinity: 1, HART: t = 0
     value = "a blue square" if kind == "negative_prompt" else torch.zeros(1, text_tokens(pipe), text_width(pipe))
     with pytest.warns(UserWarning, match=f"{kind} is ignored"):
         pipe(PROMPT, generator=gen(0), output_type="latent", **{kind: value}, **off)

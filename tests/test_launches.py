@@ -99,8 +99,12 @@ def small_infinity():
 
 
 def _inputs(pipe):
-    return dict(prompt_embeds=torch.randn(1, 8, pipe.transformer.config.text_channels), height=256, width=256,
-                generator=torch.Generator().manual_seed(0))
+    return dict(
+        prompt_embeds=torch.randn(1, 8, pipe.transformer.config.text_channels),
+        height=256,
+        width=256,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def test_per_scale_counts_sum_to_the_total_and_the_window_excludes_the_condition(small_infinity):
@@ -141,7 +145,9 @@ def test_a_sync_in_the_loop_is_counted_and_one_in_the_text_stage_is_not(small_in
     depth = len(pipe.transformer.blocks)
     assert after["syncs"] == before["syncs"] + passes * depth
     # the source is the innermost frame inside the package: here the line that calls the block
-    added = [s for s in after["sync_sources"] if s["kind"] == "_local_scalar_dense" and s not in before["sync_sources"]]
+    added = [
+        s for s in after["sync_sources"] if s["kind"] == "_local_scalar_dense" and s not in before["sync_sources"]
+    ]
     assert sum(s["count"] for s in added) == passes * depth
     assert all(s["where"].startswith("diffusers_var_accel/next_scale/") for s in added)
 
@@ -177,8 +183,17 @@ def test_count_launches_records_and_table(small_infinity):
 
 
 def test_cli_prints_the_table_and_the_json(capsys):
-    argv = ["launches", "--models", "infinity-2b", "--methods", "baseline,fastvar:pruned_layers=null", "--depth", "2",
-            "--size", "256"]
+    argv = [
+        "launches",
+        "--models",
+        "infinity-2b",
+        "--methods",
+        "baseline,fastvar:pruned_layers=null",
+        "--depth",
+        "2",
+        "--size",
+        "256",
+    ]
     assert cli_main(argv + ["--syncs", "--per-scale", "--block-ops"]) == 0
     out = capsys.readouterr().out
     assert "kernels per block): " in out
@@ -191,15 +206,21 @@ def test_cli_prints_the_table_and_the_json(capsys):
     assert record["kernels"] == sum(s["kernels"] for s in record["per_scale"]) + record["decode"]["kernels"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--models", "gpt-2"], "--models 'gpt-2'"),
-    (["--dtype", "int8"], "--dtype 'int8'"),
-    (["--methods", "lazyvr"], "lazyvr"),
-    (["--depth", "0"], "--depth"),
-    (["--hart-scales", "40", "--models", "hart-0.7b"], "hart_scales"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "gpt-2"], "--models 'gpt-2'"),
+        (["--dtype", "int8"], "--dtype 'int8'"),
+        (["--methods", "lazyvr"], "lazyvr"),
+        (["--depth", "0"], "--depth"),
+        (["--hart-scales", "40", "--models", "hart-0.7b"], "hart_scales"),
+    ],
+)
 def test_bad_arguments_give_one_error_line(capsys, argv, message):
-    assert cli_main(["launches", *argv, "--size", "256", "--depth", "1"] if argv[0] != "--depth" else ["launches", *argv]) == 2
+    assert (
+        cli_main(["launches", *argv, "--size", "256", "--depth", "1"] if argv[0] != "--depth" else ["launches", *argv])
+        == 2
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error") or "error:" in line]
     assert len(err) == 1 and message in err[0]
 
@@ -214,8 +235,10 @@ def test_the_benchmarks_script_re_exports_the_counter():
 @pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])
 def test_no_cfg_runs_fewer_ops_than_cfg(model):
     config = LaunchConfig(depth=1, size=256, hart_scales=4)
-    with_cfg, without = (count_launches([model], ["baseline"], config=LaunchConfig(**{**config.__dict__, "cfg": cfg}))[0]
-                         for cfg in (True, False))
+    with_cfg, without = (
+        count_launches([model], ["baseline"], config=LaunchConfig(**{**config.__dict__, "cfg": cfg}))[0]
+        for cfg in (True, False)
+    )
     assert with_cfg["cfg"] and not without["cfg"]
     assert without["ops"] < with_cfg["ops"] and without["num_scales"] == with_cfg["num_scales"]
 

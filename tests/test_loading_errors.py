@@ -24,7 +24,11 @@ from diffusers_var_accel import (
     LazyVARScheduler,
     VARAccelScheduler,
 )
-from diffusers_var_accel.models.checkpoint_utils import CheckpointFileError, load_original_state_dict, resolve_torch_dtype
+from diffusers_var_accel.models.checkpoint_utils import (
+    CheckpointFileError,
+    load_original_state_dict,
+    resolve_torch_dtype,
+)
 from diffusers_var_accel.schedulers.presets import preset_folder
 from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
@@ -110,7 +114,12 @@ def test_text_encoder_weights_that_do_not_match(infinity_copy, problem):
     path = infinity_copy / "text_encoder" / "model.safetensors"
     names = sorted(load_file(path))
     victim = next(n for n in names if "layer" in n)
-    edit_weights(path, (lambda sd: sd.update({"stray.weight": torch.zeros(2)})) if problem == "extra" else (lambda sd: sd.pop(victim)))
+    edit_weights(
+        path,
+        (lambda sd: sd.update({"stray.weight": torch.zeros(2)}))
+        if problem == "extra"
+        else (lambda sd: sd.pop(victim)),
+    )
     with pytest.raises(ValueError) as info:
         InfinityPipeline.from_pretrained(infinity_copy)
     message = str(info.value)
@@ -139,19 +148,32 @@ def test_config_width_that_disagrees_with_the_weights(infinity_copy):
 
 
 @pytest.mark.parametrize("file", [f"transformer/{WEIGHTS}", f"vae/{WEIGHTS}", "text_encoder/model.safetensors"])
-@pytest.mark.parametrize("damage, needle", [("truncate", "truncated"), ("empty", "empty (0 bytes)"), ("garbage", "not a readable")])
+@pytest.mark.parametrize(
+    "damage, needle", [("truncate", "truncated"), ("empty", "empty (0 bytes)"), ("garbage", "not a readable")]
+)
 def test_unreadable_weights_file(infinity_copy, file, damage, needle):
     path = infinity_copy / file
     data = path.read_bytes()
-    path.write_bytes({"truncate": data[: len(data) // 2], "empty": b"", "garbage": b"not a safetensors file" * 8}[damage])
+    path.write_bytes(
+        {"truncate": data[: len(data) // 2], "empty": b"", "garbage": b"not a safetensors file" * 8}[damage]
+    )
     with pytest.raises(CheckpointFileError) as info:
         InfinityPipeline.from_pretrained(infinity_copy)
     assert str(path) in str(info.value) and needle in str(info.value)
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("file", ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json",
-                                  "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"])
+@pytest.mark.parametrize(
+    "file",
+    [
+        "model_index.json",
+        "transformer/config.json",
+        "vae/config.json",
+        "text_encoder/config.json",
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+    ],
+)
 def test_invalid_json(infinity_copy, file):
     path = infinity_copy / file
     path.write_text(path.read_text()[:-5])
@@ -160,12 +182,15 @@ def test_invalid_json(infinity_copy, file):
     assert str(path) in str(info.value) and "JSON" in str(info.value)
 
 
-@pytest.mark.parametrize("stored, needle", [
-    ("InfinityPipelin", "did you mean 'InfinityPipeline'"),
-    ("FooPipeline", "does not exist"),
-    (["pipeline", "InfinityPipelnie"], "does not exist"),
-    ("HARTPipeline", "HARTPipeline.from_pretrained"),
-])
+@pytest.mark.parametrize(
+    "stored, needle",
+    [
+        ("InfinityPipelin", "did you mean 'InfinityPipeline'"),
+        ("FooPipeline", "does not exist"),
+        (["pipeline", "InfinityPipelnie"], "does not exist"),
+        ("HARTPipeline", "HARTPipeline.from_pretrained"),
+    ],
+)
 def test_model_index_class_name(infinity_copy, stored, needle):
     edit_json(infinity_copy / "model_index.json", lambda index: index.update(_class_name=stored))
     with pytest.raises(ValueError) as info:
@@ -221,8 +246,16 @@ def test_a_model_class_loads_its_folder_strictly(infinity_copy):
 # ---------------------------------------------------------------------------------------------------------------------
 # dtypes
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, dtype", [("float16", torch.float16), ("bfloat16", torch.bfloat16), ("float32", torch.float32),
-                                         ("torch.float16", torch.float16), ("torch.bfloat16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("float32", torch.float32),
+        ("torch.float16", torch.float16),
+        ("torch.bfloat16", torch.bfloat16),
+    ],
+)
 def test_string_dtype_is_honoured(saved_infinity, name, dtype):
     pipe = InfinityPipeline.from_pretrained(saved_infinity, dtype=name)
     assert pipe.transformer.dtype == dtype and pipe.vae.dtype == dtype
@@ -257,8 +290,9 @@ def test_dtype_and_torch_dtype_together(saved_infinity):
 # official checkpoint files
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("source", ["infinity_tiny.pth", "infinity_tiny.safetensors"])
-@pytest.mark.parametrize("damage, needle", [("truncate", "truncated"), ("empty", "empty (0 bytes)"),
-                                            ("garbage", "not a readable")])
+@pytest.mark.parametrize(
+    "damage, needle", [("truncate", "truncated"), ("empty", "empty (0 bytes)"), ("garbage", "not a readable")]
+)
 def test_unreadable_official_checkpoint(tmp_path, source, damage, needle):
     path = tmp_path / source
     data = (FIXTURE_DIR / source).read_bytes()
@@ -300,8 +334,14 @@ def lazyvar_folder(tmp_path):
 
 
 @pytest.mark.parametrize("loader", [VARAccelScheduler, LazyVARScheduler])
-@pytest.mark.parametrize("stored, hint", [("LazyVARSchedulr", "did you mean 'LazyVARScheduler'"),
-                                          ("FooScheduler", "does not exist"), ("", "does not exist")])
+@pytest.mark.parametrize(
+    "stored, hint",
+    [
+        ("LazyVARSchedulr", "did you mean 'LazyVARScheduler'"),
+        ("FooScheduler", "does not exist"),
+        ("", "does not exist"),
+    ],
+)
 def test_scheduler_class_that_does_not_exist(lazyvar_folder, loader, stored, hint):
     edit_json(lazyvar_folder / "acceleration_config.json", lambda c: c.update(_class_name=stored))
     with pytest.raises(ValueError) as info:
@@ -336,15 +376,19 @@ def test_pipeline_folder_with_a_bad_acceleration_config(saved_infinity, tmp_path
     with pytest.raises(ValueError, match="LazyVARSchedulr"):
         InfinityPipeline.from_pretrained(folder)
     # a bad value of a real setting: the scheduler's message, prefixed with the file that holds it
-    edit_json(folder / "acceleration" / "acceleration_config.json",
-              lambda c: c.update(_class_name="LazyVARScheduler", keep_ratios=[0.2, 0.1, 0.05, 1.5]))
+    edit_json(
+        folder / "acceleration" / "acceleration_config.json",
+        lambda c: c.update(_class_name="LazyVARScheduler", keep_ratios=[0.2, 0.1, 0.05, 1.5]),
+    )
     config = str(folder / "acceleration" / "acceleration_config.json")
     with pytest.raises(ValueError) as info:
         InfinityPipeline.from_pretrained(folder)
     assert config in str(info.value) and "keep_ratios[3]" in str(info.value) and "1.5" in str(info.value)
     # an override that fixes it loads; a bad override is the caller's, not the file's
     assert LazyVARScheduler.from_pretrained(folder / "acceleration", keep_ratios=[0.2, 0.1, 0.05, 0.01])
-    edit_json(folder / "acceleration" / "acceleration_config.json", lambda c: c.update(keep_ratios=[0.2, 0.1, 0.05, 0.01]))
+    edit_json(
+        folder / "acceleration" / "acceleration_config.json", lambda c: c.update(keep_ratios=[0.2, 0.1, 0.05, 0.01])
+    )
     with pytest.raises(ValueError) as info:
         LazyVARScheduler.from_pretrained(folder / "acceleration", keep_ratios=[0.2, 0.1, 0.05, 2.0])
     assert "acceleration_config.json" not in str(info.value) and "2.0" in str(info.value)
@@ -353,37 +397,52 @@ def test_pipeline_folder_with_a_bad_acceleration_config(saved_infinity, tmp_path
 # ---------------------------------------------------------------------------------------------------------------------
 # names close to packaged ones
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("typo, suggestion", [("embeded", "embedded"), ("embedd", "embedded"), ("Embedded", "embedded"),
-                                              ("shapes-infinity-tny", "shapes-infinity-tiny")])
+@pytest.mark.parametrize(
+    "typo, suggestion",
+    [
+        ("embeded", "embedded"),
+        ("embedd", "embedded"),
+        ("Embedded", "embedded"),
+        ("shapes-infinity-tny", "shapes-infinity-tiny"),
+    ],
+)
 def test_typo_of_the_packaged_model(typo, suggestion):
     with pytest.raises(FileNotFoundError) as info:
         InfinityPipeline.from_pretrained(typo)
     assert repr(typo) in str(info.value) and f"did you mean {suggestion!r}" in str(info.value)
 
 
-@pytest.mark.parametrize("typo, suggestion, error", [
-    ("infinity-2b/lazyvr", "infinity-2b/lazyvar", ValueError),
-    ("hart-0.7b/fastvr", "hart-0.7b/fastvar", ValueError),
-    ("infinty-2b/depthvar", "infinity-2b/depthvar", OSError),
-    ("lazyvr", "infinity-2b/lazyvar", OSError),
-])
+@pytest.mark.parametrize(
+    "typo, suggestion, error",
+    [
+        ("infinity-2b/lazyvr", "infinity-2b/lazyvar", ValueError),
+        ("hart-0.7b/fastvr", "hart-0.7b/fastvar", ValueError),
+        ("infinty-2b/depthvar", "infinity-2b/depthvar", OSError),
+        ("lazyvr", "infinity-2b/lazyvar", OSError),
+    ],
+)
 def test_typo_of_a_packaged_preset(offline_hub, typo, suggestion, error):
     with pytest.raises(error) as info:
         VARAccelScheduler.from_pretrained(typo)
     assert typo in str(info.value) and suggestion in str(info.value)
 
 
-@pytest.mark.parametrize("config, needle", [
-    ({"_class_name": "LazyVARSchedulr", "keep_ratios": [0.2]}, "did you mean 'LazyVARScheduler'"),
-    ({"keep_ratio": [0.2]}, "keep_ratio"),
-    ({"keep_ratios": [0.2, 0.1, 0.05, 0.01], "group_scale": [-1]}, "group_scale"),
-])
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"_class_name": "LazyVARSchedulr", "keep_ratios": [0.2]}, "did you mean 'LazyVARScheduler'"),
+        ({"keep_ratio": [0.2]}, "keep_ratio"),
+        ({"keep_ratios": [0.2, 0.1, 0.05, 0.01], "group_scale": [-1]}, "group_scale"),
+    ],
+)
 def test_from_config_is_strict(config, needle):
     with pytest.raises(ValueError) as info:
         LazyVARScheduler.from_config(config)
     assert needle in str(info.value)
     good = LazyVARScheduler.from_preset("infinity")
-    assert LazyVARScheduler.from_config(good.config).to_dict() == good.to_dict()  # a scheduler's own config round-trips
+    assert (
+        LazyVARScheduler.from_config(good.config).to_dict() == good.to_dict()
+    )  # a scheduler's own config round-trips
 
 
 def test_composed_member_with_a_misspelt_class():

@@ -42,7 +42,6 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-
 def sizes(family):
     return INFINITY_SIZES if family == "infinity" else [None]
 
@@ -57,9 +56,16 @@ def images(pipe, family, acceleration=None, prompt=PROMPTS[0], generator=None, s
             tokens[scale_index] = values["tokens"].clone()
         return {}
 
-    return pipe(prompt, generator=generator if generator is not None else gen(0), acceleration=acceleration,
-                guidance_scale=3.0, output_type="pt", callback_on_step_end=record,
-                callback_on_step_end_tensor_inputs=["tokens"], **kwargs).images
+    return pipe(
+        prompt,
+        generator=generator if generator is not None else gen(0),
+        acceleration=acceleration,
+        guidance_scale=3.0,
+        output_type="pt",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["tokens"],
+        **kwargs,
+    ).images
 
 
 def as_json(value):
@@ -171,8 +177,9 @@ BAD_SETTINGS = {
 BAD_CASES = [(method, *case) for method, cases in BAD_SETTINGS.items() for case in cases]
 
 
-@pytest.mark.parametrize("method, settings, name, value", BAD_CASES,
-                         ids=[f"{m}-{'-'.join(s)}-{v}" for m, s, _, v in BAD_CASES])
+@pytest.mark.parametrize(
+    "method, settings, name, value", BAD_CASES, ids=[f"{m}-{'-'.join(s)}-{v}" for m, s, _, v in BAD_CASES]
+)
 def test_bad_settings_raise_naming_the_value(method, settings, name, value):
     with pytest.raises(ValueError) as error:
         METHODS[method](**settings)
@@ -241,7 +248,7 @@ def test_batch_with_one_generator_per_image_equals_single_runs(method, family, p
         if compared is not None:
             single_tokens = {k: t for k, t in single_tokens.items() if k < compared}
             assert single_tokens, f"no scale before {method}'s first acted scale {compared} to compare"
-        differing = sum(int((batch_tokens[k][i:i + 1] != tokens).sum()) for k, tokens in single_tokens.items())
+        differing = sum(int((batch_tokens[k][i : i + 1] != tokens).sum()) for k, tokens in single_tokens.items())
         if family == "infinity":
             assert differing == 0, prompt
             if compared is None:
@@ -287,8 +294,11 @@ def test_no_state_is_carried_across_calls(method, family, pipes):
 ASPECT_CASES = [(method, family, size) for method, family in CASES for size in sizes(family)]
 
 
-@pytest.mark.parametrize("method, family, size", ASPECT_CASES,
-                         ids=[f"{m}-{f}-{'x'.join(map(str, s)) if s else 'default'}" for m, f, s in ASPECT_CASES])
+@pytest.mark.parametrize(
+    "method, family, size",
+    ASPECT_CASES,
+    ids=[f"{m}-{f}-{'x'.join(map(str, s)) if s else 'default'}" for m, f, s in ASPECT_CASES],
+)
 def test_every_supported_aspect_ratio_runs(method, family, size, pipes):
     pipe = pipes(family)
     out = images(pipe, family, preset(method, family), size=size)

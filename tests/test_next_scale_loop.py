@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffusers_var_accel import IdentityScheduler, InfinityBSQVAE, InfinityTransformer, ScalePlan, VARAccelScheduler, run_next_scale_loop
+from diffusers_var_accel import (
+    IdentityScheduler,
+    InfinityBSQVAE,
+    InfinityTransformer,
+    ScalePlan,
+    VARAccelScheduler,
+    run_next_scale_loop,
+)
 from diffusers_var_accel.next_scale.plan import PassRoutes, TokenRoute
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
@@ -46,8 +53,18 @@ def _run(models, scheduler=None, cfg=3.0, cfg_list=None, teacher=None, batch=2, 
     family = InfinityScaleFamily(transformer, vae, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=top_k, top_p=None)
     cfgs = list(cfg_list) if cfg_list is not None else [cfg] * S
     with torch.no_grad():
-        return run_next_scale_loop(family, _condition(transformer, batch, any(c != 1 for c in cfgs)), SCHEDULE, batch,
-                                   cfgs, [0.5] * S, torch.Generator().manual_seed(0), scheduler, teacher, tables=tables)
+        return run_next_scale_loop(
+            family,
+            _condition(transformer, batch, any(c != 1 for c in cfgs)),
+            SCHEDULE,
+            batch,
+            cfgs,
+            [0.5] * S,
+            torch.Generator().manual_seed(0),
+            scheduler,
+            teacher,
+            tables=tables,
+        )
 
 
 def _teacher(batch=2, d=8):
@@ -97,7 +114,9 @@ class _PlanScheduler(VARAccelScheduler):
         return routes or None
 
     def after_scale(self, state, plan, hidden):
-        self.after.append((plan.scale_indices, hidden.shape, state.kv_cache.get_seq_length(0), dict(state.attention_maps)))
+        self.after.append(
+            (plan.scale_indices, hidden.shape, state.kv_cache.get_seq_length(0), dict(state.attention_maps))
+        )
 
 
 def test_identity_scheduler_is_the_default(models):
@@ -109,10 +128,13 @@ def test_identity_scheduler_is_the_default(models):
 def test_routing_every_token_is_bit_identical_to_dense(models):
     def everything(layer, kind, x):
         return torch.arange(x.shape[1]).expand(x.shape[0], -1)
+
     depth = models[0].config.depth
     for kinds in ({"block"}, {"self_attn", "cross_attn", "ffn"}):
         calls = []
-        sched = _PlanScheduler(routes_at=set(range(1, S)), routes=lambda state, kinds=kinds: _routes(everything, kinds, depth, calls))
+        sched = _PlanScheduler(
+            routes_at=set(range(1, S)), routes=lambda state, kinds=kinds: _routes(everything, kinds, depth, calls)
+        )
         routed = _run(models, sched)
         dense = _run(models)
         assert torch.equal(routed.f_hat, dense.f_hat)
@@ -123,16 +145,24 @@ def test_routing_every_token_is_bit_identical_to_dense(models):
 def test_block_routes_of_one_index_form_one_span(models):
     """Consecutive block routes with the same tokens are gathered once: the selector runs once per pass."""
     keep, depth, calls = 5, models[0].config.depth, []
-    sched = _PlanScheduler(routes_at={S - 1}, routes=lambda state: _routes(
-        lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, depth, calls))
+    sched = _PlanScheduler(
+        routes_at={S - 1},
+        routes=lambda state: _routes(
+            lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, depth, calls
+        ),
+    )
     _run(models, sched)
     assert depth > 1 and calls == [(0, "block")]
 
 
 def test_routing_a_subset_caches_only_kept_tokens_and_changes_the_output(models):
     keep, calls = 5, []
-    sched = _PlanScheduler(routes_at={S - 2}, routes=lambda state: _routes(
-        lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, models[0].config.depth, calls))
+    sched = _PlanScheduler(
+        routes_at={S - 2},
+        routes=lambda state: _routes(
+            lambda l, k, x: torch.arange(keep).expand(x.shape[0], -1), {"block"}, models[0].config.depth, calls
+        ),
+    )
     out = _run(models, sched)
     dense = _run(models)
     before = sum(h * w for _, h, w in SCHEDULE[:-2])
@@ -158,13 +188,16 @@ def test_routing_every_token_of_a_grouped_pass_is_bit_identical(models):
     """Routed tokens of a grouped pass get the gathered block-causal mask (one per row)."""
     teacher = _teacher()
     plans = [ScalePlan((i,)) for i in range(S - 3)] + [ScalePlan((S - 3, S - 2, S - 1))]
+
     # rows keep all tokens, in a row-dependent order, so the per-row mask gather is exercised
     def keep(layer, kind, x):
         index = torch.arange(x.shape[1]).expand(x.shape[0], -1).clone()
         index[1::2] = index[1::2].flip(-1)
         return index
+
     def routes(state):
         return _routes(keep, {"block"}, models[0].config.depth, [])
+
     routed = _run(models, _PlanScheduler(plans=plans, routes_at={S - 3}, routes=routes), teacher=teacher)
     dense = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
     for si in range(S - 3, S):
@@ -200,7 +233,9 @@ def test_unconditional_only_passes_equal_guidance_zero_there(models, last):
     samples the unconditional model, which Infinity's ``cfg c + (1 - cfg) u`` gives at cfg 0 with both rows: the
     same logits up to batched-GEMM rounding and the same tokens, at every such scale (each row attends only to its
     own history, so the conditional rows the reference still runs do not matter)."""
-    plans = [ScalePlan((i,)) for i in range(S - last)] + [ScalePlan((i,), cfg_uncond_only=True) for i in range(S - last, S)]
+    plans = [ScalePlan((i,)) for i in range(S - last)] + [
+        ScalePlan((i,), cfg_uncond_only=True) for i in range(S - last, S)
+    ]
     uncond = _run(models, _PlanScheduler(plans=plans))
     reference = _run(models, cfg_list=[3.0] * (S - last) + [0.0] * last)
     for k in range(S):
@@ -223,12 +258,16 @@ def test_branch_rules_are_exclusive_and_unconditional_only_ends_the_passes():
     plans = [ScalePlan((0,)), ScalePlan((1,), cfg_uncond_only=True), ScalePlan((2,))]
     with pytest.raises(ValueError, match=r"plan \(2,\) runs both CFG rows after the unconditional-only plan \(1,\)"):
         validate_plans(plans, 3)
-    validate_plans([ScalePlan((0,)), ScalePlan((1,), cfg_uncond_only=True), ScalePlan((2,), skip=True)], 3)  # a skip may follow
+    validate_plans(
+        [ScalePlan((0,)), ScalePlan((1,), cfg_uncond_only=True), ScalePlan((2,), skip=True)], 3
+    )  # a skip may follow
 
 
 def test_recorded_attention_maps_are_probabilities(models):
-    plans = [ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset(), attention_map="full")
-             for i in range(S)]
+    plans = [
+        ScalePlan((i,), record_attention_layers=frozenset({0}) if i == 3 else frozenset(), attention_map="full")
+        for i in range(S)
+    ]
     sched = _PlanScheduler(plans=plans)
     out = _run(models, sched)
     dense = _run(models)
@@ -245,8 +284,10 @@ def test_recorded_attention_maps_are_probabilities(models):
 def test_recorded_attention_key_mean_is_the_reduced_full_map(models):
     maps = {}
     for kind in ("full", "key_mean"):
-        plans = [ScalePlan((i,), record_attention_layers=frozenset({1}) if i == 4 else frozenset(), attention_map=kind)
-                 for i in range(S)]
+        plans = [
+            ScalePlan((i,), record_attention_layers=frozenset({1}) if i == 4 else frozenset(), attention_map=kind)
+            for i in range(S)
+        ]
         sched = _PlanScheduler(plans=plans)
         _run(models, sched)
         maps[kind] = {idx: m for idx, _, _, m in sched.after}[(4,)][1]
@@ -267,7 +308,9 @@ def test_skipped_scales_add_no_codes(models):
     skipped = _run(models, _PlanScheduler(plans=plans), teacher=teacher)
     full = _run(models, teacher=teacher)
     assert S - 1 not in skipped.tokens
-    last_codes = models[1].add_scale_codes(None, models[1].bits_to_codes(teacher[-1].reshape(2, 16, 16, -1)), (16, 16), True)
+    last_codes = models[1].add_scale_codes(
+        None, models[1].bits_to_codes(teacher[-1].reshape(2, 16, 16, -1)), (16, 16), True
+    )
     torch.testing.assert_close(skipped.f_hat + last_codes, full.f_hat, atol=1e-6, rtol=0)
 
 
@@ -320,7 +363,9 @@ def test_kv_cache_is_sized_for_what_later_passes_read_and_passes_share_one_call_
     # before each pass: everything earlier is cached; only the last pass does not store
     assert lengths == [(0 if i == 0 else 1 + sum(h * w for _, h, w in SCHEDULE[1:i]), i != S - 1) for i in range(S)]
     family = InfinityScaleFamily(*models, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=1, top_p=None)
-    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, loop_module.identity_plans(SCHEDULE)) == kept
+    assert (
+        loop_module.cached_positions(family.num_start_tokens, SCHEDULE, loop_module.identity_plans(SCHEDULE)) == kept
+    )
     assert len(seen) == S and all(d is seen[0] for d in seen) and seen[0] is state.call_cache
     # the loop's scale-id table is a schedule constant: it lives in the call's ScheduleTables, not the call cache
     hws = tuple((int(h), int(w)) for _, h, w in SCHEDULE)
@@ -335,11 +380,16 @@ def test_kv_cache_size_follows_the_plan(models):
     family = InfinityScaleFamily(*models, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=1, top_p=None)
     tokens = [1] + [h * w for _, h, w in SCHEDULE[1:]]
     grouped = [ScalePlan((i,)) for i in range(S - 3)] + [ScalePlan(tuple(range(S - 3, S)))]
-    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, grouped) == sum(tokens[:S - 3])
-    skipping = [ScalePlan((i,)) for i in range(S - 2)] + [ScalePlan((S - 2,), skip=True), ScalePlan((S - 1,), skip=True)]
-    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, skipping) == sum(tokens[:S - 3])
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, grouped) == sum(tokens[: S - 3])
+    skipping = [ScalePlan((i,)) for i in range(S - 2)] + [
+        ScalePlan((S - 2,), skip=True),
+        ScalePlan((S - 1,), skip=True),
+    ]
+    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, skipping) == sum(tokens[: S - 3])
     one_pass = [ScalePlan(tuple(range(S)))]
-    assert loop_module.cached_positions(family.num_start_tokens, SCHEDULE, one_pass) == 1  # nothing to keep; the buffer stays valid
+    assert (
+        loop_module.cached_positions(family.num_start_tokens, SCHEDULE, one_pass) == 1
+    )  # nothing to keep; the buffer stays valid
 
 
 def test_the_last_pass_attends_to_its_own_keys_without_keeping_them():
@@ -354,7 +404,9 @@ def test_the_last_pass_attends_to_its_own_keys_without_keeping_them():
         cache.stores = False
         k2, v2 = torch.randn(1, 3, 2, 8, generator=g), torch.randn(1, 3, 2, 8, generator=g)
         k_all, v_all = cache.update(k2, v2, 0, cache_rows=2)  # CFG halving: one row of two runs
-        assert torch.equal(k_all, torch.cat((k1[:1], k2), dim=2)) and torch.equal(v_all, torch.cat((v1[:1], v2), dim=2))
+        assert torch.equal(k_all, torch.cat((k1[:1], k2), dim=2)) and torch.equal(
+            v_all, torch.cat((v1[:1], v2), dim=2)
+        )
         assert cache.get_seq_length(0) == 4 and torch.equal(cache.get(0)[0], k1)
         # the unconditional row only: its own history, then its keys
         k_all, _ = cache.update(k2, v2, 0, cache_rows=2, row_start=1)
@@ -389,7 +441,9 @@ def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
     from diffusers_var_accel.pipelines.hart.pipeline_hart import HARTScaleFamily
     from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
-    pipe = build_tiny_hart_pipeline(seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(), tokenizer_ch_mult=(1,))
+    pipe = build_tiny_hart_pipeline(
+        seed=0, depth=4, embed_dim=32, patch_nums=tiny_hart_patch_nums(), tokenizer_ch_mult=(1,)
+    )
     transformer = pipe.transformer
     text, positions = pipe.encode_prompt(["a red fox", "two green circles"], torch.device("cpu"))
     null, null_positions = transformer.null_context(2)
@@ -400,10 +454,20 @@ def test_unconditional_only_passes_on_hart_equal_its_unconditional_logits():
 
     def run(scheduler, guidance):
         with torch.no_grad():
-            return run_next_scale_loop(family, condition, family.scale_schedule, 2, guidance, [1.0] * n,
-                                       torch.Generator().manual_seed(0), scheduler)
+            return run_next_scale_loop(
+                family,
+                condition,
+                family.scale_schedule,
+                2,
+                guidance,
+                [1.0] * n,
+                torch.Generator().manual_seed(0),
+                scheduler,
+            )
 
-    plans = [ScalePlan((i,)) for i in range(n - last)] + [ScalePlan((i,), cfg_uncond_only=True) for i in range(n - last, n)]
+    plans = [ScalePlan((i,)) for i in range(n - last)] + [
+        ScalePlan((i,), cfg_uncond_only=True) for i in range(n - last, n)
+    ]
     # the loop takes HART's own guidance weight t (0: none; t = -1 gives the unconditional logits)
     uncond = run(_PlanScheduler(plans=plans), [3.5] * n)
     reference = run(None, [3.5] * (n - last) + [-1.0] * last)

@@ -23,8 +23,10 @@ METHODS = SPECS  # the baseline and every library method: what the notebook runs
 TEST_PARAMETERS = "\nNUM_BENCH_PROMPTS = 3\nBENCH_REPEATS = 1\n"
 
 # Appended as a last cell: which interpreter and which copy of the package the kernel used.
-PROBE = ("import json, sys, diffusers_var_accel\n"
-         "print('PROBE ' + json.dumps({'prefix': sys.prefix, 'package': diffusers_var_accel.__file__}))")
+PROBE = (
+    "import json, sys, diffusers_var_accel\n"
+    "print('PROBE ' + json.dumps({'prefix': sys.prefix, 'package': diffusers_var_accel.__file__}))"
+)
 
 
 def _stream_text(cell) -> str:
@@ -32,8 +34,11 @@ def _stream_text(cell) -> str:
 
 
 def _has_png(cell) -> bool:
-    return any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])
-               if o.get("output_type") in ("display_data", "execute_result"))
+    return any(
+        "image/png" in o.get("data", {})
+        for o in cell.get("outputs", [])
+        if o.get("output_type") in ("display_data", "execute_result")
+    )
 
 
 def test_notebook_is_stored_clean():
@@ -41,7 +46,9 @@ def test_notebook_is_stored_clean():
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "python3"
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.outputs and c.execution_count is None for c in code), "store the notebook without outputs"
+    assert code and all(not c.outputs and c.execution_count is None for c in code), (
+        "store the notebook without outputs"
+    )
     assert NOTEBOOK.stat().st_size < 64 * 1024
     assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1
 
@@ -71,8 +78,9 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     params.source += TEST_PARAMETERS
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
 
-    client = nbclient.NotebookClient(nb, km=km, kernel_name="python3", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(work)}})
+    client = nbclient.NotebookClient(
+        nb, km=km, kernel_name="python3", timeout=300, allow_errors=False, resources={"metadata": {"path": str(work)}}
+    )
     client.execute()  # raises CellExecutionError on the first failing cell
 
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -89,7 +97,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     # Section 3: disabling restores the baseline; a PSNR table with every method.
     assert "after disable_acceleration(): identical to the first baseline image" in text
     table = text.split("PSNR vs baseline (same prompt and seed, one call each)", 1)[1]
-    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:2 + len(METHODS)]}
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2 : 2 + len(METHODS)]}
     assert set(rows) == set(METHODS)
     assert rows["baseline"][1] == "inf"
     for m in METHODS[1:]:
@@ -107,8 +115,12 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     assert set(results["methods"]) == set(METHODS)
     assert results["run"]["num_prompts"] == 3 and results["run"]["model"] == "embedded"
     assert results["methods"]["lazyvar"]["flops"]["ratio"] > 1.5
-    for name in ("methods_side_by_side.png", "speedup_vs_psnr.png", "bench/speedup_vs_fidelity.png",
-                 "bench/scale_breakdown.png"):
+    for name in (
+        "methods_side_by_side.png",
+        "speedup_vs_psnr.png",
+        "bench/speedup_vs_fidelity.png",
+        "bench/scale_breakdown.png",
+    ):
         assert (out / name).stat().st_size > 5000, name
 
     # Figures are displayed in the notebook: the side-by-side panels and the speed-up/fidelity plot at least.

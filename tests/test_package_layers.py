@@ -15,9 +15,30 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "diffusers_var_accel"
 PACKAGE = PACKAGE_DIR.name
 
 #: Every unit of the package but the facade (``<package>``), for the leaves that import none of them.
-_ALL_UNITS = {"next_scale", "models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded",
-              "utils", "families", "calibration", "serve", "comparison", "files", "version", "generate_job",
-              "user_errors", "data", "evaluation", "metrics"}
+_ALL_UNITS = {
+    "next_scale",
+    "models",
+    "schedulers",
+    "pipelines",
+    "bench",
+    "cli",
+    "loading",
+    "hub",
+    "demo",
+    "embedded",
+    "utils",
+    "families",
+    "calibration",
+    "serve",
+    "comparison",
+    "files",
+    "version",
+    "generate_job",
+    "user_errors",
+    "data",
+    "evaluation",
+    "metrics",
+}
 
 #: Per unit (a subpackage or a top-level module), the units it must never import, however lazily.
 FORBIDDEN: Dict[str, Set[str]] = {
@@ -29,8 +50,23 @@ FORBIDDEN: Dict[str, Set[str]] = {
     "loading": {"cli", "bench", "demo", "serve", "comparison"},
     "families": {"next_scale", "models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo"},
     # below everything: writing files so that a killed process leaves none half-written
-    "files": {"next_scale", "models", "schedulers", "pipelines", "bench", "cli", "loading", "hub", "demo", "embedded",
-              "utils", "families", "calibration", "serve", "comparison"},
+    "files": {
+        "next_scale",
+        "models",
+        "schedulers",
+        "pipelines",
+        "bench",
+        "cli",
+        "loading",
+        "hub",
+        "demo",
+        "embedded",
+        "utils",
+        "families",
+        "calibration",
+        "serve",
+        "comparison",
+    },
     # the web page and its comparison are front ends, above everything the command line uses
     "comparison": {"cli", "serve", "demo"},
     # the packaged model's path and names only: the pipelines resolve the name "embedded" through it, and
@@ -97,7 +133,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         state[node], _ = 1, stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -117,7 +153,9 @@ def unit_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
     units: Dict[str, Set[str]] = defaultdict(set)
     for module, targets in graph.items():
         for target in targets:
-            if unit(target) != unit(module) and unit(target) != "<package>":  # the facade re-exports, imports nothing back
+            if (
+                unit(target) != unit(module) and unit(target) != "<package>"
+            ):  # the facade re-exports, imports nothing back
                 units[unit(module)].add(unit(target))
     return units
 
@@ -125,13 +163,21 @@ def unit_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
 def test_the_walker_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
-    assert "diffusers_var_accel.schedulers.scheduling_var_base" in import_graph(True)["diffusers_var_accel.schedulers.scheduling_lazyvar"]
+    assert (
+        "diffusers_var_accel.schedulers.scheduling_var_base"
+        in import_graph(True)["diffusers_var_accel.schedulers.scheduling_lazyvar"]
+    )
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_no_layer_imports_one_above_it(layer):
-    bad: List[Tuple[str, str]] = [(module, target) for module, targets in import_graph(top_level_only=False).items()
-                                  if unit(module) == layer for target in targets if unit(target) in FORBIDDEN[layer]]
+    bad: List[Tuple[str, str]] = [
+        (module, target)
+        for module, targets in import_graph(top_level_only=False).items()
+        if unit(module) == layer
+        for target in targets
+        if unit(target) in FORBIDDEN[layer]
+    ]
     assert bad == [], f"{layer} must not import {sorted(FORBIDDEN[layer])}: {bad}"
 
 
@@ -151,8 +197,13 @@ def test_no_import_circle_between_subpackages():
 KNOWN_CIRCLES: Dict[frozenset, str] = {
     # lazy imports inside functions only: the registry imports the schedulers package so that the built-in methods
     # are registered, the base class reads the packaged presets in from_pretrained, the presets read the registry
-    frozenset({f"{PACKAGE}.schedulers.registry", f"{PACKAGE}.schedulers.scheduling_var_base",
-               f"{PACKAGE}.schedulers.presets"}): "function-level imports: registration and preset lookup",
+    frozenset(
+        {
+            f"{PACKAGE}.schedulers.registry",
+            f"{PACKAGE}.schedulers.scheduling_var_base",
+            f"{PACKAGE}.schedulers.presets",
+        }
+    ): "function-level imports: registration and preset lookup",
 }
 
 
@@ -249,8 +300,11 @@ def string_constants(source: str) -> List[Tuple[int, str]]:
             value = first.value if isinstance(first, ast.Expr) else None
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 docstrings.add(id(value))
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 def test_the_string_walker_skips_docstrings_only():

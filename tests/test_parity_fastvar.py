@@ -18,19 +18,29 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusers_var_accel import FastVARScheduler, InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
+from diffusers_var_accel import (
+    FastVARScheduler,
+    InfinityBSQVAE,
+    InfinityPipeline,
+    InfinityTransformer,
+    schedule_for_size,
+)
 from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens
 
 from fixture_utils import RecordingFastVAR, official_call_kwargs, padded_text
 
-FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_FASTVAR_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "infinity"))
+FIXTURE_DIR = Path(
+    os.environ.get("VAR_ACCEL_FASTVAR_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "infinity")
+)
 #: The official sublayer names of the fixture (``pts.*.sublayers``) -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"sa": "self_attn", "ca": "cross_attn", "ffn": "ffn"}
 
 
 def _fixture():
     if not (FIXTURE_DIR / "manifest.json").is_file():
-        pytest.fail(f"FastVAR fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_FASTVAR_INFINITY_FIXTURE)")
+        pytest.fail(
+            f"FastVAR fixture folder missing or incomplete: {FIXTURE_DIR} (set VAR_ACCEL_FASTVAR_INFINITY_FIXTURE)"
+        )
     manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
     return manifest, load_file(FIXTURE_DIR / "inputs.safetensors"), load_file(FIXTURE_DIR / "reference.safetensors")
 
@@ -67,7 +77,9 @@ def _official_scheduler():
     widths = [int(s[-1]) for s in schedule]
     prune_scales, prune_ratios = [], []
     for width, ratio in sorted(preset["prune_widths"].items(), key=lambda kv: int(kv[0])):
-        for si in (i for i, w in enumerate(widths) if w == int(width)):  # the official prunes every scale of that width
+        for si in (
+            i for i, w in enumerate(widths) if w == int(width)
+        ):  # the official prunes every scale of that width
             prune_scales.append(si)
             prune_ratios.append(float(ratio))
     cached_tokens = int(preset["cached_size"][0]) * int(preset["cached_size"][1])
@@ -75,8 +87,15 @@ def _official_scheduler():
     cache = [i for i, s in enumerate(schedule) if int(s[-2]) * int(s[-1]) == cached_tokens and i < min(prune_scales)]
     assert cache, f"no scale of {cached_tokens} tokens before the pruned scales {prune_scales}"
     skipped = [i for i, w in enumerate(widths) if w in {int(v) for v in preset.get("skipped_scales_w", [])}]
-    return FastVARScheduler(prune_scales=prune_scales, prune_ratios=prune_ratios, pruned_layers=_layer_range(preset["pruned_layer_idx"]),
-                            cache_scale=cache[-1], skip_last_scales=bool(skipped), skipped_scales=skipped, model_family="infinity")
+    return FastVARScheduler(
+        prune_scales=prune_scales,
+        prune_ratios=prune_ratios,
+        pruned_layers=_layer_range(preset["pruned_layer_idx"]),
+        cache_scale=cache[-1],
+        skip_last_scales=bool(skipped),
+        skipped_scales=skipped,
+        model_family="infinity",
+    )
 
 
 def _scale_of_tag(tag):
@@ -97,7 +116,9 @@ def _replay(pipe, run):
     assert embeds.shape[0] == call.get("B", embeds.shape[0])
     scheduler = None
     if impl == "fastvar":
-        scheduler = RecordingFastVAR.build(**{k: v for k, v in _official_scheduler().to_dict().items() if k != "_class_name"})
+        scheduler = RecordingFastVAR.build(
+            **{k: v for k, v in _official_scheduler().to_dict().items() if k != "_class_name"}
+        )
     recorded = {}
 
     def record(p, scale_index, scale, kwargs):
@@ -158,7 +179,9 @@ def test_reference_run(pipe, run):
         bits = REF[f"{run}.bits.{si}"]
         assert torch.equal(recorded[si]["tokens"].reshape(bits.shape).to(torch.uint8), bits), (run, si)
         if f"{run}.head_logits.{si}" in REF:
-            torch.testing.assert_close(recorded[si]["logits"].float(), REF[f"{run}.head_logits.{si}"], atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(
+                recorded[si]["logits"].float(), REF[f"{run}.head_logits.{si}"], atol=1e-4, rtol=1e-5
+            )
             checked += 1
     for si, frac in enumerate(meta["summary"].get("bits_ones_fraction", [])):
         assert abs(recorded[si]["tokens"].float().mean().item() - frac) <= 1e-6 + 0.5 / recorded[si]["tokens"].numel()
@@ -171,7 +194,11 @@ def test_reference_run(pipe, run):
         kinds = [SUBLAYER_KINDS[s] for s in pts["sublayers"]]
         kept_ref = REF[f"{run}.pts_kept.{tag}"]
         assert kept_ref.shape[:3] == (len(pts["pruned_blocks"]), len(kinds), pts["rows"])
-        assert kept_ref.shape[3] == pts["K"] == num_kept_tokens(pts["L"], MANIFEST["fastvar_preset"]["prune_widths"][tag.split("x")[1]])
+        assert (
+            kept_ref.shape[3]
+            == pts["K"]
+            == num_kept_tokens(pts["L"], MANIFEST["fastvar_preset"]["prune_widths"][tag.split("x")[1]])
+        )
         routed = sorted({layer for (s, layer, _) in log["kept"] if s == si})
         assert routed == sorted(pts["pruned_blocks"]), (tag, routed)
         for bi, block in enumerate(pts["pruned_blocks"]):
@@ -203,7 +230,9 @@ def test_reference_run(pipe, run):
         checked += 1
     r0, c0 = MANIFEST["decoded_crop32_origin_rc"]
     if f"{run}.decoded_crop32_s0" in REF:
-        torch.testing.assert_close(decoded[:1, :, r0:r0 + 32, c0:c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            decoded[:1, :, r0 : r0 + 32, c0 : c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-4, rtol=0
+        )
     summary = meta["summary"]
     for b in range(decoded.shape[0]):
         err = abs(decoded[b].double().sum().item() - summary["decoded_sum_per_sample"][b])

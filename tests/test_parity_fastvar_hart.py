@@ -17,14 +17,15 @@ from safetensors.torch import load_file
 from diffusers_var_accel import FastVARScheduler
 from fixture_utils import HARTFixture, RecordingFastVAR, check_hart_tokens_and_logits, replay_hart_run
 
-FIXTURE = HARTFixture("VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart", "FastVAR HART")
+FIXTURE = HARTFixture(
+    "VAR_ACCEL_FASTVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "fastvar" / "hart", "FastVAR HART"
+)
 FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
 _require_fixture = FIXTURE.require
 #: The fork's sublayer names -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"attn": "self_attn", "ffn": "ffn"}
 #: FIXTURE.md, suggested checks for this layout: ``f_hat_final`` atol 1e-2 (the public fixture's own bound is 2e-3).
 F_HAT_ATOL = 1e-2
-
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,15 @@ def _official_scheduler(patch_nums):
     assert preset.get("pruned_layers") == "all blocks", preset.get("pruned_layers")
     assert preset.get("keep", "L - int(L*ratio)") == "L - int(L*ratio)"
     skipped = [patch_nums.index(int(s)) for s in preset.get("skipped_scales", [])]
-    return FastVARScheduler(prune_scales=[s for s, _ in prune], prune_ratios=[r for _, r in prune], pruned_layers=None,
-                            cache_scale=patch_nums.index(cache_side), skip_last_scales=bool(skipped), skipped_scales=skipped,
-                            model_family="hart")
+    return FastVARScheduler(
+        prune_scales=[s for s, _ in prune],
+        prune_ratios=[r for _, r in prune],
+        pruned_layers=None,
+        cache_scale=patch_nums.index(cache_side),
+        skip_last_scales=bool(skipped),
+        skipped_scales=skipped,
+        model_family="hart",
+    )
 
 
 def test_official_preset_is_our_hart_preset(pipe):
@@ -69,7 +76,9 @@ def test_reference_run(pipe, inputs, run):
     patch_nums = list(pipe.transformer.config.patch_nums)
     scheduler = None
     if impl == "fastvar":
-        scheduler = RecordingFastVAR.build(**{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"})
+        scheduler = RecordingFastVAR.build(
+            **{k: v for k, v in _official_scheduler(patch_nums).to_dict().items() if k != "_class_name"}
+        )
     image, recorded = replay_hart_run(pipe, inputs, meta, greedy=True, acceleration=scheduler)  # every run is greedy
     ref = load_file(FIXTURE_DIR / f"ref_{run}.safetensors")
     B = inputs["context_tensor"].shape[0]
@@ -100,7 +109,11 @@ def test_reference_run(pipe, inputs, run):
                 ours = log["kept"][(si, block, SUBLAYER_KINDS[name])]
                 assert ours.shape[1] == pts["K"]
                 rows = _common_rows(ours, kept_ref[b, sl], B)
-                assert torch.equal(ours[:rows].sort(-1).values, kept_ref[b, sl][:rows].long().sort(-1).values), (tag, block, name)
+                assert torch.equal(ours[:rows].sort(-1).values, kept_ref[b, sl][:rows].long().sort(-1).values), (
+                    tag,
+                    block,
+                    name,
+                )
         if f"pts_score_block0_{tag}" in ref:
             for sl, name in enumerate(pts["sublayers"]):
                 scores = log["scores"][(si, pts["pruned_blocks"][0], SUBLAYER_KINDS[name])]
@@ -118,5 +131,8 @@ def _common_rows(ours, official, batch_size):
     """The rows both sides computed. The official fork always runs the 2B CFG rows (``[cond.., uncond..]``), even when
     the guidance has no effect; we run only the B conditional rows then. Conditional rows come first on both sides."""
     rows = min(ours.shape[0], official.shape[0])
-    assert rows in (batch_size, 2 * batch_size) and ours.shape[0] in (batch_size, 2 * batch_size), (ours.shape, official.shape)
+    assert rows in (batch_size, 2 * batch_size) and ours.shape[0] in (batch_size, 2 * batch_size), (
+        ours.shape,
+        official.shape,
+    )
     return rows

@@ -22,7 +22,6 @@ FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
 _require_fixture = FIXTURE.require
 
 
-
 @pytest.fixture(scope="module")
 def pipe():
     return FIXTURE.pipeline()
@@ -37,7 +36,12 @@ def test_config_matches_fixture(pipe):
     hart = MANIFEST["preset_params"]["hart"]
     cfg = pipe.transformer.config
     assert (cfg.depth, cfg.embed_dim, cfg.num_heads, cfg.context_tokens, cfg.context_dim) == (
-        hart["depth"], hart["embed_dim"], hart["num_heads"], hart["context_token"], hart["context_dim"])
+        hart["depth"],
+        hart["embed_dim"],
+        hart["num_heads"],
+        hart["context_token"],
+        hart["context_dim"],
+    )
     assert list(cfg.patch_nums) == list(hart["patch_nums"])
     assert pipe.default_size == pipe.vae_scale_factor * hart["patch_nums"][-1]
 
@@ -59,7 +63,9 @@ def test_official_run(pipe, inputs, run):
         if f"logits_guided_s{s}" in ref:
             torch.testing.assert_close(guided, ref[f"logits_guided_s{s}"], atol=1e-3, rtol=0)
         if f"logits_guided_top32_values_s{s}" in ref:
-            torch.testing.assert_close(guided.topk(32, dim=-1).values, ref[f"logits_guided_top32_values_s{s}"], atol=1e-3, rtol=0)
+            torch.testing.assert_close(
+                guided.topk(32, dim=-1).values, ref[f"logits_guided_top32_values_s{s}"], atol=1e-3, rtol=0
+            )
         if s < num_scales - 1 and f"f_hat_after_s{s}" in ref:
             torch.testing.assert_close(recorded[s]["latents"], ref[f"f_hat_after_s{s}"], atol=1e-4, rtol=1e-4)
     if "logits_raw_s1" in ref:
@@ -75,7 +81,9 @@ def test_official_run(pipe, inputs, run):
 def test_block_activations(pipe, inputs):
     """Block inputs/outputs of a guided greedy run, where the fixture stores them (hooks on the blocks)."""
     _require_fixture()
-    run = next((r for r in RUNS if MANIFEST["runs"][r]["greedy_top_k1"] and MANIFEST["runs"][r]["call"]["cfg"] != 0), None)
+    run = next(
+        (r for r in RUNS if MANIFEST["runs"][r]["greedy_top_k1"] and MANIFEST["runs"][r]["call"]["cfg"] != 0), None
+    )
     ref = load_file(FIXTURE_DIR / f"ref_{run}.safetensors") if run else {}
     if not any(k.startswith("block0_input_s") for k in ref):
         pytest.skip("fixture stores no block activations")
@@ -83,7 +91,9 @@ def test_block_activations(pipe, inputs):
     blocks = pipe.transformer.blocks
     handles = [blocks[0].register_forward_pre_hook(lambda m, args: seen["in"].append(args[0].clone()))]
     for i, block in enumerate(blocks):
-        handles.append(block.register_forward_hook(lambda m, args, out, i=i: seen["out"].setdefault(i, []).append(out.clone())))
+        handles.append(
+            block.register_forward_hook(lambda m, args, out, i=i: seen["out"].setdefault(i, []).append(out.clone()))
+        )
     try:
         replay_hart_run(pipe, inputs, MANIFEST["runs"][run])
     finally:
@@ -96,7 +106,7 @@ def test_block_activations(pipe, inputs):
         elif key.startswith("last_block_output_s"):
             got = seen["out"][last][int(key.rsplit("_s", 1)[1])]
         elif key.startswith("block") and "_output_s" in key:
-            got = seen["out"][int(key[len("block"):key.index("_")])][int(key.rsplit("_s", 1)[1])]
+            got = seen["out"][int(key[len("block") : key.index("_")])][int(key.rsplit("_s", 1)[1])]
         else:
             continue
         torch.testing.assert_close(got, value, atol=1e-4, rtol=1e-4, msg=key)
@@ -146,11 +156,17 @@ def test_batch_equals_single_runs(pipe, inputs):
             tokens[si] = kwargs["tokens"].clone()
             return {}
 
-        image = pipe(prompt_embeds=inputs["context_tensor"][rows], prompt_position_ids=inputs["context_position_ids"][rows],
-                     generator=[torch.Generator().manual_seed(10 + b) for b in range(B)][rows],
-                     diffusion_generator=[torch.Generator().manual_seed(20 + b) for b in range(B)][rows],
-                     guidance_scale=4.5, more_smooth=more_smooth, output_type="pt",
-                     callback_on_step_end=record, callback_on_step_end_tensor_inputs=["tokens"]).images
+        image = pipe(
+            prompt_embeds=inputs["context_tensor"][rows],
+            prompt_position_ids=inputs["context_position_ids"][rows],
+            generator=[torch.Generator().manual_seed(10 + b) for b in range(B)][rows],
+            diffusion_generator=[torch.Generator().manual_seed(20 + b) for b in range(B)][rows],
+            guidance_scale=4.5,
+            more_smooth=more_smooth,
+            output_type="pt",
+            callback_on_step_end=record,
+            callback_on_step_end_tensor_inputs=["tokens"],
+        ).images
         return image, tokens
 
     for more_smooth, atol in ((False, 1e-5), (True, 1e-3)):  # Gumbel mixtures at tau ~ 0.05 amplify rounding
@@ -158,5 +174,5 @@ def test_batch_equals_single_runs(pipe, inputs):
         for b in range(B):
             single, single_tokens = run(slice(b, b + 1), more_smooth)
             for si, tokens in single_tokens.items():
-                assert torch.equal(batch_tokens[si][b:b + 1], tokens), (more_smooth, b, si)
-            torch.testing.assert_close(batch[b:b + 1], single, atol=atol, rtol=0)
+                assert torch.equal(batch_tokens[si][b : b + 1], tokens), (more_smooth, b, si)
+            torch.testing.assert_close(batch[b : b + 1], single, atol=atol, rtol=0)

@@ -15,7 +15,13 @@ import torch
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 
-from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, load_fixture, official_call_kwargs, padded_text
+from fixture_utils import (
+    assert_official_uint8,
+    check_pipeline_uint8_image,
+    load_fixture,
+    official_call_kwargs,
+    padded_text,
+)
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY_FIXTURE", Path(__file__).parent / "fixtures" / "infinity"))
 
@@ -112,7 +118,9 @@ def test_reference_run(pipe, run):
     decoded = pipe.vae.decode(latents)
     r0, c0 = MANIFEST["decoded_crop32_origin_rc"]
     if f"{run}.decoded_crop32_s0" in REF:
-        torch.testing.assert_close(decoded[:1, :, r0:r0 + 32, c0:c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-3, rtol=0)
+        torch.testing.assert_close(
+            decoded[:1, :, r0 : r0 + 32, c0 : c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-3, rtol=0
+        )
     if f"{run}.decoded_sub4" in REF:
         torch.testing.assert_close(decoded[:, :, ::4, ::4], REF[f"{run}.decoded_sub4"], atol=1e-3, rtol=0)
     if "decoded_sum_per_sample" in summary:
@@ -138,8 +146,14 @@ def test_bfloat16_teacher_forced_logits_close(pipe):
     run = "teacher_forced_cfg"
     if run not in MANIFEST["runs"]:
         pytest.skip("fixture has no teacher-forced run")
-    bf16 = InfinityPipeline(transformer=InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16),
-                            vae=pipe.vae, text_encoder=None, tokenizer=None)
+    bf16 = InfinityPipeline(
+        transformer=InfinityTransformer.from_original_checkpoint(
+            FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16
+        ),
+        vae=pipe.vae,
+        text_encoder=None,
+        tokenizer=None,
+    )
     bf16.set_progress_bar_config(disable=True)
     _, recorded = _replay(bf16, run)
     for si in range(len(MANIFEST["scale_schedule"])):

@@ -20,7 +20,13 @@ import torch.nn.functional as F
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline, InfinityTransformer, schedule_for_size
 from diffusers_var_accel.models.transformer_infinity import latent_bits_to_tokens, tokens_to_latent_bits
 
-from fixture_utils import assert_official_uint8, check_pipeline_uint8_image, load_fixture, official_call_kwargs, padded_text
+from fixture_utils import (
+    assert_official_uint8,
+    check_pipeline_uint8_image,
+    load_fixture,
+    official_call_kwargs,
+    padded_text,
+)
 
 FIXTURE_DIR = Path(os.environ.get("VAR_ACCEL_INFINITY8B_FIXTURE", Path(__file__).parent / "fixtures" / "infinity8b"))
 
@@ -41,7 +47,9 @@ def _token_hw(si):
 @pytest.fixture(scope="module")
 def pipe():
     _fixture()
-    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", apply_spatial_patchify=PATCHIFY)
+    transformer = InfinityTransformer.from_original_checkpoint(
+        FIXTURE_DIR / "infinity_tiny.pth", apply_spatial_patchify=PATCHIFY
+    )
     vae = InfinityBSQVAE.from_original_checkpoint(FIXTURE_DIR / "vae_tiny.pth")
     pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
@@ -139,7 +147,10 @@ def _check_run(pipe, run, latents, recorded, embed_inputs):
             assert torch.equal(tokens.to(torch.uint8), REF[f"{run}.bits_tokens.{si}"]), (run, si)
             checked += 1
         if f"{run}.bits.{si}" in REF:
-            assert torch.equal(tokens_to_latent_bits(tokens, hw, p).to(torch.uint8), REF[f"{run}.bits.{si}"]), (run, si)
+            assert torch.equal(tokens_to_latent_bits(tokens, hw, p).to(torch.uint8), REF[f"{run}.bits.{si}"]), (
+                run,
+                si,
+            )
             checked += 1
         if call["gt_leak"] > si:
             assert torch.equal(tokens.to(torch.uint8), INPUTS[f"teacher_bits_tokens.{si}"])
@@ -164,7 +175,9 @@ def _check_run(pipe, run, latents, recorded, embed_inputs):
     assert tuple(decoded.shape[-2:]) == tuple(MANIFEST["image_hw"])
     r0, c0 = MANIFEST["decoded_crop32_origin_rc"]
     if f"{run}.decoded_crop32_s0" in REF:
-        torch.testing.assert_close(decoded[:1, :, r0:r0 + 32, c0:c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-3, rtol=0)
+        torch.testing.assert_close(
+            decoded[:1, :, r0 : r0 + 32, c0 : c0 + 32], REF[f"{run}.decoded_crop32_s0"], atol=1e-3, rtol=0
+        )
         checked += 1
     if f"{run}.decoded_sub4" in REF:
         torch.testing.assert_close(decoded[:, :, ::4, ::4], REF[f"{run}.decoded_sub4"], atol=1e-3, rtol=0)
@@ -207,8 +220,9 @@ def test_bfloat16_teacher_forced_logits_close(pipe):
     run = "teacher_forced_cfg"
     if run not in MANIFEST["runs"]:
         pytest.skip("fixture has no teacher-forced run")
-    transformer = InfinityTransformer.from_original_checkpoint(FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16,
-                                                               apply_spatial_patchify=PATCHIFY)
+    transformer = InfinityTransformer.from_original_checkpoint(
+        FIXTURE_DIR / "infinity_tiny.pth", torch_dtype=torch.bfloat16, apply_spatial_patchify=PATCHIFY
+    )
     bf16 = InfinityPipeline(transformer=transformer, vae=pipe.vae, text_encoder=None, tokenizer=None)
     bf16.set_progress_bar_config(disable=True)
     _, recorded, _ = _replay(bf16, run)
@@ -226,12 +240,21 @@ def test_bfloat16_teacher_forced_logits_close(pipe):
 def test_teacher_bits_of_the_wrong_shape_are_named(pipe):
     _fixture()
     embeds, mask = padded_text(INPUTS)
-    call = MANIFEST["runs"]["greedy_cfg"]["call"] if "greedy_cfg" in MANIFEST["runs"] else next(iter(MANIFEST["runs"].values()))["call"]
+    call = (
+        MANIFEST["runs"]["greedy_cfg"]["call"]
+        if "greedy_cfg" in MANIFEST["runs"]
+        else next(iter(MANIFEST["runs"].values()))["call"]
+    )
     good = INPUTS["teacher_bits.0"]
     # the call's shape check names the scale and the token layout; the family's names the VAE layout
-    for bad, match in ((good[:, :, :1], r"teacher_tokens\[0\]|VAE layout"),
-                       (good.reshape(good.shape[0], -1)[:, None, :3], r"teacher_tokens\[0\]|teacher bits of scale 0"),
-                       ([INPUTS[f"teacher_bits.{si}"] for si in range(len(MANIFEST["scale_schedule"]))] + [good], "the schedule has")):
+    for bad, match in (
+        (good[:, :, :1], r"teacher_tokens\[0\]|VAE layout"),
+        (good.reshape(good.shape[0], -1)[:, None, :3], r"teacher_tokens\[0\]|teacher bits of scale 0"),
+        ([INPUTS[f"teacher_bits.{si}"] for si in range(len(MANIFEST["scale_schedule"]))] + [good], "the schedule has"),
+    ):
         with pytest.raises(ValueError, match=match):
-            pipe(**official_call_kwargs(MANIFEST, call, embeds, mask), teacher_tokens=bad if isinstance(bad, list) else [bad],
-                 output_type="latent")
+            pipe(
+                **official_call_kwargs(MANIFEST, call, embeds, mask),
+                teacher_tokens=bad if isinstance(bad, list) else [bad],
+                output_type="latent",
+            )

@@ -51,7 +51,9 @@ def pipe(folder, fixture):
     manifest, path = fixture[0], folder[0]
     # the 2B code path, or the 8B one (spatial patchify) where the fixture's official constructor arguments say so
     patchify = bool(manifest["infinity_kwargs"].get("apply_spatial_patchify", 0))
-    transformer = InfinityTransformer.from_original_checkpoint(path / "infinity_tiny.pth", apply_spatial_patchify=patchify)
+    transformer = InfinityTransformer.from_original_checkpoint(
+        path / "infinity_tiny.pth", apply_spatial_patchify=patchify
+    )
     vae = InfinityBSQVAE.from_original_checkpoint(path / "vae_tiny.pth")
     pipeline = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipeline.set_progress_bar_config(disable=True)
@@ -88,8 +90,12 @@ def test_untouched_scales_are_the_baselines(pipe, fixture):
         recorded[scale_index] = {k: v.clone() for k, v in kwargs.items()}
         return {}
 
-    pipe(**official_call_kwargs(manifest, call, embeds, mask), output_type="latent", callback_on_step_end=record,
-         callback_on_step_end_tensor_inputs=["logits", "tokens"])
+    pipe(
+        **official_call_kwargs(manifest, call, embeds, mask),
+        output_type="latent",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["logits", "tokens"],
+    )
     untouched = _untouched_scales(manifest)
     assert untouched > 0
     for si in range(untouched):
@@ -97,7 +103,9 @@ def test_untouched_scales_are_the_baselines(pipe, fixture):
         ours = recorded[si]["tokens"].reshape(bits.shape).to(torch.uint8)
         assert torch.equal(ours, bits), f"scale {si}: bits differ from the upstream run's"
         assert torch.equal(ours, _bits(ref, "fastervar", si)), f"scale {si}: bits differ from the FasterVAR run's"
-        torch.testing.assert_close(recorded[si]["logits"].float(), ref[f"fastervar.head_logits.{si}"], atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            recorded[si]["logits"].float(), ref[f"fastervar.head_logits.{si}"], atol=1e-4, rtol=1e-5
+        )
 
 
 def _assert_close_at_scale(actual, expected, atol=1e-4, rtol=1e-5):
@@ -120,9 +128,14 @@ def _stagevar(manifest):
     projected = tuple(i - n for i in manifest["computed_scales_fastervar"] if i - n in unconditional)
     skipped = tuple(i - n for i in manifest["skipped_scales_fastervar"])
     assert len(projected) == 1  # the released setting: the first scale without guidance is projected
-    return StageVARScheduler(unconditional_scales=unconditional, projected_scales=projected,
-                             rank_ratios=(tuple(manifest["rank_ratio_scale40"]),), skipped_scales=skipped,
-                             num_chunks=manifest["num_block_chunks"], projection_seed=manifest["seeds"]["rp_seed"])
+    return StageVARScheduler(
+        unconditional_scales=unconditional,
+        projected_scales=projected,
+        rank_ratios=(tuple(manifest["rank_ratio_scale40"]),),
+        skipped_scales=skipped,
+        num_chunks=manifest["num_block_chunks"],
+        projection_seed=manifest["seeds"]["rp_seed"],
+    )
 
 
 def test_stagevar_run_matches_the_official_code(pipe, fixture):
@@ -138,9 +151,13 @@ def test_stagevar_run_matches_the_official_code(pipe, fixture):
         def route_pass(self, state, plan):
             routes = super().route_pass(state, plan)
             if routes is not None and routes.mixing:
-                routes.mixing = {start: replace(m, mixer=LoggingMixer(m.mixer, j, log))
-                                 for j, (start, m) in enumerate(sorted(routes.mixing.items()))}
-                routes.record = routes.record | RecordRequest(block_outputs=frozenset(m.end_layer - 1 for m in routes.mixing.values()))
+                routes.mixing = {
+                    start: replace(m, mixer=LoggingMixer(m.mixer, j, log))
+                    for j, (start, m) in enumerate(sorted(routes.mixing.items()))
+                }
+                routes.record = routes.record | RecordRequest(
+                    block_outputs=frozenset(m.end_layer - 1 for m in routes.mixing.values())
+                )
             return routes
 
         def after_scale(self, state, plan, hidden_states_RLC):
@@ -157,8 +174,13 @@ def test_stagevar_run_matches_the_official_code(pipe, fixture):
         recorded[scale_index] = {k: None if v is None else v.clone() for k, v in kwargs.items()}
         return {}
 
-    latents = pipe(**official_call_kwargs(manifest, call, embeds, mask), acceleration=recording, output_type="latent",
-                   callback_on_step_end=record, callback_on_step_end_tensor_inputs=["logits", "tokens"]).images
+    latents = pipe(
+        **official_call_kwargs(manifest, call, embeds, mask),
+        acceleration=recording,
+        output_type="latent",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["logits", "tokens"],
+    ).images
     ranks = manifest["ranks_scale40"]
     assert sorted(log) == list(range(len(ranks)))
     chunk_ends = sorted(restored)
@@ -181,20 +203,27 @@ def test_stagevar_run_matches_the_official_code(pipe, fixture):
         bits = _bits(ref, "fastervar", si)
         assert torch.equal(recorded[si]["tokens"].reshape(bits.shape).to(torch.uint8), bits), f"scale {si}: bits"
         if si < _untouched_scales(manifest):
-            torch.testing.assert_close(recorded[si]["logits"].float(), ref[f"fastervar.head_logits.{si}"], atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(
+                recorded[si]["logits"].float(), ref[f"fastervar.head_logits.{si}"], atol=1e-4, rtol=1e-5
+            )
         else:  # the head of the restored states: their rounding, at their scale
             _assert_close_at_scale(recorded[si]["logits"], ref[f"fastervar.head_logits.{si}"])
     torch.testing.assert_close(latents.float(), ref["fastervar.decoder_input"], atol=1e-6, rtol=0)
     decoded = pipe.vae.decode(latents)
     r0, c0 = manifest["decoded_crop32_origin_rc"]
-    torch.testing.assert_close(decoded[:, :, r0:r0 + 32, c0:c0 + 32], ref["fastervar.decoded_crop32"], atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        decoded[:, :, r0 : r0 + 32, c0 : c0 + 32], ref["fastervar.decoded_crop32"], atol=1e-3, rtol=0
+    )
 
 
-@pytest.mark.xfail(strict=True, reason="known: our BSQ VAE decodes the official decoder input of these fixtures (1024²) "
-                   "up to 1.24e-3 (2B) / 1.39e-3 (8B) from the official decode, over FIXTURE.md's 1e-3; the 32x32 crop "
-                   "is within it. A VAE matter, independent of StageVAR: the summed codes it decodes equal the official "
-                   "ones to 1e-6. The 8B fixture's FIXTURE.md traces it to memory format: the official decoder input is "
-                   "channels-last, and the official decoder run on a contiguous copy gives our numbers")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: our BSQ VAE decodes the official decoder input of these fixtures (1024²) "
+    "up to 1.24e-3 (2B) / 1.39e-3 (8B) from the official decode, over FIXTURE.md's 1e-3; the 32x32 crop "
+    "is within it. A VAE matter, independent of StageVAR: the summed codes it decodes equal the official "
+    "ones to 1e-6. The 8B fixture's FIXTURE.md traces it to memory format: the official decoder input is "
+    "channels-last, and the official decoder run on a contiguous copy gives our numbers",
+)
 def test_the_official_decoder_input_decodes_as_the_official_image(pipe, fixture):
     _, _, ref = fixture
     with torch.no_grad():

@@ -32,13 +32,14 @@ from diffusers_var_accel.schedulers.scheduling_stagevar import RepresentativeMix
 
 from fixture_utils import HARTFixture, LoggingMixer, check_hart_tokens_and_logits
 
-FIXTURE = HARTFixture("VAR_ACCEL_STAGEVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar_hart", "StageVAR HART")
+FIXTURE = HARTFixture(
+    "VAR_ACCEL_STAGEVAR_HART_FIXTURE", Path(__file__).parent / "fixtures" / "stagevar_hart", "StageVAR HART"
+)
 FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
 _require_fixture = FIXTURE.require
 #: FIXTURE.md's suggested checks for the projected scale's mixtures, block outputs and restored states: their values
 #: reach ~4.4e3 (sums over 4096 tokens), which fp32 GEMMs round 2e-3 to 5e-3 apart.
 MIXTURE_TOL = dict(atol=2e-2, rtol=1e-5)
-
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,9 @@ def test_reference_run(pipe, run):
             routes = super().route_pass(state, plan)
             k = plan.scale_indices[0]
             if routes is not None and routes.mixing:
-                routes.mixing = {start: replace(m, mixer=LoggingMixer(m.mixer, start, log)) for start, m in routes.mixing.items()}
+                routes.mixing = {
+                    start: replace(m, mixer=LoggingMixer(m.mixer, start, log)) for start, m in routes.mixing.items()
+                }
             if k in (projected - 1, projected):  # the canvas sources and the restored states of every layer
                 routes = PassRoutes() if routes is None else routes
                 routes.record = routes.record | RecordRequest(block_outputs=frozenset(range(depth)))
@@ -105,12 +108,21 @@ def test_reference_run(pipe, run):
         recorded[scale_index] = {k: v.clone() for k, v in kwargs.items() if v is not None}
         return {}
 
-    image = pipe(prompt_embeds=inputs["context_tensor"], prompt_position_ids=inputs["context_position_ids"],
-                 guidance_scale=guided[0], top_k=1 if meta["greedy_top_k1"] else None, top_p=call["top_p"],
-                 more_smooth=call["more_smooth"], use_diffusion_head=call["final_stage"] == 0,
-                 generator=torch.Generator().manual_seed(call["g_seed"]), diffusion_generator=draws,
-                 acceleration=recording, output_type="pt", callback_on_step_end=record,
-                 callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"]).images
+    image = pipe(
+        prompt_embeds=inputs["context_tensor"],
+        prompt_position_ids=inputs["context_position_ids"],
+        guidance_scale=guided[0],
+        top_k=1 if meta["greedy_top_k1"] else None,
+        top_p=call["top_p"],
+        more_smooth=call["more_smooth"],
+        use_diffusion_head=call["final_stage"] == 0,
+        generator=torch.Generator().manual_seed(call["g_seed"]),
+        diffusion_generator=draws,
+        acceleration=recording,
+        output_type="pt",
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["latents", "tokens", "logits"],
+    ).images
     assert sorted(recorded) == list(range(num_scales))
 
     # 1. tokens exact at every scale; the logits sampled from (guided, or the unconditional rows' alone) close
@@ -128,7 +140,9 @@ def test_reference_run(pipe, run):
         torch.testing.assert_close(x, ref[f"rp_input_l{layer}"], **tol)
         assert torch.equal(positions, ref[f"rep_indices_l{layer}"]), f"layer {layer}: drawn positions"
         assert torch.equal(projection, ref[f"projection_l{layer}"]), f"layer {layer}: projection"
-        torch.testing.assert_close(torch.bmm(projection.transpose(1, 2), x.float()), ref[f"projected_l{layer}"], **MIXTURE_TOL)
+        torch.testing.assert_close(
+            torch.bmm(projection.transpose(1, 2), x.float()), ref[f"projected_l{layer}"], **MIXTURE_TOL
+        )
         restored = outputs[projected][layer]
         torch.testing.assert_close(restored, ref[f"restored_l{layer}"], **MIXTURE_TOL)
         torch.testing.assert_close(restored[:, positions[0]], ref[f"layer_output_l{layer}"], **MIXTURE_TOL)

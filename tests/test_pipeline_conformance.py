@@ -31,10 +31,23 @@ PROMPT = "a red fox in the snow"
 PROMPTS = ["a red fox in the snow", "two cats", "a blue square"]
 
 # diffusers' TEXT_TO_IMAGE_PARAMS / TEXT_TO_IMAGE_BATCH_PARAMS, less what a next-scale model has no use for
-TEXT_TO_IMAGE_PARAMS = {"prompt", "height", "width", "guidance_scale", "negative_prompt", "prompt_embeds",
-                        "negative_prompt_embeds"}
-REQUIRED_OPTIONAL_PARAMS = {"num_images_per_prompt", "generator", "output_type", "return_dict", "callback_on_step_end",
-                            "callback_on_step_end_tensor_inputs"}
+TEXT_TO_IMAGE_PARAMS = {
+    "prompt",
+    "height",
+    "width",
+    "guidance_scale",
+    "negative_prompt",
+    "prompt_embeds",
+    "negative_prompt_embeds",
+}
+REQUIRED_OPTIONAL_PARAMS = {
+    "num_images_per_prompt",
+    "generator",
+    "output_type",
+    "return_dict",
+    "callback_on_step_end",
+    "callback_on_step_end_tensor_inputs",
+}
 NO_STEPS = "next-scale models have a fixed scale schedule, no num_inference_steps / timesteps"
 NO_LATENTS = "no initial noise latents: a next-scale model starts from its start tokens, not from sampled latents"
 NEEDS_ACCELERATOR = "needs a CUDA/XPU accelerator (diffusers runs it only there); this suite runs on the CPU"
@@ -46,7 +59,9 @@ class Case:
     pipeline_class: type
     build: Callable[..., DiffusionPipeline]
     size: Dict[str, int]
-    batch_tolerance: float  # images: batch = singles (one generator per image), see test_inference_batch_single_identical
+    batch_tolerance: (
+        float  # images: batch = singles (one generator per image), see test_inference_batch_single_identical
+    )
 
     def components(self) -> Dict[str, Any]:
         return dict(self.build(seed=0).components)
@@ -155,7 +170,9 @@ def test_inference_batch_single_identical(case, pipe):
     generators = [torch.Generator("cpu").manual_seed(s) for s in (10, 11, 12)]
     batched = pipe(**case.inputs(prompt=PROMPTS, generator=generators, output_type="pt")).images
     for b, prompt in enumerate(PROMPTS):
-        single = pipe(**case.inputs(prompt=prompt, generator=torch.Generator("cpu").manual_seed(10 + b), output_type="pt")).images
+        single = pipe(
+            **case.inputs(prompt=prompt, generator=torch.Generator("cpu").manual_seed(10 + b), output_type="pt")
+        ).images
         diff = (batched[b] - single[0]).abs().max().item()
         assert diff <= case.batch_tolerance, (b, diff)
 
@@ -167,7 +184,9 @@ def test_infinity_batch_single_latents_are_exact():
     generators = [torch.Generator("cpu").manual_seed(s) for s in (10, 11, 12)]
     batched = pipeline(**case.inputs(prompt=PROMPTS, generator=generators, output_type="latent")).images
     for b, prompt in enumerate(PROMPTS):
-        single = pipeline(**case.inputs(prompt=prompt, generator=torch.Generator("cpu").manual_seed(10 + b), output_type="latent")).images
+        single = pipeline(
+            **case.inputs(prompt=prompt, generator=torch.Generator("cpu").manual_seed(10 + b), output_type="latent")
+        ).images
         assert torch.equal(batched[b], single[0]), b
 
 
@@ -179,8 +198,14 @@ def test_hart_batch_single_holds_to_1e_4_without_more_smooth():
     generators = [torch.Generator("cpu").manual_seed(s) for s in (10, 11, 12)]
     batched = pipeline(**case.inputs(prompt=PROMPTS, generator=generators, output_type="pt", more_smooth=False)).images
     for b, prompt in enumerate(PROMPTS):
-        single = pipeline(**case.inputs(prompt=prompt, generator=torch.Generator("cpu").manual_seed(10 + b), output_type="pt",
-                                        more_smooth=False)).images
+        single = pipeline(
+            **case.inputs(
+                prompt=prompt,
+                generator=torch.Generator("cpu").manual_seed(10 + b),
+                output_type="pt",
+                more_smooth=False,
+            )
+        ).images
         assert (batched[b] - single[0]).abs().max() < 1e-4, b
 
 
@@ -255,7 +280,9 @@ def test_serialization_with_variants(case, pipe, reference, tmp_path):
 
 def test_torch_dtype_dict(case, pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
-    loaded = case.pipeline_class.from_pretrained(tmp_path, torch_dtype={"transformer": torch.bfloat16, "default": torch.float16})
+    loaded = case.pipeline_class.from_pretrained(
+        tmp_path, torch_dtype={"transformer": torch.bfloat16, "default": torch.float16}
+    )
     assert loaded.transformer.dtype == torch.bfloat16
     assert loaded.vae.dtype == torch.float16 and loaded.text_encoder.dtype == torch.float16
 
@@ -357,8 +384,11 @@ def test_callback_inputs(case, pipe):
             kwargs["latents"] = torch.zeros_like(kwargs["latents"])
         return kwargs
 
-    changed = pipe(**case.inputs(callback_on_step_end=zero_last, callback_on_step_end_tensor_inputs=["latents"],
-                                 output_type="latent")).images
+    changed = pipe(
+        **case.inputs(
+            callback_on_step_end=zero_last, callback_on_step_end_tensor_inputs=["latents"], output_type="latent"
+        )
+    ).images
     assert torch.count_nonzero(changed) == 0
     with pytest.raises(ValueError, match="not in"):
         pipe(**case.inputs(callback_on_step_end=subset, callback_on_step_end_tensor_inputs=["latents", "noise_pred"]))
@@ -369,8 +399,13 @@ def test_callback_cfg(case, pipe):
         pipeline._guidance_scale += 1.0
         return kwargs
 
-    changed = pipe(**case.inputs(guidance_scale=2.0, callback_on_step_end=increase_guidance,
-                                 callback_on_step_end_tensor_inputs=pipe._callback_tensor_inputs)).images
+    changed = pipe(
+        **case.inputs(
+            guidance_scale=2.0,
+            callback_on_step_end=increase_guidance,
+            callback_on_step_end_tensor_inputs=pipe._callback_tensor_inputs,
+        )
+    ).images
     assert pipe.guidance_scale == 2.0 + pipe.num_timesteps  # one call per scale
     # the per-scale form the change amounts to: scale i runs with the number given plus i
     n = pipe.num_timesteps
@@ -387,8 +422,10 @@ def test_callback_cfg(case, pipe):
 
     # the per-scale form set by a callback after scale 0 applies from scale 1 on (scale 0 ran with 2.0 already)
     first = case.pipeline_class.guidance_schedule(2.0, n)[0] if case.name == "hart" else 2.0
-    assert np.array_equal(pipe(**case.inputs(guidance_scale=2.0, callback_on_step_end=set_per_scale)).images,
-                          pipe(**case.inputs(cfg_list=[first] + per_scale[1:])).images)
+    assert np.array_equal(
+        pipe(**case.inputs(guidance_scale=2.0, callback_on_step_end=set_per_scale)).images,
+        pipe(**case.inputs(cfg_list=[first] + per_scale[1:])).images,
+    )
 
     def turn_on(pipeline, i, scale, kwargs):
         pipeline._guidance_scale = 5.0
@@ -466,11 +503,15 @@ def test_encode_prompt_works_in_isolation(case, reference):
     assert set(names) <= call_parameters and names[0] == "prompt_embeds"
 
     components = case.components()
-    text_only = case.pipeline_class(**{k: (v if "text" in k or "tokenizer" in k else None) for k, v in components.items()})
+    text_only = case.pipeline_class(
+        **{k: (v if "text" in k or "tokenizer" in k else None) for k, v in components.items()}
+    )
     outputs = dict(zip(names, text_only.encode_prompt(PROMPT)))
     negative = dict(zip(["negative_" + n for n in names], text_only.encode_prompt("a blurry photo")))
 
-    no_text = case.pipeline_class(**{k: (None if "text" in k or "tokenizer" in k else v) for k, v in components.items()})
+    no_text = case.pipeline_class(
+        **{k: (None if "text" in k or "tokenizer" in k else v) for k, v in components.items()}
+    )
     no_text.set_progress_bar_config(disable=True)
     from_embeds = no_text(**case.inputs(prompt=None, **outputs)).images
     assert np.array_equal(from_embeds, reference)
@@ -485,12 +526,18 @@ def test_encode_prompt_without_transformer_uses_the_pipeline_token_limit(case, p
     capped by the tokenizer's model_max_length (the tiny tokenizers hold their model's limit): the same embeddings as
     with the transformer; a configured limit is kept by save_pretrained."""
     components = case.components()
-    text_only = case.pipeline_class(**{k: (v if k in ("text_encoder", "tokenizer") else None) for k, v in components.items()})
+    text_only = case.pipeline_class(
+        **{k: (v if k in ("text_encoder", "tokenizer") else None) for k, v in components.items()}
+    )
     assert text_only.text_token_limit() == pipe.text_token_limit()
     for got, want in zip(text_only.encode_prompt(PROMPT), pipe.encode_prompt(PROMPT)):
         assert torch.equal(got, want)
-    configured = case.pipeline_class(**{**{k: (v if k in ("text_encoder", "tokenizer") else None)
-                                            for k, v in components.items()}, "max_sequence_length": 7})
+    configured = case.pipeline_class(
+        **{
+            **{k: (v if k in ("text_encoder", "tokenizer") else None) for k, v in components.items()},
+            "max_sequence_length": 7,
+        }
+    )
     assert configured.text_token_limit() == 7
     with pytest.warns(UserWarning, match="truncated to 7 tokens"):
         assert configured.encode_prompt("a red fox in the snow at night, painted in oils")[0].shape[1] == 7
@@ -568,10 +615,12 @@ def test_xformers_attention_forwardGenerator_pass():
     pass
 
 
-@pytest.mark.skip(reason="needs an accelerator: with the CPU standing in, diffusers offloads to torch.device('cpu:0'), "
-                  "Parameter.to('cpu:0') returns a plain Tensor (a copy: 'cpu:0' != 'cpu'), accelerate stores it and "
-                  "its next hook fails re-wrapping it (TypeError in set_module_tensor_to_device), for every module "
-                  "with weights, transformers' text encoders included; diffusers runs this test on accelerators only")
+@pytest.mark.skip(
+    reason="needs an accelerator: with the CPU standing in, diffusers offloads to torch.device('cpu:0'), "
+    "Parameter.to('cpu:0') returns a plain Tensor (a copy: 'cpu:0' != 'cpu'), accelerate stores it and "
+    "its next hook fails re-wrapping it (TypeError in set_module_tensor_to_device), for every module "
+    "with weights, transformers' text encoders included; diffusers runs this test on accelerators only"
+)
 def test_sequential_offload_forward_pass_twice():
     pass
 
@@ -586,7 +635,9 @@ def test_pipeline_with_accelerator_device_map():
     pass
 
 
-@pytest.mark.skip(reason="KL-VAE specific: the tokenizers are quantisers with no latent distribution or scaling_factor")
+@pytest.mark.skip(
+    reason="KL-VAE specific: the tokenizers are quantisers with no latent distribution or scaling_factor"
+)
 def test_vae_latent_dist_and_scaling():
     pass
 

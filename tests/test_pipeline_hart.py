@@ -28,7 +28,6 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator("cpu").manual_seed(seed)
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread(one_thread):
     yield
@@ -58,8 +57,14 @@ def saved_dir(pipe, tmp_path_factory):
 def dims(pipe):
     """(image side, latent side P, latent channels Cv, number of scales, context tokens T, context dim D)."""
     cfg = pipe.transformer.config
-    return (pipe.default_size, cfg.patch_nums[-1], cfg.token_channels, len(cfg.patch_nums), cfg.context_tokens,
-            cfg.context_dim)
+    return (
+        pipe.default_size,
+        cfg.patch_nums[-1],
+        cfg.token_channels,
+        len(cfg.patch_nums),
+        cfg.context_tokens,
+        cfg.context_dim,
+    )
 
 
 def latents(pipe, prompt=PROMPT, seed=0, **kwargs):
@@ -87,7 +92,9 @@ def test_output_types(pipe):
     pil = pipe(PROMPT, generator=gen(0)).images
     assert len(pil) == 1 and isinstance(pil[0], PIL.Image.Image) and pil[0].size == (size, size)
     np_images = pipe(PROMPT, generator=gen(0), output_type="np").images
-    assert isinstance(np_images, np.ndarray) and np_images.shape == (1, size, size, 3) and np_images.dtype == np.float32
+    assert (
+        isinstance(np_images, np.ndarray) and np_images.shape == (1, size, size, 3) and np_images.dtype == np.float32
+    )
     assert np_images.min() >= 0 and np_images.max() <= 1 and np_images.std() > 0.01
     pt = pipe(PROMPT, generator=gen(0), output_type="pt").images
     assert isinstance(pt, torch.Tensor) and pt.shape == (1, 3, size, size) and pt.min() >= 0 and pt.max() <= 1
@@ -134,8 +141,10 @@ def test_save_and_load_round_trip_is_bit_identical(pipe, saved_dir):
     _assert_same_components(pipe, loaded)
     for a, b in zip(pipe.encode_prompt(PROMPTS), loaded.encode_prompt(PROMPTS)):
         assert torch.equal(a, b)
-    assert torch.equal(pipe(PROMPTS, generator=gen(3), output_type="pt").images,
-                       loaded(PROMPTS, generator=gen(3), output_type="pt").images)
+    assert torch.equal(
+        pipe(PROMPTS, generator=gen(3), output_type="pt").images,
+        loaded(PROMPTS, generator=gen(3), output_type="pt").images,
+    )
 
 
 def test_encode_prompt_system_prompt(pipe):
@@ -147,11 +156,15 @@ def test_encode_prompt_system_prompt(pipe):
     T = pipe.transformer.config.context_tokens
     batch = pipe.tokenizer(PROMPTS, padding="max_length", max_length=T, return_tensors="pt")
     with torch.no_grad():
-        direct = pipe.text_encoder(batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True).hidden_states[-1]
+        direct = pipe.text_encoder(
+            batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True
+        ).hidden_states[-1]
     torch.testing.assert_close(without, direct.float(), atol=1e-6, rtol=0)
     # the pipeline's switch is the same as feeding the matching embeddings
     off = latents(pipe, PROMPTS, seed=1, use_system_prompt=False)
-    assert torch.equal(off, pipe(prompt_embeds=without, prompt_position_ids=ids_b, generator=gen(1), output_type="latent").images)
+    assert torch.equal(
+        off, pipe(prompt_embeds=without, prompt_position_ids=ids_b, generator=gen(1), output_type="latent").images
+    )
     assert not torch.equal(off, latents(pipe, PROMPTS, seed=1))
 
 
@@ -177,16 +190,21 @@ def test_encode_prompt_truncates_to_the_context_length(pipe):
 def test_prompt_embeds_bypass(pipe, pipe_no_text):
     embeds, position_ids = pipe.encode_prompt(PROMPTS)
     from_text = latents(pipe, PROMPTS, seed=4)
-    from_embeds = pipe(prompt_embeds=embeds, prompt_position_ids=position_ids, generator=gen(4), output_type="latent").images
+    from_embeds = pipe(
+        prompt_embeds=embeds, prompt_position_ids=position_ids, generator=gen(4), output_type="latent"
+    ).images
     assert torch.equal(from_text, from_embeds)
     # the same seed builds the same transformer and tokenizer without a text encoder
-    without = pipe_no_text(prompt_embeds=embeds, prompt_position_ids=position_ids, generator=gen(4), output_type="latent").images
+    without = pipe_no_text(
+        prompt_embeds=embeds, prompt_position_ids=position_ids, generator=gen(4), output_type="latent"
+    ).images
     assert torch.equal(from_text, without)
     # omitted position ids are arange(T), not the padded prompts' cumsum(mask) - 1: the images change
     arange = pipe(prompt_embeds=embeds, generator=gen(4), output_type="latent").images
     T = embeds.shape[1]
-    explicit = pipe(prompt_embeds=embeds, prompt_position_ids=torch.arange(T).expand(2, T), generator=gen(4),
-                    output_type="latent").images
+    explicit = pipe(
+        prompt_embeds=embeds, prompt_position_ids=torch.arange(T).expand(2, T), generator=gen(4), output_type="latent"
+    ).images
     assert torch.equal(arange, explicit) and not torch.equal(arange, from_text)
     with pytest.raises(ValueError, match="prompt_embeds"):
         pipe_no_text(PROMPT, generator=gen(0))
@@ -235,14 +253,20 @@ def test_negative_prompt(pipe):
     assert not torch.equal(none, negative)
     # the negative prompt's features given directly are the same as its text
     neg_embeds, neg_ids = pipe.encode_prompt(NEGATIVE)
-    assert torch.equal(negative, latents(pipe, top_k=1, seed=0, negative_prompt_embeds=neg_embeds,
-                                         negative_prompt_position_ids=neg_ids))
+    assert torch.equal(
+        negative,
+        latents(pipe, top_k=1, seed=0, negative_prompt_embeds=neg_embeds, negative_prompt_position_ids=neg_ids),
+    )
     # the default unconditional context is the transformer's null context
     null, null_ids = pipe.transformer.null_context(1)
-    assert torch.equal(none, latents(pipe, top_k=1, seed=0, negative_prompt_embeds=null, negative_prompt_position_ids=null_ids))
+    assert torch.equal(
+        none, latents(pipe, top_k=1, seed=0, negative_prompt_embeds=null, negative_prompt_position_ids=null_ids)
+    )
     # without guidance the negative prompt has no effect
-    assert torch.equal(latents(pipe, top_k=1, seed=0, guidance_scale=0.0),
-                       latents(pipe, top_k=1, seed=0, guidance_scale=0.0, negative_prompt=NEGATIVE))
+    assert torch.equal(
+        latents(pipe, top_k=1, seed=0, guidance_scale=0.0),
+        latents(pipe, top_k=1, seed=0, guidance_scale=0.0, negative_prompt=NEGATIVE),
+    )
 
 
 def test_num_images_per_prompt(pipe):
@@ -253,7 +277,9 @@ def test_num_images_per_prompt(pipe):
     pil = pipe(PROMPT, num_images_per_prompt=2, generator=gen(0)).images
     assert len(pil) == 2 and all(im.size == (size, size) for im in pil)
     # with one generator per image, the second image of the prompt is its single run (tokens exactly)
-    per_image, seen = recorded_run(pipe, PROMPT, num_images_per_prompt=2, generator=[gen(5), gen(6)], more_smooth=False)
+    per_image, seen = recorded_run(
+        pipe, PROMPT, num_images_per_prompt=2, generator=[gen(5), gen(6)], more_smooth=False
+    )
     single, single_seen = recorded_run(pipe, PROMPT, generator=[gen(6)], more_smooth=False)
     for si in single_seen:
         assert torch.equal(seen[si]["tokens"][1:], single_seen[si]["tokens"]), si
@@ -341,12 +367,16 @@ def test_diffusion_head_off_equals_adding_no_residual(pipe, monkeypatch):
     residual_BCvPP = residuals[0].transpose(1, 2).reshape(2, Cv, P, P)
     torch.testing.assert_close(with_head, without + residual_BCvPP, atol=1e-5, rtol=0)
     # and a zero residual is exactly the head switched off
-    monkeypatch.setattr(HARTScaleFamily, "diffusion_residual", lambda self, hidden, hard, guidance, B: torch.zeros_like(hard))
+    monkeypatch.setattr(
+        HARTScaleFamily, "diffusion_residual", lambda self, hidden, hard, guidance, B: torch.zeros_like(hard)
+    )
     assert torch.equal(latents(pipe, PROMPTS, seed=3, more_smooth=False), without)
     # decoded images differ too
     monkeypatch.undo()
-    assert not torch.equal(pipe(PROMPT, generator=gen(3), output_type="pt").images,
-                           pipe(PROMPT, generator=gen(3), output_type="pt", use_diffusion_head=False).images)
+    assert not torch.equal(
+        pipe(PROMPT, generator=gen(3), output_type="pt").images,
+        pipe(PROMPT, generator=gen(3), output_type="pt", use_diffusion_head=False).images,
+    )
 
 
 def test_more_smooth_changes_the_image(pipe):
@@ -497,7 +527,9 @@ def test_negative_prompts_of_the_wrong_count(pipe):
 
 def test_bad_callback_tensor_names(pipe):
     with pytest.raises(ValueError, match="not_a_tensor") as info:
-        pipe(PROMPT, callback_on_step_end=lambda *a: {}, callback_on_step_end_tensor_inputs=["latents", "not_a_tensor"])
+        pipe(
+            PROMPT, callback_on_step_end=lambda *a: {}, callback_on_step_end_tensor_inputs=["latents", "not_a_tensor"]
+        )
     for name in pipe._callback_tensor_inputs:  # the allowed names are listed
         assert name in str(info.value)
 
@@ -559,7 +591,8 @@ def test_state_check_would_catch_a_leftover_tensor(pipe):
     holder.leftover_cache = [torch.zeros(1)]
     try:
         assert sorted(set(_held_by_pipeline(pipe)) - set(before)) == [
-            "transformer.blocks.0.attn" + (".processor" if holder is not attn else "") + ".leftover_cache.0"]
+            "transformer.blocks.0.attn" + (".processor" if holder is not attn else "") + ".leftover_cache.0"
+        ]
     finally:
         del holder.leftover_cache
     assert sorted(_held_by_pipeline(pipe)) == sorted(before)

@@ -55,7 +55,9 @@ def saved_dir(pipe, tmp_path_factory):
 
 
 def latents(pipe, prompt=PROMPT, seed=0, **kwargs):
-    return pipe(prompt, generator=kwargs.pop("generator", gen(seed)), output_type="latent", **{**SIZE, **kwargs}).images
+    return pipe(
+        prompt, generator=kwargs.pop("generator", gen(seed)), output_type="latent", **{**SIZE, **kwargs}
+    ).images
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -92,8 +94,12 @@ def test_tiny_tokenizer_round_trip_and_unknown_words(tmp_path):
     tokenizer2 = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     encoder2 = T5EncoderModel.from_pretrained(tmp_path, local_files_only=True)
     batch = tokenizer2(["a red fox", "two cats sleeping on a bed"], padding="longest", return_tensors="pt")
-    assert batch.input_ids.tolist() == tokenizer(["a red fox", "two cats sleeping on a bed"], padding="longest",
-                                                return_tensors="pt").input_ids.tolist()
+    assert (
+        batch.input_ids.tolist()
+        == tokenizer(
+            ["a red fox", "two cats sleeping on a bed"], padding="longest", return_tensors="pt"
+        ).input_ids.tolist()
+    )
     assert batch.attention_mask.sum(1).tolist() == [4, 7] and tokenizer2.model_max_length == tokenizer.model_max_length
     with torch.no_grad():
         a = text_encoder(**batch).last_hidden_state
@@ -140,8 +146,10 @@ def test_save_and_load_round_trip_is_bit_identical(pipe, saved_dir):
     loaded = InfinityPipeline.from_pretrained(saved_dir)
     loaded.set_progress_bar_config(disable=True)
     for seed in (0, 3):
-        assert torch.equal(pipe(PROMPT, generator=gen(seed), output_type="pt", **SIZE).images,
-                           loaded(PROMPT, generator=gen(seed), output_type="pt", **SIZE).images)
+        assert torch.equal(
+            pipe(PROMPT, generator=gen(seed), output_type="pt", **SIZE).images,
+            loaded(PROMPT, generator=gen(seed), output_type="pt", **SIZE).images,
+        )
         assert torch.equal(latents(pipe, seed=seed), latents(loaded, seed=seed))
 
 
@@ -153,7 +161,11 @@ def test_import_of_the_package_suffices_for_from_pretrained(saved_dir):
         f"p = diffusers_var_accel.InfinityPipeline.from_pretrained({str(saved_dir)!r})\n"
         "print(type(p.transformer).__name__, type(p.vae).__name__, type(p.text_encoder).__name__)\n"
     )
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-3:] == ["InfinityTransformer", "InfinityBSQVAE", "T5EncoderModel"]
@@ -198,7 +210,9 @@ def _logit_rows(pipe, **kwargs):
         rows.append(callback_kwargs["logits"].shape[0])
         return {}
 
-    out = latents(pipe, PROMPTS, top_k=1, callback_on_step_end=record, callback_on_step_end_tensor_inputs=["logits"], **kwargs)
+    out = latents(
+        pipe, PROMPTS, top_k=1, callback_on_step_end=record, callback_on_step_end_tensor_inputs=["logits"], **kwargs
+    )
     return out, rows
 
 
@@ -218,12 +232,15 @@ def test_negative_prompt_changes_the_image(pipe):
     negative = latents(pipe, top_k=1, negative_prompt="a blurry dark photo")
     assert not torch.equal(none, negative)
     # a negative prompt has no effect without guidance
-    assert torch.equal(latents(pipe, top_k=1, guidance_scale=1.0),
-                       latents(pipe, top_k=1, guidance_scale=1.0, negative_prompt="a blurry dark photo"))
+    assert torch.equal(
+        latents(pipe, top_k=1, guidance_scale=1.0),
+        latents(pipe, top_k=1, guidance_scale=1.0, negative_prompt="a blurry dark photo"),
+    )
     # the negative prompt's embeddings given directly are the same as the text
     neg_embeds, neg_mask = pipe.encode_prompt("a blurry dark photo")
-    assert torch.equal(negative, latents(pipe, top_k=1, negative_prompt_embeds=neg_embeds,
-                                         negative_prompt_attention_mask=neg_mask))
+    assert torch.equal(
+        negative, latents(pipe, top_k=1, negative_prompt_embeds=neg_embeds, negative_prompt_attention_mask=neg_mask)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -234,12 +251,19 @@ def test_prompt_embeds_bypass(pipe, pipe_no_text):
     assert embeds.shape[:2] == mask.shape and embeds.shape[-1] == pipe.transformer.config.text_channels
     assert mask.sum(1).tolist() == [7, 3]  # 6 and 2 words + </s>; the second prompt is padded
     from_text = latents(pipe, PROMPTS, seed=4)
-    from_embeds = pipe(prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), output_type="latent", **SIZE).images
+    from_embeds = pipe(
+        prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), output_type="latent", **SIZE
+    ).images
     assert torch.equal(from_text, from_embeds)
     # the same seed builds the same transformer and VAE without a text encoder
-    without = pipe_no_text(prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), output_type="latent", **SIZE).images
+    without = pipe_no_text(
+        prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), output_type="latent", **SIZE
+    ).images
     assert torch.equal(from_text, without)
-    assert pipe_no_text(prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), **SIZE).images[0].size == (256, 256)
+    assert pipe_no_text(prompt_embeds=embeds, prompt_attention_mask=mask, generator=gen(4), **SIZE).images[0].size == (
+        256,
+        256,
+    )
     with pytest.raises(ValueError, match="prompt_embeds"):
         pipe_no_text(PROMPT, generator=gen(0), **SIZE)
     with pytest.raises(ValueError, match="prompt_embeds"):
@@ -402,7 +426,7 @@ def test_safetensors_copy_loads_the_same_weights(official_state_dict):
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("template", [0.5, 2.0])
 def test_other_aspect_ratio(pipe, template):
-    (height, width), = [hw for hw, (t, budget) in supported_sizes().items() if t == template and budget == "0.06M"]
+    ((height, width),) = [hw for hw, (t, budget) in supported_sizes().items() if t == template and budget == "0.06M"]
     assert height != width
     image = pipe(PROMPT, height=height, width=width, generator=gen(0)).images[0]
     assert image.size == (width, height)
@@ -464,9 +488,24 @@ def test_fixed_schedule_model_makes_its_one_size(tmp_path):
     from diffusers_var_accel import InfinityBSQVAE
 
     schedule = [(1, p, p) for p in (1, 2, 3, 4, 6, 8)]
-    transformer = InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, text_maxlen=8, codebook_dim=8,
-                                      block_chunks=1, scale_schedule=schedule)
-    vae = InfinityBSQVAE(codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1, 2), decoder_ch_mult=(1, 1, 2), num_res_blocks=1, patch_size=4)
+    transformer = InfinityTransformer(
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        text_channels=16,
+        text_maxlen=8,
+        codebook_dim=8,
+        block_chunks=1,
+        scale_schedule=schedule,
+    )
+    vae = InfinityBSQVAE(
+        codebook_dim=8,
+        base_ch=32,
+        encoder_ch_mult=(1, 1, 2),
+        decoder_ch_mult=(1, 1, 2),
+        num_res_blocks=1,
+        patch_size=4,
+    )
     pipe = InfinityPipeline(transformer=transformer, vae=vae, text_encoder=None, tokenizer=None)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.default_size == (32, 32)
@@ -481,4 +520,12 @@ def test_fixed_schedule_model_makes_its_one_size(tmp_path):
     assert loaded.transformer.config.scale_schedule == [list(s) for s in schedule]
     assert torch.equal(loaded(prompt_embeds=embeds, generator=gen(0), output_type="pt").images, out)
     with pytest.raises(ValueError, match="scale_schedule"):
-        InfinityTransformer(depth=1, embed_dim=32, num_heads=2, text_channels=16, text_maxlen=8, codebook_dim=8, scale_schedule=[(2, 1)])
+        InfinityTransformer(
+            depth=1,
+            embed_dim=32,
+            num_heads=2,
+            text_channels=16,
+            text_maxlen=8,
+            codebook_dim=8,
+            scale_schedule=[(2, 1)],
+        )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusers_var_accel import (DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler)
+from diffusers_var_accel import DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler
 from diffusers_var_accel.hub import write_to_hub_cache
 from diffusers_var_accel.schedulers import presets as presets_module
 from diffusers_var_accel.schedulers.presets import (
@@ -36,8 +36,6 @@ def stored(folder: Path) -> dict:
 
 def as_json(value):
     return json.loads(json.dumps(value))
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -67,14 +65,36 @@ def test_a_preset_file_is_what_save_pretrained_writes(name, tmp_path):
 
 def test_the_published_settings():
     """The published points (papers / official code); a changed JSON file fails here."""
-    got = {name: {k: v for k, v in stored(presets_module.PRESETS_DIR / name).items() if not k.startswith("_")} for name in NAMES}
-    assert got["infinity-2b/fastvar"] == {"prune_scales": [-4, -3], "prune_ratios": [0.4, 0.5], "pruned_layers": [3, 28],
-                                          "cache_scale": -5, "skip_last_scales": True, "skipped_scales": [-2, -1],
-                                          "model_family": "infinity"}
-    assert got["hart-0.7b/fastvar"] == {"prune_scales": [-2, -1], "prune_ratios": [0.5, 0.75], "pruned_layers": None,
-                                        "cache_scale": -3, "skip_last_scales": False, "skipped_scales": [], "model_family": "hart"}
-    assert (got["infinity-2b/lazyvar"]["group_scales"], got["infinity-2b/lazyvar"]["keep_ratios"]) == ([-4, -3, -2, -1], [0.2, 0.1, 0.05, 0.01])
-    assert (got["hart-0.7b/lazyvar"]["group_scales"], got["hart-0.7b/lazyvar"]["keep_ratios"]) == ([-2, -1], [0.5, 0.35])
+    got = {
+        name: {k: v for k, v in stored(presets_module.PRESETS_DIR / name).items() if not k.startswith("_")}
+        for name in NAMES
+    }
+    assert got["infinity-2b/fastvar"] == {
+        "prune_scales": [-4, -3],
+        "prune_ratios": [0.4, 0.5],
+        "pruned_layers": [3, 28],
+        "cache_scale": -5,
+        "skip_last_scales": True,
+        "skipped_scales": [-2, -1],
+        "model_family": "infinity",
+    }
+    assert got["hart-0.7b/fastvar"] == {
+        "prune_scales": [-2, -1],
+        "prune_ratios": [0.5, 0.75],
+        "pruned_layers": None,
+        "cache_scale": -3,
+        "skip_last_scales": False,
+        "skipped_scales": [],
+        "model_family": "hart",
+    }
+    assert (got["infinity-2b/lazyvar"]["group_scales"], got["infinity-2b/lazyvar"]["keep_ratios"]) == (
+        [-4, -3, -2, -1],
+        [0.2, 0.1, 0.05, 0.01],
+    )
+    assert (got["hart-0.7b/lazyvar"]["group_scales"], got["hart-0.7b/lazyvar"]["keep_ratios"]) == (
+        [-2, -1],
+        [0.5, 0.35],
+    )
     assert got["infinity-2b/depthvar"]["reference_scale"] == 9 and got["hart-0.7b/depthvar"]["reference_scale"] == 10
     for model in MODELS:
         arvar = got[f"{model}/arvar"]
@@ -83,9 +103,22 @@ def test_the_published_settings():
     # StageVAR (FasterVAR's released scripts): Infinity guidance off on 40-64², 40² projected in 8 chunks, 48-64²
     # skipped; HART guidance off on 48-64², 64² projected layer by layer on the min(N, C) basis at the drawn positions
     infinity, hart = got["infinity-2b/stagevar"], got["hart-0.7b/stagevar"]
-    assert (infinity["unconditional_scales"], infinity["projected_scales"], infinity["skipped_scales"]) == ([-3, -2, -1], [-3], [-2, -1])
+    assert (infinity["unconditional_scales"], infinity["projected_scales"], infinity["skipped_scales"]) == (
+        [-3, -2, -1],
+        [-3],
+        [-2, -1],
+    )
     assert (infinity["num_chunks"], infinity["rank_basis"], infinity["mixture_positions"]) == (8, "tokens", "first")
-    assert [int(r * 1600) + 1 for r in infinity["rank_ratios"][0]] == [27, 219, 337, 401, 410, 317, 252, 306]  # spec §2.2
+    assert [int(r * 1600) + 1 for r in infinity["rank_ratios"][0]] == [
+        27,
+        219,
+        337,
+        401,
+        410,
+        317,
+        252,
+        306,
+    ]  # spec §2.2
     assert (hart["unconditional_scales"], hart["projected_scales"], hart["skipped_scales"]) == ([-2, -1], [-1], [])
     assert (hart["num_chunks"], hart["rank_basis"], hart["mixture_positions"]) == (24, "tokens_or_width", "drawn")
     ranks = [int(r * 1536) + 1 for r in hart["rank_ratios"][0]]
@@ -111,7 +144,10 @@ def test_the_class_presets_are_read_from_the_json_files(tmp_path, monkeypatch):
 def test_a_file_of_another_class_is_refused(tmp_path, monkeypatch):
     copy = tmp_path / "presets"
     shutil.copytree(presets_module.PRESETS_DIR, copy)
-    shutil.copy(copy / "infinity-2b" / "fastvar" / "acceleration_config.json", copy / "infinity-2b" / "lazyvar" / "acceleration_config.json")
+    shutil.copy(
+        copy / "infinity-2b" / "fastvar" / "acceleration_config.json",
+        copy / "infinity-2b" / "lazyvar" / "acceleration_config.json",
+    )
     monkeypatch.setattr(presets_module, "PRESETS_DIR", copy)
     monkeypatch.setattr(LazyVARScheduler.presets, "_by_family", None)
     with pytest.raises(ValueError, match="stores a FastVARScheduler configuration, not a LazyVARScheduler"):
@@ -134,18 +170,25 @@ def test_from_pretrained_by_name_with_overrides():
     lazy = LazyVARScheduler.from_pretrained("infinity-2b/lazyvar", keep_ratios=[0.4, 0.2, 0.1, 0.02])
     assert list(lazy.config.keep_ratios) == [0.4, 0.2, 0.1, 0.02] and lazy.model_family == "infinity"
     hart = VARAccelScheduler.from_pretrained("hart-0.7b/fastvar")
-    assert isinstance(hart, FastVARScheduler) and hart.model_family == "hart" and list(hart.config.prune_ratios) == [0.5, 0.75]
+    assert (
+        isinstance(hart, FastVARScheduler)
+        and hart.model_family == "hart"
+        and list(hart.config.prune_ratios) == [0.5, 0.75]
+    )
     same = VARAccelScheduler.from_pretrained("hart-0.7b", subfolder="fastvar")  # the package folder is a presets repo
     assert same.to_dict() == hart.to_dict()
     with pytest.raises(ValueError, match="no setting"):
         LazyVARScheduler.from_pretrained("infinity-2b/lazyvar", keep_ratio=0.5)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: LazyVARScheduler.from_pretrained("infinity-2b/lazyvarr"),
-    lambda: VARAccelScheduler.from_pretrained("hart-0.7b/turbo"),
-    lambda: VARAccelScheduler.from_pretrained("infinity-2b", subfolder="turbo"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: LazyVARScheduler.from_pretrained("infinity-2b/lazyvarr"),
+        lambda: VARAccelScheduler.from_pretrained("hart-0.7b/turbo"),
+        lambda: VARAccelScheduler.from_pretrained("infinity-2b", subfolder="turbo"),
+    ],
+)
 def test_an_unknown_name_lists_the_available_ones(call):
     with pytest.raises(ValueError, match="unknown acceleration preset") as err:
         call()
@@ -157,7 +200,10 @@ def test_a_preset_of_another_method_is_refused_with_the_right_class():
         FastVARScheduler.from_pretrained("infinity-2b/lazyvar")
     message = str(err.value)
     assert "LazyVARScheduler configuration, not a FastVARScheduler" in message
-    assert "LazyVARScheduler.from_pretrained" in message and "['embedded/fastvar', 'hart-0.7b/fastvar', 'infinity-2b/fastvar']" in message
+    assert (
+        "LazyVARScheduler.from_pretrained" in message
+        and "['embedded/fastvar', 'hart-0.7b/fastvar', 'infinity-2b/fastvar']" in message
+    )
 
 
 def test_a_local_folder_wins_over_a_preset_name(tmp_path, monkeypatch):
@@ -190,7 +236,10 @@ def test_save_presets_writes_the_package_layout(tmp_path):
     assert sorted(p.name for p in written) == sorted(METHODS)
     for method in METHODS:
         assert stored(tmp_path / method) == stored(presets_module.PRESETS_DIR / "infinity-2b" / method)
-    assert LazyVARScheduler.from_pretrained(tmp_path, subfolder="lazyvar").to_dict() == LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()
+    assert (
+        LazyVARScheduler.from_pretrained(tmp_path, subfolder="lazyvar").to_dict()
+        == LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()
+    )
     with pytest.raises(ValueError, match="models with presets"):
         save_presets(tmp_path, "sd3")
 
@@ -201,7 +250,9 @@ def test_from_a_hub_repo_subfolder_offline(offline_hub, tmp_path):
     write_to_hub_cache(folder, "fake-org/var-presets", offline_hub)
     loaded = LazyVARScheduler.from_pretrained("fake-org/var-presets", subfolder="lazyvar", cache_dir=offline_hub)
     assert loaded.to_dict() == LazyVARScheduler.from_pretrained("hart-0.7b/lazyvar").to_dict()
-    overridden = VARAccelScheduler.from_pretrained("fake-org/var-presets", subfolder="depthvar", cache_dir=offline_hub, reference_scale=8)
+    overridden = VARAccelScheduler.from_pretrained(
+        "fake-org/var-presets", subfolder="depthvar", cache_dir=offline_hub, reference_scale=8
+    )
     assert isinstance(overridden, DepthVARScheduler) and overridden.config.reference_scale == 8
     with pytest.raises(ValueError, match="not a FastVARScheduler"):
         FastVARScheduler.from_pretrained("fake-org/var-presets", subfolder="lazyvar", cache_dir=offline_hub)
@@ -224,7 +275,7 @@ def test_push_to_hub_uploads_the_same_layout(monkeypatch):
     monkeypatch.setattr(hub_utils, "create_repo", lambda *a, **k: Repo())
     monkeypatch.setattr(hub_utils, "upload_folder", fake_upload_folder)
     LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").push_to_hub("fake-org/var-presets", subfolder="lazyvar")
-    (repo_id, path_in_repo, files), = uploads
+    ((repo_id, path_in_repo, files),) = uploads
     assert (repo_id, path_in_repo, sorted(files)) == ("fake-org/var-presets", "lazyvar", ["acceleration_config.json"])
     pushed = json.loads(files["acceleration_config.json"])
     pushed.pop("_diffusers_version")

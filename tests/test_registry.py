@@ -36,8 +36,14 @@ def pipe():
 
 
 def _latents(pipe, **kwargs):
-    return pipe("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", guidance_scale=3.0,
-                **SIZE, **kwargs).images
+    return pipe(
+        "a red circle",
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+        guidance_scale=3.0,
+        **SIZE,
+        **kwargs,
+    ).images
 
 
 # -- registry contents ------------------------------------------------------------------------------------------------
@@ -46,7 +52,7 @@ def test_method_registry_holds_every_scheduler_module_of_the_package_in_order_wi
     # the registration order is the package's import order (schedulers/__init__.py), the order of every method list
     init = (SCHEDULERS_DIR / "__init__.py").read_text(encoding="utf-8")
     assert list(LIBRARY_METHODS) == sorted(LIBRARY_METHODS, key=lambda name: init.index(f".scheduling_{name} import"))
-    assert method_names()[:len(LIBRARY_METHODS)] == list(LIBRARY_METHODS)
+    assert method_names()[: len(LIBRARY_METHODS)] == list(LIBRARY_METHODS)
     for name, cls in LIBRARY_METHODS.items():
         assert get_method(name) is cls and cls.__module__ == f"diffusers_var_accel.schedulers.scheduling_{name}"
         assert set(cls.presets) == set(MODEL_FAMILIES), name  # every method has a preset per family
@@ -60,7 +66,10 @@ def test_family_registry_names_preset_model_pipeline_and_flop_counter():
     for name, family in MODEL_FAMILIES.items():
         assert family.pipeline_class().model_family == name
         # the counter lives beside the family's part of the FLOP meter, which knows the family's preset model
-        assert callable(family.count_flops()) and family.count_flops().__module__ == family.flop_breakdown.partition(":")[0]
+        assert (
+            callable(family.count_flops())
+            and family.count_flops().__module__ == family.flop_breakdown.partition(":")[0]
+        )
         assert family.preset_model in family.flop_breakdown_spec().models
     with pytest.raises(ValueError, match=r"unknown model family 'sd'.*\['hart', 'infinity'\]"):
         get_model_family("sd")
@@ -79,10 +88,13 @@ def test_flop_counter_is_importable_from_the_package():
 
 def test_a_name_taken_by_another_class_is_refused():
     with pytest.raises(ValueError, match="already registered by LazyVARScheduler"):
+
         class OtherLazy(VARAccelScheduler, method="lazyvar"):  # noqa: F841
             pass
+
     assert METHODS["lazyvar"] is LazyVARScheduler
     with pytest.raises(ValueError, match="lowercase identifier"):
+
         class Bad(VARAccelScheduler, method="Lazy-VAR"):  # noqa: F841
             pass
 
@@ -95,7 +107,9 @@ def test_enable_by_name_equals_the_preset_shortcut(pipe):
     by_name = _latents(pipe)
     pipe.enable_lazyvar(keep_ratios=(0.5, 0.3, 0.2, 0.1))
     assert torch.equal(_latents(pipe), by_name)
-    assert torch.equal(_latents(pipe, acceleration="lazyvar"), _latents(pipe, acceleration=LazyVARScheduler.from_preset("infinity")))
+    assert torch.equal(
+        _latents(pipe, acceleration="lazyvar"), _latents(pipe, acceleration=LazyVARScheduler.from_preset("infinity"))
+    )
     pipe.disable_acceleration()
     assert not torch.equal(_latents(pipe), by_name)
 
@@ -108,8 +122,10 @@ def test_enable_a_composition_by_name(pipe):
     assert [type(m) for m in composed.members] == [LazyVARScheduler, ARVARScheduler]
     assert list(composed.members[1].config.branch_halving_scales) == [-5]
     accelerated = _latents(pipe)
-    expected = ComposedScheduler([LazyVARScheduler.from_preset("infinity"), ARVARScheduler.from_preset("infinity", **arvar)],
-                                 model_family="infinity")
+    expected = ComposedScheduler(
+        [LazyVARScheduler.from_preset("infinity"), ARVARScheduler.from_preset("infinity", **arvar)],
+        model_family="infinity",
+    )
     assert torch.equal(accelerated, _latents(pipe, acceleration=expected))
     assert not torch.equal(accelerated, _latents(pipe, acceleration="lazyvar"))
     pipe.disable_acceleration()
@@ -124,12 +140,17 @@ def test_enable_a_composition_by_name(pipe):
 
 
 def test_bad_names_and_overrides_fail_clearly(pipe):
-    with pytest.raises(ValueError, match=r"unknown acceleration method 'lazyvra' \(did you mean 'lazyvar'\?\); known "
-                                         r"methods: " + re.escape(str(method_names()))):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown acceleration method 'lazyvra' \(did you mean 'lazyvar'\?\); known "
+        r"methods: " + re.escape(str(method_names())),
+    ):
         pipe.enable_acceleration("lazyvra")
     with pytest.raises(ValueError, match=r"unknown acceleration method 'nope'.*known methods"):
         pipe.enable_acceleration("lazyvar+nope")
-    with pytest.raises(ValueError, match=r"composition: its overrides are per member.*'keep_ratios' names none of its members"):
+    with pytest.raises(
+        ValueError, match=r"composition: its overrides are per member.*'keep_ratios' names none of its members"
+    ):
         pipe.enable_acceleration("lazyvar+arvar", keep_ratios=(0.5,))
     with pytest.raises(ValueError, match="must be a dict"):
         pipe.enable_acceleration("lazyvar+arvar", arvar=0.5)
@@ -173,7 +194,7 @@ def test_the_mixin_writes_out_exactly_the_library_methods_shortcuts():
 # -- the fifth method of the docs -------------------------------------------------------------------------------------
 def _fifth_method_code() -> str:
     text = DOCS.read_text(encoding="utf-8")
-    section = text[text.index("## Adding a fifth method"):]
+    section = text[text.index("## Adding a fifth method") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -189,7 +210,9 @@ def test_the_docs_fifth_method_registers_runs_composes_and_is_removed(pipe):
         accelerated = _latents(pipe, acceleration="lastcfg")
         assert not torch.equal(accelerated, baseline)
         # the same plan as ARVAR's branch halving alone at the last scale (an independent implementation of it)
-        arvar_bh = ARVARScheduler(branch_halving_scales=(-1,), pruned_scales=(), prune_ratios=(0.25,), model_family="infinity")
+        arvar_bh = ARVARScheduler(
+            branch_halving_scales=(-1,), pruned_scales=(), prune_ratios=(0.25,), model_family="infinity"
+        )
         assert torch.equal(accelerated, _latents(pipe, acceleration=arvar_bh))
         scheduler = pipe.enable_acceleration("lastcfg")
         assert isinstance(scheduler, cls) and torch.equal(_latents(pipe), accelerated)

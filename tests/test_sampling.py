@@ -29,7 +29,11 @@ def test_device_sampling_is_multinomial(shape, seed, mask, per_image):
         assert torch.isinf(masked).any()  # zeros in the distributions the race must never pick
 
     def gens():
-        return [torch.Generator().manual_seed(100 + seed + b) for b in range(B)] if per_image else torch.Generator().manual_seed(seed)
+        return (
+            [torch.Generator().manual_seed(100 + seed + b) for b in range(B)]
+            if per_image
+            else torch.Generator().manual_seed(seed)
+        )
 
     g_official, g_device = gens(), gens()
     official = sample_categorical(masked, g_official, "official")
@@ -40,8 +44,10 @@ def test_device_sampling_is_multinomial(shape, seed, mask, per_image):
     for a, b in zip(*(map(lambda s: s if isinstance(s, list) else [s], (_state(g_official), _state(g_device))))):
         assert torch.equal(a, b)  # the generators are left in the same state
     # and the next draws of both generators agree
-    assert torch.equal(torch.rand(3, generator=g_device if not per_image else g_device[0]),
-                       torch.rand(3, generator=g_official if not per_image else g_official[0]))
+    assert torch.equal(
+        torch.rand(3, generator=g_device if not per_image else g_device[0]),
+        torch.rand(3, generator=g_official if not per_image else g_official[0]),
+    )
 
 
 def test_sampling_mode_is_checked():
@@ -68,9 +74,14 @@ def _reference_mask(logits_BNV, top_k, top_p):
 @pytest.mark.parametrize("top_p", [None, 0.0, 0.51, 0.9, 0.97, 0.999999, 1.0, 1.5])
 def test_two_class_mask_equals_the_general_one(top_k, top_p):
     g = torch.Generator().manual_seed(top_k)
-    logits = torch.cat((torch.randn(3, 4000, 2, generator=g) * 8,                       # some minority bits vanish
-                        torch.randn(3, 64, 2, generator=g).round(),                     # ties
-                        torch.tensor([[[0.0, 40.0], [-200.0, 3.0], [5.0, 5.0], [1e-7, 0.0]]]).expand(3, -1, -1)), dim=1)
+    logits = torch.cat(
+        (
+            torch.randn(3, 4000, 2, generator=g) * 8,  # some minority bits vanish
+            torch.randn(3, 64, 2, generator=g).round(),  # ties
+            torch.tensor([[[0.0, 40.0], [-200.0, 3.0], [5.0, 5.0], [1e-7, 0.0]]]).expand(3, -1, -1),
+        ),
+        dim=1,
+    )
     fast, reference = mask_top_k_top_p(logits, top_k, top_p), _reference_mask(logits, top_k, top_p)
     assert torch.equal(fast, reference)
     if top_p == 0.9:
@@ -138,5 +149,5 @@ def test_infinity_guided_logits_equal_the_reference_formula(dtype):
 def test_exact_gain_is_a_small_power_of_two():
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import _is_exact_gain
 
-    assert all(_is_exact_gain(v) for v in (1.0, 2.0, 4.0, 2.0 ** 16))
-    assert not any(_is_exact_gain(v) for v in (0.5, 3.0, 1 / 0.3, 2.0 ** 17, 0.0, -2.0, 1.5))
+    assert all(_is_exact_gain(v) for v in (1.0, 2.0, 4.0, 2.0**16))
+    assert not any(_is_exact_gain(v) for v in (0.5, 3.0, 1 / 0.3, 2.0**17, 0.0, -2.0, 1.5))

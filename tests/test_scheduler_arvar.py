@@ -41,6 +41,7 @@ def structural_reconstruction(canvas_RlC, source_hw, hw, index_RK, computed_RKC,
     """Eq. (3) as the executor carries it out: the upsampled canvas, the kept positions overwritten."""
     return scatter_tokens(upsample_tokens(canvas_RlC, source_hw, hw, mode), index_RK, computed_RKC)
 
+
 FIXTURE = Path(__file__).parent / "fixtures" / "infinity"
 SCHEDULE, TEMPLATE = schedule_for_size(256, 256)
 S = len(SCHEDULE)
@@ -80,7 +81,9 @@ def test_saliency_is_interpolated_to_the_pruned_scale():
     assert retrospect_tokens(torch.ones(1, 2, 2), (4, 4), 0.75, "nearest").tolist() == [[0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("tokens, ratio, kept", [(4096, 0.75, 1024), (1600, 0.75, 400), (10, 0.25, 8), (7, 1.0, 0), (7, 0.0, 7)])
+@pytest.mark.parametrize(
+    "tokens, ratio, kept", [(4096, 0.75, 1024), (1600, 0.75, 400), (10, 0.25, 8), (7, 1.0, 0), (7, 0.0, 7)]
+)
 def test_number_of_kept_tokens(tokens, ratio, kept):
     assert num_kept_tokens(tokens, ratio) == kept
 
@@ -91,8 +94,16 @@ def test_reconstruction_overwrites_exactly_the_kept_positions(mode):
     index = torch.tensor([[0, 5, 15], [3, 4, 9]])
     computed = 100 + torch.arange(2 * 3 * 3, dtype=torch.float32).view(2, 3, 3)
     out = structural_reconstruction(canvas, (2, 2), (4, 4), index, computed, mode)
-    up = F.interpolate(canvas.view(2, 2, 2, 3).permute(0, 3, 1, 2), size=(4, 4), mode=mode,
-                       **({"align_corners": False} if mode == "bilinear" else {})).permute(0, 2, 3, 1).reshape(2, 16, 3)
+    up = (
+        F.interpolate(
+            canvas.view(2, 2, 2, 3).permute(0, 3, 1, 2),
+            size=(4, 4),
+            mode=mode,
+            **({"align_corners": False} if mode == "bilinear" else {}),
+        )
+        .permute(0, 2, 3, 1)
+        .reshape(2, 16, 3)
+    )
     for r in range(2):
         kept = set(index[r].tolist())
         for p in range(16):
@@ -109,16 +120,23 @@ def test_plans_halve_and_record_on_every_schedule():
         plans = ARVARScheduler().plan_scales([(1, 1, 1)] * n)
         assert [p.scale_indices for p in plans] == [(k,) for k in range(n)]
         assert [k for k, p in enumerate(plans) if p.cfg_halve] == [n - 2]
-        assert [k for k, p in enumerate(plans) if p.record_attention_layers] == [n - 4]  # only T - M pays explicit attention
+        assert [k for k, p in enumerate(plans) if p.record_attention_layers] == [
+            n - 4
+        ]  # only T - M pays explicit attention
         # with the model, exactly its layers; a caller without it gets every layer a setting could name
         with_model = ARVARScheduler().plan_scales([(1, 1, 1)] * n, ModelInfo(num_layers=6, family="infinity"))
         assert with_model[n - 4].record_attention_layers == frozenset(range(6))
-        assert [replace(p, record_attention_layers=frozenset()) for p in with_model] == \
-            [replace(p, record_attention_layers=frozenset()) for p in plans]
+        assert [replace(p, record_attention_layers=frozenset()) for p in with_model] == [
+            replace(p, record_attention_layers=frozenset()) for p in plans
+        ]
         assert plans[n - 4].record_attention_layers >= frozenset(range(1024))
-    ranged = ARVARScheduler(pruned_layers=(1, 30)).plan_scales([(1, 1, 1)] * 13, ModelInfo(num_layers=6, family="hart"))
+    ranged = ARVARScheduler(pruned_layers=(1, 30)).plan_scales(
+        [(1, 1, 1)] * 13, ModelInfo(num_layers=6, family="hart")
+    )
     assert ranged[9].record_attention_layers == {1, 2, 3, 4, 5}  # the range cut at the model's depth
-    plans = ARVARScheduler(pruned_layers=(1, 3), attention_distance=2, branch_halving_scales=(-2, -1)).plan_scales([(1, 1, 1)] * 13)
+    plans = ARVARScheduler(pruned_layers=(1, 3), attention_distance=2, branch_halving_scales=(-2, -1)).plan_scales(
+        [(1, 1, 1)] * 13
+    )
     assert plans[10].record_attention_layers == {1, 2} and [k for k, p in enumerate(plans) if p.cfg_halve] == [11, 12]
     nothing = ARVARScheduler(branch_halving_scales=(), prune_ratios=(0.0,)).plan_scales([(1, 1, 1)] * 13)
     assert nothing == [ScalePlan((k,)) for k in range(13)]  # r = 0 prunes nothing and records nothing
@@ -133,7 +151,10 @@ def test_plans_halve_and_record_on_every_schedule():
         (dict(prune_ratios=(-0.1,)), r"prune_ratios\[0\]"),
         (dict(pruned_scales=(-3, -2, -1), prune_ratios=(0.5, 0.5)), "one per scale"),
         (dict(attention_distance=2.5), "attention_distance"),
-        (dict(pruned_scales=(2,), attention_distance=3), "attention_distance must be an integer >= 1 that reaches no further"),
+        (
+            dict(pruned_scales=(2,), attention_distance=3),
+            "attention_distance must be an integer >= 1 that reaches no further",
+        ),
         (dict(pruned_scales=(4,), activation_distance=5), "activation_distance must be"),
         (dict(pruned_scales=(-1, -1)), "distinct"),
     ],
@@ -161,8 +182,13 @@ def test_settings_that_do_not_fit_the_schedule_raise(kwargs, num_scales, message
 
 
 def test_json_round_trip_with_overrides(tmp_path):
-    scheduler = ARVARScheduler(branch_halving_scales=(-3, -2), pruned_scales=(-2, -1), prune_ratios=(0.5, 0.6),
-                               pruned_layers=(0, 1), upsample_mode="area")
+    scheduler = ARVARScheduler(
+        branch_halving_scales=(-3, -2),
+        pruned_scales=(-2, -1),
+        prune_ratios=(0.5, 0.6),
+        pruned_layers=(0, 1),
+        upsample_mode="area",
+    )
     scheduler.save_pretrained(tmp_path)
     loaded = ARVARScheduler.from_pretrained(tmp_path)
     assert type(loaded) is ARVARScheduler and loaded.to_dict() == scheduler.to_dict()
@@ -178,10 +204,15 @@ def test_presets():
     infinity = ARVARScheduler.from_preset("infinity")
     assert infinity.to_dict() == ARVARScheduler().to_dict()
     assert infinity.config.branch_halving_scales == [-2] and infinity.config.pruned_scales == [-1]
-    assert infinity.config.prune_ratios == [0.75] and (infinity.config.attention_distance, infinity.config.activation_distance) == (3, 2)
+    assert infinity.config.prune_ratios == [0.75] and (
+        infinity.config.attention_distance,
+        infinity.config.activation_distance,
+    ) == (3, 2)
     hart = ARVARScheduler.from_preset("hart")  # HART's 14 steps: BH at step 13, AR at step 14, sources at 11 and 12
     assert hart.model_family == "hart" and hart.resolve([(1, 1, 1)] * 14) == ARVARScheduler().resolve([(1, 1, 1)] * 14)
-    assert hart.resolve([(1, 1, 1)] * 14).attention_sources == {13: 10} and hart.resolve([(1, 1, 1)] * 14).halved == {12}
+    assert hart.resolve([(1, 1, 1)] * 14).attention_sources == {13: 10} and hart.resolve([(1, 1, 1)] * 14).halved == {
+        12
+    }
     assert ARVARScheduler.from_preset("infinity", prune_ratios=(0.5,)).config.prune_ratios == [0.5]
     with pytest.raises(ValueError, match="no setting"):
         ARVARScheduler.from_preset("infinity", ratio=0.5)
@@ -207,8 +238,17 @@ def _run(models, scheduler=None, cfg_list=None, teacher=None, batch=2):
         text, mask = torch.cat((text, transformer.null_text_embeds(mask))), torch.cat((mask, mask))
     family = InfinityScaleFamily(transformer, vae, SCHEDULE, rope_grid_hw(TEMPLATE), top_k=0, top_p=None)
     with torch.no_grad():
-        return run_next_scale_loop(family, transformer.encode_condition(text, mask), SCHEDULE, batch, cfgs, [1.0] * S,
-                                   torch.Generator().manual_seed(0), scheduler, teacher)
+        return run_next_scale_loop(
+            family,
+            transformer.encode_condition(text, mask),
+            SCHEDULE,
+            batch,
+            cfgs,
+            [1.0] * S,
+            torch.Generator().manual_seed(0),
+            scheduler,
+            teacher,
+        )
 
 
 def _teacher(batch=2, d=8):
@@ -310,7 +350,9 @@ def test_ratio_one_outputs_the_canvas_in_the_pruned_layers_only(models):
     spy = _Spy(arvar)
     state = _run(models, spy)
     assert (T, 0) not in spy.log and spy.log[(T, 1)][1].shape == (4, 0)
-    torch.testing.assert_close(spy.log[(T, 1)][2], upsample_tokens(spy.log[(T_N, 1)][2], SCHEDULE[T_N][1:], SCHEDULE[T][1:]))
+    torch.testing.assert_close(
+        spy.log[(T, 1)][2], upsample_tokens(spy.log[(T_N, 1)][2], SCHEDULE[T_N][1:], SCHEDULE[T][1:])
+    )
     before = sum(_tokens(k) for k in range(T))
     assert state.kv_cache.attended_length(0) == before + _tokens(T) and state.kv_cache.attended_length(1) == before
 
@@ -323,7 +365,9 @@ def test_branch_halving_copies_the_conditional_branch(models):
         assert keys.shape[2] == starts[S - 1]  # the last scale's keys are read by no later pass: not kept
         for k in range(S - 1):
             part = slice(starts[k], starts[k + 1])
-            equal = torch.equal(keys[:2, :, part], keys[2:, :, part]) and torch.equal(values[:2, :, part], values[2:, :, part])
+            equal = torch.equal(keys[:2, :, part], keys[2:, :, part]) and torch.equal(
+                values[:2, :, part], values[2:, :, part]
+            )
             assert equal == (k >= S - 2), (layer, k)  # the unconditional rows hold the conditional keys/values
     assert [state.logits[k].shape[0] for k in range(S)] == [4] * (S - 2) + [2, 2]  # only the conditional rows ran
     reference = _run(models, cfg_list=[3.0] * (S - 2) + [1.0, 1.0])  # = guidance 1 at the halved scales
@@ -367,7 +411,9 @@ def test_ratio_zero_without_branch_halving_is_the_baseline(pipe):
 
 
 def test_branch_halving_without_cfg_raises(pipe):
-    with pytest.raises(ValueError, match=r"branch halving at scales \[5\] needs classifier-free guidance.*branch_halving_scales=\(\)"):
+    with pytest.raises(
+        ValueError, match=r"branch halving at scales \[5\] needs classifier-free guidance.*branch_halving_scales=\(\)"
+    ):
         _latents(pipe, acceleration=ARVARScheduler(), guidance_scale=1.0)
     out = _latents(pipe, acceleration=ARVARScheduler(branch_halving_scales=()), guidance_scale=1.0)  # AR alone runs
     assert torch.isfinite(out).all()
@@ -381,9 +427,17 @@ def test_composed_with_lazyvar_groups_halves_the_group(pipe):
         return {}
 
     prompts = ["a red fox in the snow", "two cats"]
-    composed = ComposedScheduler([LazyVARScheduler.from_preset("infinity"), ARVARScheduler(branch_halving_scales=(-1,), pruned_scales=())])
-    out = _latents(pipe, prompts, acceleration=composed, top_k=1, callback_on_step_end=record,
-                   callback_on_step_end_tensor_inputs=["logits"])
+    composed = ComposedScheduler(
+        [LazyVARScheduler.from_preset("infinity"), ARVARScheduler(branch_halving_scales=(-1,), pruned_scales=())]
+    )
+    out = _latents(
+        pipe,
+        prompts,
+        acceleration=composed,
+        top_k=1,
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["logits"],
+    )
     n = len(rows)
     plans = composed.plan_scales(schedule_for_size(256, 256)[0])
     assert [p.cfg_halve for p in plans] == [False] * (n - 4) + [True]  # the group's one pass holds the last scale
@@ -417,4 +471,6 @@ def test_a_halved_pass_takes_its_rows_of_the_calls_constants():
     context = VARForwardContext(kv_cache=None, rope_cos_sin=None, call_cache={})
     given_rows = ca(x, full.text_RTC, full.text_mask_R11T, context, encoder_rows=rows)
     assert ("cross_kv", 0, 4) in context.call_cache  # computed once for the call's rows
-    assert torch.equal(given_rows, ca(x, half.text_RTC, half.text_mask_R11T, VARForwardContext(kv_cache=None, rope_cos_sin=None)))
+    assert torch.equal(
+        given_rows, ca(x, half.text_RTC, half.text_mask_R11T, VARForwardContext(kv_cache=None, rope_cos_sin=None))
+    )

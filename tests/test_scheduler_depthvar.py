@@ -20,7 +20,12 @@ from diffusers_var_accel import DepthVARScheduler, ScalePlan, run_next_scale_loo
 from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw
 from diffusers_var_accel.pipelines.infinity import InfinityScaleFamily
 from diffusers_var_accel.schedulers import ComposedScheduler, LazyVARScheduler, VARAccelScheduler
-from diffusers_var_accel.schedulers.scheduling_depthvar import bit_reversal_permutation, layer_masks, plan_depth, scheduling_function
+from diffusers_var_accel.schedulers.scheduling_depthvar import (
+    bit_reversal_permutation,
+    layer_masks,
+    plan_depth,
+    scheduling_function,
+)
 from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.next_scale.executor import weight_codes
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
@@ -46,8 +51,15 @@ def pipe():
 
 
 def latents(pipe, size=(256, 256), acceleration=None, prompt="a red fox in the snow", generator=None, **kwargs):
-    return pipe(prompt, height=size[0], width=size[1], generator=generator if generator is not None else gen(0),
-                acceleration=acceleration, output_type="latent", **kwargs).images
+    return pipe(
+        prompt,
+        height=size[0],
+        width=size[1],
+        generator=generator if generator is not None else gen(0),
+        acceleration=acceleration,
+        output_type="latent",
+        **kwargs,
+    ).images
 
 
 def run_loop(pipe, scheduler, batch=2, cfg=3.0):
@@ -119,8 +131,10 @@ def test_scheduling_function_has_the_budget_as_mean_and_rotates_cyclically():
             assert abs(scores.mean().item() - budget) < 1e-3 and scores.min() >= s and scores.max() <= 1
             assert (scores.diff() >= 0).all()  # phase 0: the larger the change, the deeper
             for phase in (0.25, 0.7):
-                torch.testing.assert_close(scheduling_function(rho, budget, phase, s),
-                                           scheduling_function(torch.remainder(rho + phase, 1), budget, 0.0, s))
+                torch.testing.assert_close(
+                    scheduling_function(rho, budget, phase, s),
+                    scheduling_function(torch.remainder(rho + phase, 1), budget, 0.0, s),
+                )
     assert torch.equal(scheduling_function(rho, 1.0, 0.3), torch.ones(N, dtype=torch.float64))
     assert torch.equal(scheduling_function(rho, 0.02, 0.0, 0.05), torch.full((N,), 0.05, dtype=torch.float64))
     for kwargs in (dict(budget=1.2), dict(budget=0.5, min_score=-0.1)):
@@ -238,7 +252,9 @@ def test_skipped_layers_take_the_previous_scales_upsampled_layer_delta(pipe):
             x, index, _, out = scheduler.log[(k, l)]
             _, _, delta_prev, _ = scheduler.log[(k - 1, l)]
             delta_prev = delta_prev.transpose(1, 2).reshape(4, -1, *SCHEDULE[k - 1][1:])
-            proxy = F.interpolate(delta_prev, size=(h, w), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
+            proxy = (
+                F.interpolate(delta_prev, size=(h, w), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
+            )
             assert torch.equal(index, plans[k].layer_index[l].repeat(2, 1))  # both CFG rows of an image: one plan
             skipped = torch.ones(4, h * w, dtype=torch.bool).scatter_(1, index, False)
             assert skipped.any() and (~skipped).any()
@@ -247,7 +263,7 @@ def test_skipped_layers_take_the_previous_scales_upsampled_layer_delta(pipe):
     # the scale before the first dynamic one ran every token (full depth: no route)
     assert all(scheduler.log[(DYNAMIC[0] - 1, l)][1] is None for l in range(DEPTH))
     # only the computed tokens' keys/values entered each layer's cache (the last scale's: none, no later pass reads them)
-    dense = sum(h * w for _, h, w in SCHEDULE[:DYNAMIC[0]])
+    dense = sum(h * w for _, h, w in SCHEDULE[: DYNAMIC[0]])
     assert DYNAMIC[-1] == S - 1
     for l in range(DEPTH):
         assert state.kv_cache.get_seq_length(l) == dense + sum(plans[k].layer_index[l].shape[1] for k in DYNAMIC[:-1])
@@ -301,13 +317,13 @@ def test_batched_ranking_equals_the_single_runs_to_rounding_and_so_do_the_depths
     spy = _RankingSpy(reference_scale=-3)
     spy.seen = []
     latents(pipe, prompt=prompts, generator=[gen(s) for s in seeds], acceleration=spy, guidance_scale=3.0)
-    (batch_ranking, batch_depth), = spy.seen
+    ((batch_ranking, batch_depth),) = spy.seen
     rounding = 1e-5
     for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
         spy.seen = []
         latents(pipe, prompt=prompt, generator=[gen(seed)], acceleration=spy, guidance_scale=3.0)
-        (ranking, depth), = spy.seen
-        torch.testing.assert_close(batch_ranking[i:i + 1], ranking, atol=rounding, rtol=0)
+        ((ranking, depth),) = spy.seen
+        torch.testing.assert_close(batch_ranking[i : i + 1], ranking, atol=rounding, rtol=0)
         gaps = (ranking[0, :, None] - ranking[0, None, :]).abs().fill_diagonal_(float("inf")).min(dim=1).values
         untied = gaps > 2 * rounding
         assert untied.float().mean() > 0.5  # the check below covers most tokens
@@ -322,10 +338,12 @@ def test_rotation_in_the_loop_rotates_the_second_dynamic_scale(pipe):
     N, budget = 256, 0.25  # scale 6: 16x16 tokens, budget 64 / 256; same ranking map in both runs
     rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
     plain, rotated = plain_plans[6].scores.flatten(1), rotated_plans[6].scores.flatten(1)
-    assert torch.equal(rotated.sort(1).values, scheduling_function(rho, budget, 0.25, 1 / DEPTH).float().sort().values.expand(2, -1))
+    assert torch.equal(
+        rotated.sort(1).values, scheduling_function(rho, budget, 0.25, 1 / DEPTH).float().sort().values.expand(2, -1)
+    )
     # the top quarter of the ranking (distinct plain scores, phase 0 increases with the rank) moves to u = rho + 1/4 - 1
     top = plain.argsort(1, descending=True)[:, : N // 4]
-    expected = scheduling_function(rho[N - N // 4:].flip(0), budget, 0.25, 1 / DEPTH).float()
+    expected = scheduling_function(rho[N - N // 4 :].flip(0), budget, 0.25, 1 / DEPTH).float()
     assert torch.equal(rotated.gather(1, top), expected.expand(2, -1))
     assert not torch.equal(rotated_plans[6].depth, plain_plans[6].depth)
 
@@ -346,7 +364,9 @@ def test_composition(pipe):
     grouped = ComposedScheduler([LazyVARScheduler(), DepthVARScheduler(reference_scale=-3)])
     assert torch.isfinite(latents(pipe, acceleration=grouped)).all()
     # DepthVAR ranks the scale after a group by the group's last scale: refused unless it ends before the group
-    after = ComposedScheduler([LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1)), DepthVARScheduler(reference_scale=-3)])
+    after = ComposedScheduler(
+        [LazyVARScheduler(group_scales=(-4, -3), keep_ratios=(0.2, 0.1)), DepthVARScheduler(reference_scale=-3)]
+    )
     with pytest.raises(ValueError, match="end_scale"):
         latents(pipe, acceleration=after)
 
@@ -356,20 +376,28 @@ def test_flops_are_counted_on_meta_tensors():
     from benchmarks.flops import build_on_meta, count_generation_flops
     from diffusers_var_accel import InfinityBSQVAE, InfinityTransformer
 
-    config = dict(depth=DEPTH, embed_dim=64, num_heads=4, mlp_ratio=4.0, text_channels=48, text_maxlen=16, codebook_dim=8)
-    vae = build_on_meta(InfinityBSQVAE, codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1), patch_size=2)
+    config = dict(
+        depth=DEPTH, embed_dim=64, num_heads=4, mlp_ratio=4.0, text_channels=48, text_maxlen=16, codebook_dim=8
+    )
+    vae = build_on_meta(
+        InfinityBSQVAE, codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1), patch_size=2
+    )
     transformer = build_on_meta(InfinityTransformer, **config)
-    counts = [count_generation_flops(transformer, vae, SCHEDULE, rope_grid_hw(1.0), text_tokens=5, scheduler=s)
-              for s in (None, DepthVARScheduler(reference_scale=-3))]
+    counts = [
+        count_generation_flops(transformer, vae, SCHEDULE, rope_grid_hw(1.0), text_tokens=5, scheduler=s)
+        for s in (None, DepthVARScheduler(reference_scale=-3))
+    ]
     base, fast = ([s["blocks_flops"] for s in c["per_scale"]] for c in counts)
-    assert base[:DYNAMIC[0]] == fast[:DYNAMIC[0]] and all(fast[k] < 0.6 * base[k] for k in DYNAMIC)
+    assert base[: DYNAMIC[0]] == fast[: DYNAMIC[0]] and all(fast[k] < 0.6 * base[k] for k in DYNAMIC)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------------------------------
 def test_json_round_trip_with_overrides(tmp_path):
-    scheduler = DepthVARScheduler(reference_scale=7, start_scale=-5, rotation_step=0.1, min_depth=2, code_blending=False)
+    scheduler = DepthVARScheduler(
+        reference_scale=7, start_scale=-5, rotation_step=0.1, min_depth=2, code_blending=False
+    )
     scheduler.save_pretrained(tmp_path)
     loaded = DepthVARScheduler.from_pretrained(tmp_path)
     assert type(loaded) is DepthVARScheduler and loaded.to_dict() == scheduler.to_dict()
@@ -383,7 +411,9 @@ def test_json_round_trip_with_overrides(tmp_path):
 def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
     # the preset stores the paper's rotation step 0.25; the class default is 0 (by measurement, docs/depthvar.md)
-    assert infinity.to_dict() == DepthVARScheduler(rotation_step=0.25).to_dict() and infinity.config.reference_scale == 9
+    assert (
+        infinity.to_dict() == DepthVARScheduler(rotation_step=0.25).to_dict() and infinity.config.reference_scale == 9
+    )
     assert DepthVARScheduler().config.rotation_step == 0.0
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
@@ -397,8 +427,12 @@ def test_presets():
 
 @pytest.mark.parametrize(
     "settings, message",
-    [(dict(reference_scale=9), "R=9 is outside the schedule's 7 scales"), (dict(reference_scale=-8), "outside"),
-     (dict(reference_scale=3, start_scale=7), "start_scale"), (dict(reference_scale=3, start_scale=-7), "scale 0")],
+    [
+        (dict(reference_scale=9), "R=9 is outside the schedule's 7 scales"),
+        (dict(reference_scale=-8), "outside"),
+        (dict(reference_scale=3, start_scale=7), "start_scale"),
+        (dict(reference_scale=3, start_scale=-7), "scale 0"),
+    ],
 )
 def test_settings_that_do_not_fit_the_schedule_raise(pipe, settings, message):
     with pytest.raises(ValueError, match=message):
@@ -419,7 +453,7 @@ def _edge_scene_ranking(side: int) -> torch.Tensor:
     lo, hi = side // 4, 3 * side // 4
     inside = (y >= lo) & (y < hi) & (x >= lo) & (x < hi)
     edge = inside & ((y == lo) | (y == hi - 1) | (x == lo) | (x == hi - 1))
-    change = 0.01 + 1e-4 * (x + side * y).float() / side ** 2
+    change = 0.01 + 1e-4 * (x + side * y).float() / side**2
     change = torch.where(inside, torch.full_like(change, 0.3), change)
     return torch.where(edge, torch.full_like(change, 1.0), change).flatten()[None], edge, inside
 
@@ -445,8 +479,12 @@ def test_the_papers_worked_example_edges_outscore_background_at_deep_scales(rota
         scores, depth = plan.scores[0].flatten(), plan.depth[0].flatten()
         background = ~_edge_scene_ranking(side)[2].flatten()
         edge = edge.flatten()
-        outcomes.append(bool(scores[edge].min() > scores[background].max() and depth[edge].min() >= depth[background].max()))
-        if k == max(budgets) and edges_win:  # the deepest scale: the worked example's ordering (0.78 vs 0.16), a clear gap
+        outcomes.append(
+            bool(scores[edge].min() > scores[background].max() and depth[edge].min() >= depth[background].max())
+        )
+        if (
+            k == max(budgets) and edges_win
+        ):  # the deepest scale: the worked example's ordering (0.78 vs 0.16), a clear gap
             assert scores[edge].mean() > 0.5 and scores[background].max() < 0.2
     if edges_win:
         assert all(outcomes)

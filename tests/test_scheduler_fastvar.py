@@ -14,7 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffusers_var_accel import FastVARScheduler, IdentityScheduler, VARAccelScheduler, schedule_for_size, supported_sizes
+from diffusers_var_accel import (
+    FastVARScheduler,
+    IdentityScheduler,
+    VARAccelScheduler,
+    schedule_for_size,
+    supported_sizes,
+)
 from diffusers_var_accel.next_scale.context import scatter_tokens
 from diffusers_var_accel.next_scale.executor import interpolate_tokens
 from diffusers_var_accel.next_scale.plan import RecordRequest
@@ -66,8 +72,10 @@ class _Recording(FastVARScheduler):
         if routes is None:
             return None
         k = plan.scale_indices[0]
-        routes.routes = {key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
-                         for key, route in routes.routes.items()}
+        routes.routes = {
+            key: replace(route, selector=_LoggingSelector(route.selector, (k, *key), self.log))
+            for key, route in routes.routes.items()
+        }
         routes.record = routes.record | RecordRequest(sublayer_updates=frozenset(routes.routes))
         return routes
 
@@ -87,8 +95,15 @@ def recording(**settings):
 
 
 def run(pipe, size, acceleration=None, prompt=PROMPT, generator=None, **kwargs):
-    return pipe(prompt, height=size[0], width=size[1], generator=generator if generator is not None else gen(0),
-                acceleration=acceleration, output_type="latent", **kwargs).images
+    return pipe(
+        prompt,
+        height=size[0],
+        width=size[1],
+        generator=generator if generator is not None else gen(0),
+        acceleration=acceleration,
+        output_type="latent",
+        **kwargs,
+    ).images
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -108,8 +123,19 @@ def test_pts_keeps_the_tokens_farthest_from_the_mean():
     torch.testing.assert_close(pivotal_token_scores(x), expected)
 
 
-@pytest.mark.parametrize("L, r, K", [(1024, 0.4, 615), (1600, 0.5, 800), (2304, 0.5, 1152), (4096, 0.75, 1024),
-                                     (100, 0.29, 72), (10, 0.0, 10), (1, 0.5, 1), (7, 0.99, 1)])
+@pytest.mark.parametrize(
+    "L, r, K",
+    [
+        (1024, 0.4, 615),
+        (1600, 0.5, 800),
+        (2304, 0.5, 1152),
+        (4096, 0.75, 1024),
+        (100, 0.29, 72),
+        (10, 0.0, 10),
+        (1, 0.5, 1),
+        (7, 0.99, 1),
+    ],
+)
 def test_kept_count(L, r, K):
     assert num_kept_tokens(L, r) == K == L - int(L * r)
     assert pivotal_tokens(torch.randn(3, L, 4), r).shape == (3, K)
@@ -137,7 +163,11 @@ def test_restoration_is_the_area_interpolated_cache_with_kept_rows_overwritten()
     means[0, 1] = means[1, 2] = 0
     torch.testing.assert_close(out, means)
     odd = restore_from_cache(big, (4, 4), (3, 5), torch.tensor([[0], [0]]), big[:, :1])
-    pooled = F.adaptive_avg_pool2d(big.reshape(2, 4, 4, 3).permute(0, 3, 1, 2), (3, 5)).permute(0, 2, 3, 1).reshape(2, 15, 3)
+    pooled = (
+        F.adaptive_avg_pool2d(big.reshape(2, 4, 4, 3).permute(0, 3, 1, 2), (3, 5))
+        .permute(0, 2, 3, 1)
+        .reshape(2, 15, 3)
+    )
     torch.testing.assert_close(odd[:, 1:], pooled[:, 1:])
 
 
@@ -172,8 +202,9 @@ def _loop_logits(pipe, scheduler, size):
     family = InfinityScaleFamily(transformer, vae, schedule, rope_grid_hw(template), top_k=0, top_p=None)
     with torch.no_grad():
         condition = transformer.encode_condition(text, mask)
-        state = run_next_scale_loop(family, condition, schedule, 2, [3.0] * len(schedule), [1.0] * len(schedule), gen(0),
-                                    scheduler)
+        state = run_next_scale_loop(
+            family, condition, schedule, 2, [3.0] * len(schedule), [1.0] * len(schedule), gen(0), scheduler
+        )
     return [state.logits[k] for k in range(len(schedule))]
 
 
@@ -184,7 +215,9 @@ def test_ratio_zero_gives_the_baselines_logits_at_every_scale(pipe, recorded):
     with the dense path's one ``addcmul`` (two roundings, ``x + value * gate``, changed 82-88 % of the logits from
     the cache scale on by up to 1.3e-6). ``recorded``: every routed sublayer's full update is recorded as well."""
     settings = dict(prune_ratios=(0.0, 0.0), skip_last_scales=False, pruned_layers=None)
-    scheduler = recording(**settings) if recorded else FastVARScheduler(**{**FastVARScheduler.presets["infinity"], **settings})
+    scheduler = (
+        recording(**settings) if recorded else FastVARScheduler(**{**FastVARScheduler.presets["infinity"], **settings})
+    )
     baseline = _loop_logits(pipe, None, WIDE)
     routed = _loop_logits(pipe, scheduler, WIDE)
     assert len(routed) == len(baseline) and all(torch.equal(a, b) for a, b in zip(routed, baseline))
@@ -204,14 +237,26 @@ def test_pruned_scales_restore_the_cache_scale_update(pipe):
                 computed, index, out = log["restore"][(k, layer, kind)]
                 assert index.shape == (2, num_kept_tokens(h * w, ratio))  # CFG: cond and uncond rows
                 cached = log["restore"][(c, layer, kind)][2]
-                canvas = F.interpolate(cached.reshape(2, *schedule[c][-2:], -1).permute(0, 3, 1, 2), size=(h, w), mode="area")
-                expected = canvas.permute(0, 2, 3, 1).reshape(2, h * w, -1).scatter(1, index[..., None].expand_as(computed), computed)
+                canvas = F.interpolate(
+                    cached.reshape(2, *schedule[c][-2:], -1).permute(0, 3, 1, 2), size=(h, w), mode="area"
+                )
+                expected = (
+                    canvas.permute(0, 2, 3, 1)
+                    .reshape(2, h * w, -1)
+                    .scatter(1, index[..., None].expand_as(computed), computed)
+                )
                 assert torch.equal(out, expected)
     # layers outside pruned_layers run dense; "block" is never routed; nothing routed at other scales
     selected = [(k, layer, kind) for k, layer, kind, _, index in log["select"] if index is not None]
     assert {k for k, _, _ in selected} == set(scales.prune_ratios)  # the cache scale runs dense and records
-    assert {(layer, kind) for k, layer, kind in log["restore"] if k == c} == {(l, s) for l in range(3, DEPTH) for s in ("self_attn", "cross_attn", "ffn")}
-    assert {layer for _, layer, _ in selected} == {3, 4, 5} and {kind for _, _, kind in selected} == {"self_attn", "cross_attn", "ffn"}
+    assert {(layer, kind) for k, layer, kind in log["restore"] if k == c} == {
+        (l, s) for l in range(3, DEPTH) for s in ("self_attn", "cross_attn", "ffn")
+    }
+    assert {layer for _, layer, _ in selected} == {3, 4, 5} and {kind for _, _, kind in selected} == {
+        "self_attn",
+        "cross_attn",
+        "ffn",
+    }
 
 
 @pytest.mark.parametrize("size", [WIDE, SMALL, size_of(1.333, "0.25M")])
@@ -220,11 +265,22 @@ def test_preset_fits_every_aspect_ratio_and_pixel_budget(pipe, size):
     scheduler = FastVARScheduler.from_preset("infinity")
     scales = scheduler.resolve(schedule)
     n = len(schedule)
-    assert sorted(scales.prune_ratios) == [n - 4, n - 3] and scales.cache_scale == n - 5 and scales.skipped == {n - 2, n - 1}
+    assert (
+        sorted(scales.prune_ratios) == [n - 4, n - 3]
+        and scales.cache_scale == n - 5
+        and scales.skipped == {n - 2, n - 1}
+    )
     seen = []
-    out = pipe(PROMPT, height=size[0], width=size[1], generator=gen(0), acceleration=scheduler, output_type="latent",
-               callback_on_step_end=lambda p, si, s, kw: seen.append((si, kw["tokens"] is None)) or {},
-               callback_on_step_end_tensor_inputs=["tokens"]).images
+    out = pipe(
+        PROMPT,
+        height=size[0],
+        width=size[1],
+        generator=gen(0),
+        acceleration=scheduler,
+        output_type="latent",
+        callback_on_step_end=lambda p, si, s, kw: seen.append((si, kw["tokens"] is None)) or {},
+        callback_on_step_end_tensor_inputs=["tokens"],
+    ).images
     assert out.shape == (1, 8, *schedule[-1][-2:])
     assert seen == [(si, si in scales.skipped) for si in range(n)]
 

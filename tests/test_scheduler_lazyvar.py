@@ -50,8 +50,18 @@ def _run(models, scheduler=None, teacher=None, family=None, on_scale_end=None, c
     text, mask = torch.cat((text, transformer.null_text_embeds(mask))), torch.cat((mask, mask))
     with torch.no_grad():
         condition = transformer.encode_condition(text, mask)
-        return run_next_scale_loop(family or _family(models), condition, SCHEDULE, batch, [cfg] * S, [1.0] * S,
-                                   torch.Generator().manual_seed(0), scheduler, teacher, on_scale_end)
+        return run_next_scale_loop(
+            family or _family(models),
+            condition,
+            SCHEDULE,
+            batch,
+            [cfg] * S,
+            [1.0] * S,
+            torch.Generator().manual_seed(0),
+            scheduler,
+            teacher,
+            on_scale_end,
+        )
 
 
 def _check_cumulative_index(kept, hws, u_BHW, ratios):
@@ -79,7 +89,7 @@ def _check_cumulative_index(kept, hws, u_BHW, ratios):
         assert (keep | taken)[~enough].all()  # too few free tokens: every free one is kept
         overlaps += int((covered & claimed).sum())
         claimed |= covered
-    top = torch.sort(u_BHW.flatten(1), dim=1, descending=True, stable=True).indices[:, :kept[-1].shape[1]]
+    top = torch.sort(u_BHW.flatten(1), dim=1, descending=True, stable=True).indices[:, : kept[-1].shape[1]]
     assert torch.equal(kept[-1], top.sort(1).values)  # the highest-update tokens go to the largest scale
     return overlaps
 
@@ -90,20 +100,32 @@ def _check_cumulative_index(kept, hws, u_BHW, ratios):
 def test_update_index_is_one_minus_cosine():
     prev = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [3.0, 4.0]]).T.reshape(1, 2, 2, 2)
     cur = torch.tensor([[2.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-4.0, 3.0]]).T.reshape(1, 2, 2, 2)
-    expected = torch.tensor([[0.0, 1 - 2 ** -0.5], [2.0, 1.0]]).unsqueeze(0)
+    expected = torch.tensor([[0.0, 1 - 2**-0.5], [2.0, 1.0]]).unsqueeze(0)
     torch.testing.assert_close(update_index(prev, cur), expected, atol=1e-6, rtol=0)
     # f_hat_{-1} := 0: every position of the first scale is new
     torch.testing.assert_close(update_index(None, cur), torch.ones(1, 2, 2))
 
 
-@pytest.mark.parametrize("ratio, tokens, n", [(0.2, 1600, 320), (0.05, 2304, 116), (0.01, 4096, 41), (0.01, 36, 1),
-                                              (0.0, 100, 0), (1.0, 7, 7), (0.1, 1600, 160)])
+@pytest.mark.parametrize(
+    "ratio, tokens, n",
+    [
+        (0.2, 1600, 320),
+        (0.05, 2304, 116),
+        (0.01, 4096, 41),
+        (0.01, 36, 1),
+        (0.0, 100, 0),
+        (1.0, 7, 7),
+        (0.1, 1600, 160),
+    ],
+)
 def test_number_of_kept_tokens_is_the_ceiling(ratio, tokens, n):
     assert num_kept_tokens(ratio, tokens) == n
 
 
 def test_selection_keeps_the_top_tokens_of_a_hand_built_map():
-    u = torch.tensor([[0.0, 0.95, 0.41, 0.42], [0.0, 0.0, 0.43, 0.44], [0.1, 0.0, 0.0, 0.0], [0.0, 0.2, 0.0, 0.3]]).unsqueeze(0)
+    u = torch.tensor(
+        [[0.0, 0.95, 0.41, 0.42], [0.0, 0.0, 0.43, 0.44], [0.1, 0.0, 0.0, 0.0], [0.0, 0.2, 0.0, 0.3]]
+    ).unsqueeze(0)
     (kept,) = lazyvar_keep_indices(u, [(4, 4)], [0.25])
     assert kept.tolist() == [[1, 3, 6, 7]]
     # area downsampling: the 2x2 cell with the largest mean (top-right), not the one with the largest value
@@ -132,18 +154,22 @@ def test_count_mode_skips_the_papers_count():
     n = [num_kept_tokens(r, h * w) for r, (h, w) in zip(ratios, hws)]
     for m, (h, w) in enumerate(hws):
         cum = round(sum(n[k] * 64 * 64 / (hws[k][0] * hws[k][1]) for k in range(m + 1, 4)) * h * w / (64 * 64))
-        order = torch.sort(F.interpolate(u[:, None], size=(h, w), mode="area").flatten(1), dim=1, descending=True, stable=True).indices
-        assert torch.equal(kept[m], order[:, cum:cum + n[m]].sort(1).values)
+        order = torch.sort(
+            F.interpolate(u[:, None], size=(h, w), mode="area").flatten(1), dim=1, descending=True, stable=True
+        ).indices
+        assert torch.equal(kept[m], order[:, cum : cum + n[m]].sort(1).values)
     assert [k.shape[1] for k in kept] == [205, 160, 116, 41]
 
 
-@pytest.mark.parametrize("ratios", [PRESET_RATIOS, (0.4, 0.2, 0.1, 0.02), (0.3, 0.2), (0.15, 0.1, 0.05), (0.6, 0.3, 0.2)])
+@pytest.mark.parametrize(
+    "ratios", [PRESET_RATIOS, (0.4, 0.2, 0.1, 0.02), (0.3, 0.2), (0.15, 0.1, 0.05), (0.6, 0.3, 0.2)]
+)
 def test_cumulative_index_never_assigns_a_position_to_two_scales(ratios):
     """Over every supported schedule: smooth update indices (as real latents give) and white noise."""
     g = torch.Generator().manual_seed(len(ratios))
     for height, width in supported_sizes():
         schedule, _ = schedule_for_size(height, width)
-        hws = [tuple(s[-2:]) for s in schedule[-len(ratios):]]
+        hws = [tuple(s[-2:]) for s in schedule[-len(ratios) :]]
         H, W = hws[-1]
         smooth = F.interpolate(torch.rand(2, 1, 5, 5, generator=g), size=(H, W), mode="bilinear")[:, 0]
         noise = torch.rand(2, H, W, generator=g)
@@ -159,12 +185,16 @@ def test_cumulative_index_never_assigns_a_position_to_two_scales(ratios):
 def test_plans_group_the_last_scales_of_every_schedule():
     for num_scales in (7, 10, 12, 13):
         plans = LazyVARScheduler().plan_scales([(1, 1, 1)] * num_scales)
-        assert [p.scale_indices for p in plans] == [(k,) for k in range(num_scales - 4)] + [tuple(range(num_scales - 4, num_scales))]
+        assert [p.scale_indices for p in plans] == [(k,) for k in range(num_scales - 4)] + [
+            tuple(range(num_scales - 4, num_scales))
+        ]
     sequential = LazyVARScheduler(parallel_decoding=False).plan_scales([(1, 1, 1)] * 13)
     assert [p.scale_indices for p in sequential] == [(k,) for k in range(13)]
     middle = LazyVARScheduler(group_scales=(-6, -5), keep_ratios=(0.5, 0.5)).plan_scales([(1, 1, 1)] * 13)
     assert [p.scale_indices for p in middle] == [(k,) for k in range(7)] + [(7, 8), (9,), (10,), (11,), (12,)]
-    assert LazyVARScheduler(keep_ratios=(0, 0, 0, 0)).plan_scales([(1, 1, 1)] * 13)[-1] == ScalePlan(tuple(range(9, 13)), skip=True)
+    assert LazyVARScheduler(keep_ratios=(0, 0, 0, 0)).plan_scales([(1, 1, 1)] * 13)[-1] == ScalePlan(
+        tuple(range(9, 13)), skip=True
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,7 +212,12 @@ def test_invalid_settings_raise(kwargs, message):
 
 @pytest.mark.parametrize(
     "group, num_scales, message",
-    [((11, 12, 13), 13, "outside"), ((-8, -7), 7, "outside"), ((9, -1), 13, "not consecutive"), ((-7, -6), 7, "scale 0")],
+    [
+        ((11, 12, 13), 13, "outside"),
+        ((-8, -7), 7, "outside"),
+        ((9, -1), 13, "not consecutive"),
+        ((-7, -6), 7, "scale 0"),
+    ],
 )
 def test_groups_that_do_not_fit_the_schedule_raise(group, num_scales, message):
     scheduler = LazyVARScheduler(group_scales=group, keep_ratios=(0.1,) * len(group))
@@ -197,7 +232,11 @@ def test_json_round_trip_with_overrides(tmp_path):
     assert type(loaded) is LazyVARScheduler and loaded.config.cumulative_index == "count"
     assert list(loaded.config.keep_ratios) == [0.3, 0.2, 0.1] and list(loaded.config.group_scales) == [-3, -2, -1]
     assert loaded.plan_scales(SCHEDULE) == scheduler.plan_scales(SCHEDULE)
-    assert list(VARAccelScheduler.from_pretrained(tmp_path, keep_ratios=(0.5, 0.5, 0.5)).config.keep_ratios) == [0.5, 0.5, 0.5]
+    assert list(VARAccelScheduler.from_pretrained(tmp_path, keep_ratios=(0.5, 0.5, 0.5)).config.keep_ratios) == [
+        0.5,
+        0.5,
+        0.5,
+    ]
     with pytest.raises(ValueError, match="no setting"):
         LazyVARScheduler.from_pretrained(tmp_path, keep_ratio=0.5)
     with pytest.raises(ValueError, match="one keep ratio per scale"):
@@ -209,7 +248,12 @@ def test_presets():
     assert infinity.to_dict() == LazyVARScheduler().to_dict()
     assert [p.scale_indices for p in infinity.plan_scales([(1, 1, 1)] * 13)][-1] == (9, 10, 11, 12)  # scales 10..13
     assert LazyVARScheduler.from_preset("hart").model_family == "hart"
-    assert LazyVARScheduler.from_preset("infinity", keep_ratios=(0.4, 0.2, 0.1, 0.02)).config.keep_ratios == (0.4, 0.2, 0.1, 0.02)
+    assert LazyVARScheduler.from_preset("infinity", keep_ratios=(0.4, 0.2, 0.1, 0.02)).config.keep_ratios == (
+        0.4,
+        0.2,
+        0.1,
+        0.02,
+    )
     with pytest.raises(ValueError, match="no setting"):
         LazyVARScheduler.from_preset("infinity", ratios=(0.1,))
 
@@ -229,7 +273,9 @@ class _InputsFromBeforeTheGroup:
     def embed(self, f_hat, scale_indices, condition, scale_index_L):
         in_group = [si in GROUP for si in scale_indices]
         assert all(in_group) or not any(in_group), f"pass {scale_indices} mixes the group and other scales"
-        return self._family.embed(self._f_hat_before if all(in_group) else f_hat, scale_indices, condition, scale_index_L)
+        return self._family.embed(
+            self._f_hat_before if all(in_group) else f_hat, scale_indices, condition, scale_index_L
+        )
 
 
 class _OneByOne(VARAccelScheduler):
@@ -244,13 +290,21 @@ class _OneByOne(VARAccelScheduler):
         k = plan.scale_indices[0]
         if k not in self.kept or self.kept[k].shape[1] == SCHEDULE[k][1] * SCHEDULE[k][2]:
             return None
-        return PassRoutes(routes={(layer, "block"): TokenRoute(index=self.kept[k].clone()) for layer in range(state.model.num_layers)},
-                          residual_tokens={k: self.kept[k]})
+        return PassRoutes(
+            routes={
+                (layer, "block"): TokenRoute(index=self.kept[k].clone()) for layer in range(state.model.num_layers)
+            },
+            residual_tokens={k: self.kept[k]},
+        )
 
 
 def _grouped_and_one_by_one(models, scheduler):
     before = {}
-    grouped = _run(models, scheduler, on_scale_end=lambda k, st: before.setdefault("f_hat", st.f_hat.clone()) if k == GROUP[0] - 1 else None)
+    grouped = _run(
+        models,
+        scheduler,
+        on_scale_end=lambda k, st: before.setdefault("f_hat", st.f_hat.clone()) if k == GROUP[0] - 1 else None,
+    )
     teacher = [grouped.tokens[k] for k in range(S)]
     kept = scheduler.kept_tokens(grouped)
     reference = _run(models, _OneByOne(kept), teacher, _InputsFromBeforeTheGroup(_family(models), before["f_hat"]))
@@ -281,7 +335,11 @@ def test_pruned_group_equals_decoding_the_kept_tokens_one_by_one(models):
 
 def test_pruned_positions_get_a_zero_residual(models):
     scheduler, before = LazyVARScheduler(), {}
-    state = _run(models, scheduler, on_scale_end=lambda k, st: before.setdefault("f_hat", st.f_hat.clone()) if k == GROUP[0] - 1 else None)
+    state = _run(
+        models,
+        scheduler,
+        on_scale_end=lambda k, st: before.setdefault("f_hat", st.f_hat.clone()) if k == GROUP[0] - 1 else None,
+    )
     vae, (H, W) = models[1], SCHEDULE[-1][1:]
     kept, support, added = scheduler.kept_tokens(state), torch.zeros(2, 1, H, W), 0
     for k in GROUP:
@@ -290,7 +348,9 @@ def test_pruned_positions_get_a_zero_residual(models):
         codes = vae.bits_to_codes(state.tokens[k].reshape(2, h, w, -1))
         assert torch.equal(keep_residual(codes, kept[k]), codes * keep)  # pruned codes are zeroed
         if k < S - 1:
-            support = support + vae.add_scale_codes(None, keep.expand(-1, codes.shape[1], -1, -1), (H, W), False)[:, :1]
+            support = (
+                support + vae.add_scale_codes(None, keep.expand(-1, codes.shape[1], -1, -1), (H, W), False)[:, :1]
+            )
         added = added + vae.add_scale_codes(None, codes * keep, (H, W), is_last_scale=k == S - 1)
     delta = state.f_hat - before["f_hat"]
     torch.testing.assert_close(delta, added, atol=1e-6, rtol=0)
@@ -311,7 +371,9 @@ def test_without_parallel_decoding_each_scale_uses_the_index_after_the_previous_
         u = update_index(f_hats.get(k - 2), f_hats[k - 1])
         (expected,) = lazyvar_keep_indices(u, [tuple(SCHEDULE[k][1:])], [r], None)
         assert torch.equal(kept[k], expected)
-    assert state.kv_cache.attended_length(0) == sum(h * w for _, h, w in SCHEDULE[:GROUP[0]]) + sum(kept[k].shape[1] for k in GROUP)
+    assert state.kv_cache.attended_length(0) == sum(h * w for _, h, w in SCHEDULE[: GROUP[0]]) + sum(
+        kept[k].shape[1] for k in GROUP
+    )
 
 
 def test_zero_keep_ratios_add_nothing(models):
@@ -362,11 +424,19 @@ def test_composed_with_cfg_halving_of_the_last_scale(pipe):
 
     prompts = ["a red fox in the snow", "two cats"]
     composed = ComposedScheduler([LazyVARScheduler(), _HalveLastScale()])
-    out = _latents(pipe, prompts, acceleration=composed, top_k=1, callback_on_step_end=record,
-                   callback_on_step_end_tensor_inputs=["logits"])
+    out = _latents(
+        pipe,
+        prompts,
+        acceleration=composed,
+        top_k=1,
+        callback_on_step_end=record,
+        callback_on_step_end_tensor_inputs=["logits"],
+    )
     num_scales = len(rows)
     assert rows[num_scales - 1] == 2 and rows[0] == 4  # the group's pass ran the conditional rows only
     assert [rows[k] for k in range(num_scales)] == [4] * (num_scales - 4) + [2] * 4
     # equal to LazyVAR alone with guidance 1 on the group (a halved pass has a zero guidance difference)
-    reference = _latents(pipe, prompts, acceleration=LazyVARScheduler(), top_k=1, cfg_list=[4.0] * (num_scales - 4) + [1.0] * 4)
+    reference = _latents(
+        pipe, prompts, acceleration=LazyVARScheduler(), top_k=1, cfg_list=[4.0] * (num_scales - 4) + [1.0] * 4
+    )
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=0)

@@ -8,8 +8,12 @@ import pytest
 import torch
 
 from diffusers_var_accel import supported_sizes
-from diffusers_var_accel.schedulers.scheduling_stagevar import (RepresentativeMixer, StageVARScheduler,
-                                                                representative_probabilities, stage_rank)
+from diffusers_var_accel.schedulers.scheduling_stagevar import (
+    RepresentativeMixer,
+    StageVARScheduler,
+    representative_probabilities,
+    stage_rank,
+)
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,8 +32,15 @@ def _stagevar(**overrides):
 
 
 def _images(pipe, scheduler, generators, prompts=("a red fox", "a blue bird")):
-    return pipe(list(prompts), height=WIDE[0], width=WIDE[1], generator=generators, acceleration=scheduler,
-                guidance_scale=3.0, output_type="pt").images
+    return pipe(
+        list(prompts),
+        height=WIDE[0],
+        width=WIDE[1],
+        generator=generators,
+        acceleration=scheduler,
+        guidance_scale=3.0,
+        output_type="pt",
+    ).images
 
 
 def g(seed):
@@ -55,7 +66,9 @@ def test_a_projection_seed_draws_the_same_mixtures_for_any_token_seed(pipe):
     """``projection_seed``: one generator for every row's positions and projections (the official draw order)."""
     scheduler = _stagevar(projection_seed=5)
     assert torch.equal(_images(pipe, scheduler, [g(1), g(2)]), _images(pipe, scheduler, [g(1), g(2)]))
-    assert not torch.equal(_images(pipe, scheduler, [g(1), g(2)]), _images(pipe, _stagevar(projection_seed=6), [g(1), g(2)]))
+    assert not torch.equal(
+        _images(pipe, scheduler, [g(1), g(2)]), _images(pipe, _stagevar(projection_seed=6), [g(1), g(2)])
+    )
 
 
 def test_ranks_and_probabilities():
@@ -64,13 +77,16 @@ def test_ranks_and_probabilities():
     assert torch.equal(representative_probabilities(x), torch.tensor([[25 / 26, 0.0, 1 / 26]]))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(rank_ratios=((0.2,),)), "each rank_ratios entry must hold 2 ratios"),
-    (dict(rank_ratios=()), "rank_ratios needs one list per projected scale"),
-    (dict(num_chunks=0), "num_chunks must be a positive integer"),
-    (dict(projection_seed="7"), "projection_seed must be an integer"),
-    (dict(skipped_scales=(-3,)), "are both skipped and projected"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(rank_ratios=((0.2,),)), "each rank_ratios entry must hold 2 ratios"),
+        (dict(rank_ratios=()), "rank_ratios needs one list per projected scale"),
+        (dict(num_chunks=0), "num_chunks must be a positive integer"),
+        (dict(projection_seed="7"), "projection_seed must be an integer"),
+        (dict(skipped_scales=(-3,)), "are both skipped and projected"),
+    ],
+)
 def test_bad_settings_name_the_value(pipe, overrides, message):
     with pytest.raises(ValueError, match=message):
         scheduler = _stagevar(**overrides)
@@ -95,8 +111,13 @@ def test_flops_are_counted_on_meta_tensors_and_fall_as_the_plan_says():
     schedule, template = schedule_for_size(1024, 1024)
     counts = {}
     for name, scheduler in (("baseline", None), ("stagevar", StageVARScheduler())):
-        transformer, vae = F.build_on_meta(InfinityTransformer, **spec.transformer), F.build_on_meta(InfinityBSQVAE, **spec.vae)
-        counts[name] = F.count_generation_flops(transformer, vae, schedule, rope_grid_hw(template), scheduler=scheduler)
+        transformer, vae = (
+            F.build_on_meta(InfinityTransformer, **spec.transformer),
+            F.build_on_meta(InfinityBSQVAE, **spec.vae),
+        )
+        counts[name] = F.count_generation_flops(
+            transformer, vae, schedule, rope_grid_hw(template), scheduler=scheduler
+        )
     base, stage = counts["baseline"], counts["stagevar"]
     assert base["total_flops"] / stage["total_flops"] > 3.4  # 3.88x at the time of writing (docs/stagevar.md)
     per_base, per_stage = [s["flops"] for s in base["per_scale"]], [s["flops"] for s in stage["per_scale"]]
@@ -148,8 +169,10 @@ def test_the_paper_variant_projects_the_whole_fidelity_stage_and_skips_nothing()
     schedule = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     plans = paper.plan_scales(schedule)
     assert not any(p.skip for p in plans) and [p.cfg_uncond_only for p in plans] == [False] * 10 + [True] * 3
-    ranks = {side: [stage_rank(r, side * side) for r in ratios]
-             for side, ratios in zip((40, 48, 64), paper.config.rank_ratios)}
+    ranks = {
+        side: [stage_rank(r, side * side) for r in ratios]
+        for side, ratios in zip((40, 48, 64), paper.config.rank_ratios)
+    }
     assert ranks[40] == [27, 219, 337, 401, 410, 317, 252, 306]
     assert ranks[48] == [31, 271, 437, 512, 541, 422, 309, 376]
     assert ranks[64] == [34, 223, 341, 273, 233, 122, 157, 228]
@@ -172,17 +195,24 @@ def test_graph_runners_refuse_projected_passes_and_run_the_unguided_ones(monkeyp
         return emb("two red circles", generator=g(3), output_type="pt", **EMBEDDED_SAMPLING).images
 
     scheduler = emb.enable_stagevar()  # the embedded preset projects scale -2
-    assert scheduler.draws_inside_passes and not emb.enable_stagevar(projected_scales=(), rank_ratios=()).draws_inside_passes
+    assert (
+        scheduler.draws_inside_passes
+        and not emb.enable_stagevar(projected_scales=(), rank_ratios=()).draws_inside_passes
+    )
     emb.enable_stagevar()
     try:
-        for enable, name in ((lambda: emb.enable_cuda_graphs(capture="trace"), "enable_cuda_graphs"),
-                             (lambda: emb.compile_passes(backend="eager", fullgraph=True), "compile_passes")):
+        for enable, name in (
+            (lambda: emb.enable_cuda_graphs(capture="trace"), "enable_cuda_graphs"),
+            (lambda: emb.compile_passes(backend="eager", fullgraph=True), "compile_passes"),
+        ):
             enable()
             with pytest.raises(ValueError, match="StageVARScheduler draws random numbers inside its passes"):
                 run()
             with monkeypatch.context() as undeclared:  # a scheduler that does not say so: the runner's own check
                 undeclared.setattr(StageVARScheduler, "draws_inside_passes", False)
-                with pytest.raises(ValueError, match=rf"{name}\(\): this pass runs layers \[0, 3\] on random token mixtures"):
+                with pytest.raises(
+                    ValueError, match=rf"{name}\(\): this pass runs layers \[0, 3\] on random token mixtures"
+                ):
                     run()
             emb.disable_cuda_graphs()
         emb.enable_stagevar(projected_scales=(), rank_ratios=())

@@ -35,8 +35,13 @@ def service(pipe):
 
 
 def _direct(pipe, prompt, seed, scheduler=None):
-    return pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="pt", acceleration=scheduler,
-                **EMBEDDED_SAMPLING).images
+    return pipe(
+        prompt,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
+        acceleration=scheduler,
+        **EMBEDDED_SAMPLING,
+    ).images
 
 
 def test_the_comparison_is_the_pipeline_calls_it_stands_for(pipe, service):
@@ -64,26 +69,36 @@ def test_edited_settings_build_the_edited_scheduler(pipe, service):
     assert tuple(edited["lazyvar:keep_ratios=[0.3,0.1]"].config.keep_ratios) == (0.3, 0.1)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(seed="abc"), "seed must be an integer"),
-    (dict(seed=-1), "seed must be an integer in [0,"),
-    (dict(size="12y"), "size '12y': write it as HEIGHTxWIDTH"),
-    (dict(picked=[]), "no method chosen"),
-    (dict(picked=["nope"]), "unknown methods ['nope']"),
-    (dict(settings="{bad"), "the settings are not valid JSON"),
-    (dict(settings='{"fastvar": {}}'), "the settings name methods that are not ticked: ['fastvar']"),
-    (dict(settings='{"lazyvar": {"speed": 3}}'), "lazyvar: unknown settings ['speed']; allowed:"),
-    (dict(extra="nope"), "unknown acceleration 'nope'"),
-    (dict(extra="baseline"), "the baseline always runs first"),
-    (dict(prompt="  "), "the prompt is empty"),
-    (dict(repeats=9), "repeats must be an integer in [1, 5]"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(seed="abc"), "seed must be an integer"),
+        (dict(seed=-1), "seed must be an integer in [0,"),
+        (dict(size="12y"), "size '12y': write it as HEIGHTxWIDTH"),
+        (dict(picked=[]), "no method chosen"),
+        (dict(picked=["nope"]), "unknown methods ['nope']"),
+        (dict(settings="{bad"), "the settings are not valid JSON"),
+        (dict(settings='{"fastvar": {}}'), "the settings name methods that are not ticked: ['fastvar']"),
+        (dict(settings='{"lazyvar": {"speed": 3}}'), "lazyvar: unknown settings ['speed']; allowed:"),
+        (dict(extra="nope"), "unknown acceleration 'nope'"),
+        (dict(extra="baseline"), "the baseline always runs first"),
+        (dict(prompt="  "), "the prompt is empty"),
+        (dict(repeats=9), "repeats must be an integer in [1, 5]"),
+    ],
+)
 def test_bad_input_gets_a_message_naming_it(service, arguments, message):
     args = dict(prompt=PROMPT, seed=0, size="", picked=["lazyvar"], settings="", extra="", repeats=1)
     args.update(arguments)
     with pytest.raises(ValueError) as err:
-        service.run(args["prompt"], args["seed"], args["size"], args["picked"], args["settings"], args["extra"],
-                    args["repeats"])
+        service.run(
+            args["prompt"],
+            args["seed"],
+            args["size"],
+            args["picked"],
+            args["settings"],
+            args["extra"],
+            args["repeats"],
+        )
     assert message in str(err.value)
 
 
@@ -119,8 +134,12 @@ def test_the_lock_serialises_the_pipeline_calls(pipe):
     type(pipe).__call__ = watched
     try:
         with ThreadPoolExecutor(2) as pool:
-            jobs = [pool.submit(compare_methods, pipe, PROMPT, {}, seed=s, repeats=1, sampling=EMBEDDED_SAMPLING,
-                                lock=lock) for s in (0, 1)]
+            jobs = [
+                pool.submit(
+                    compare_methods, pipe, PROMPT, {}, seed=s, repeats=1, sampling=EMBEDDED_SAMPLING, lock=lock
+                )
+                for s in (0, 1)
+            ]
             [job.result() for job in jobs]
     finally:
         type(pipe).__call__ = original
@@ -168,9 +187,13 @@ def test_twenty_concurrent_visitors_each_get_their_own_images(pipe, app_url):
     for (seed, method), job in zip(requests, jobs):
         gallery, table, notes = job.result(timeout=600)
         assert [row[0] for row in table["data"]] == ["baseline", method]
-        images = [_png(item["image"]["path"] if isinstance(item["image"], dict) else item["image"]) for item in gallery]
-        expected = [np.asarray(to_pil(_direct(pipe, PROMPT, seed))),
-                    np.asarray(to_pil(_direct(pipe, PROMPT, seed, ComparisonService(pipe).preset(method))))]
+        images = [
+            _png(item["image"]["path"] if isinstance(item["image"], dict) else item["image"]) for item in gallery
+        ]
+        expected = [
+            np.asarray(to_pil(_direct(pipe, PROMPT, seed))),
+            np.asarray(to_pil(_direct(pipe, PROMPT, seed, ComparisonService(pipe).preset(method)))),
+        ]
         assert len(images) == 2
         for got, want in zip(images, expected):
             assert np.array_equal(got, want), (seed, method)
@@ -189,17 +212,29 @@ def test_the_page_in_a_real_browser(app_url, tmp_path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test needs selenium (the [test] extra)")
     browser, driver_path = _chromium(), shutil.which("chromedriver")
     if browser is None or driver_path is None:
-        pytest.skip("no Chromium and ChromeDriver on this machine (Debian: apt-get install chromium chromium-driver; "
-                    ".ci/run installs them)")
+        pytest.skip(
+            "no Chromium and ChromeDriver on this machine (Debian: apt-get install chromium chromium-driver; "
+            ".ci/run installs them)"
+        )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1800"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1400,1800",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
     try:
@@ -237,7 +272,9 @@ def test_the_service_runs_a_hart_pipeline_with_its_own_presets():
     assert [r.spec for r in comparison.results] == ["baseline", "lazyvar"]
     lazyvar = service.preset("lazyvar")
     assert lazyvar.config.model_family == hart.model_family
-    expected = hart("a red fox", generator=torch.Generator().manual_seed(5), output_type="pt", acceleration=lazyvar).images
+    expected = hart(
+        "a red fox", generator=torch.Generator().manual_seed(5), output_type="pt", acceleration=lazyvar
+    ).images
     assert torch.equal(comparison.results[1].image, expected)
 
 
@@ -249,11 +286,14 @@ def test_build_app_refuses_an_unknown_method_to_tick(pipe):
         build_app(pipe=pipe, picked=("lazyvar", "nope"))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["serve", "--methods", "lazyvar,nope"], "--methods lazyvar,nope: unknown methods ['nope']"),
-    (["serve", "--repeats", "0"], "--repeats 0: must be in [1, 5]"),
-    (["serve", "--device", "nope"], "--device nope: not a torch device"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--methods", "lazyvar,nope"], "--methods lazyvar,nope: unknown methods ['nope']"),
+        (["serve", "--repeats", "0"], "--repeats 0: must be in [1, 5]"),
+        (["serve", "--device", "nope"], "--device nope: not a torch device"),
+    ],
+)
 def test_serve_command_checks_its_arguments_before_loading(argv, message, capsys):
     from diffusers_var_accel.cli import main
 

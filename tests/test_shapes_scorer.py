@@ -69,11 +69,15 @@ def test_ground_truth_128():
     assert r["overall"] >= 0.98
 
 
-@pytest.mark.parametrize("name,corrupt", [
-    ("noise", _noisy(0)),  # Gaussian, sigma = 8/255
-    ("box_blur", lambda im: im.filter(ImageFilter.BoxBlur(1))),  # 3x3 box
-    ("gaussian_blur", lambda im: im.filter(ImageFilter.GaussianBlur(1))),  # sigma = 1 px
-], ids=["noise", "box_blur", "gaussian_blur"])
+@pytest.mark.parametrize(
+    "name,corrupt",
+    [
+        ("noise", _noisy(0)),  # Gaussian, sigma = 8/255
+        ("box_blur", lambda im: im.filter(ImageFilter.BoxBlur(1))),  # 3x3 box
+        ("gaussian_blur", lambda im: im.filter(ImageFilter.GaussianBlur(1))),  # sigma = 1 px
+    ],
+    ids=["noise", "box_blur", "gaussian_blur"],
+)
 def test_ground_truth_robust_to_mild_degradation(name, corrupt):
     scenes = [s for c in CATEGORIES for s in _scenes(c, 50, seed=103)]
     r = _accuracy(scenes, 64, corrupt)
@@ -115,16 +119,25 @@ def _other(value: str, choices, k: int) -> str:
 
 def test_wrong_colour():
     scenes = _scenes("colors", 40, seed=201)
-    _all_wrong(scenes, lambda s: _with_objects(
-        s, [dataclasses.replace(o, color=_other(o.color, COLORS, i)) for i, o in enumerate(s.objects)]))
+    _all_wrong(
+        scenes,
+        lambda s: _with_objects(
+            s, [dataclasses.replace(o, color=_other(o.color, COLORS, i)) for i, o in enumerate(s.objects)]
+        ),
+    )
     # color_attr: one object recoloured to a colour the prompt does not give it.
     scenes = _scenes("color_attr", 40, seed=202)
-    _all_wrong(scenes, lambda s: _with_objects(
-        s, [dataclasses.replace(s.objects[0], color=s.objects[1].color), s.objects[1]]))
+    _all_wrong(
+        scenes, lambda s: _with_objects(s, [dataclasses.replace(s.objects[0], color=s.objects[1].color), s.objects[1]])
+    )
     # counting with a colour: one of the N objects recoloured.
     scenes = [s for s in _scenes("counting", 80, seed=203) if s.metadata["objects"][0]["color"]]
-    _all_wrong(scenes, lambda s: _with_objects(
-        s, [dataclasses.replace(s.objects[0], color=_other(s.objects[0].color, COLORS, 1))] + s.objects[1:]))
+    _all_wrong(
+        scenes,
+        lambda s: _with_objects(
+            s, [dataclasses.replace(s.objects[0], color=_other(s.objects[0].color, COLORS, 1))] + s.objects[1:]
+        ),
+    )
 
 
 @pytest.mark.parametrize("category", ["two_objects", "counting", "color_attr", "position"])
@@ -198,8 +211,10 @@ def test_extra_object_breaks_counting():
         for spot in spots:
             extra = dataclasses.replace(s.objects[0], center_xy=spot, size=0.19)
             x0, y0, x1, y1 = extra.box()
-            if all(x1 + 0.03 < b[0] or b[2] + 0.03 < x0 or y1 + 0.03 < b[1] or b[3] + 0.03 < y0
-                   for b in (o.box() for o in s.objects)):
+            if all(
+                x1 + 0.03 < b[0] or b[2] + 0.03 < x0 or y1 + 0.03 < b[1] or b[3] + 0.03 < y0
+                for b in (o.box() for o in s.objects)
+            ):
                 break
         else:
             continue

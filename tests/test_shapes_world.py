@@ -141,8 +141,10 @@ def test_rendered_pixels(scenes):
             masks.append(m)
             cx, cy = (int(v * 64) for v in o.center_xy)
             assert tuple(full[cy, cx]) == PALETTE[o.color]
-        grown = [np.pad(m, 1)[:-2, 1:-1] | np.pad(m, 1)[2:, 1:-1] | np.pad(m, 1)[1:-1, :-2] | np.pad(m, 1)[1:-1, 2:] | m
-                 for m in masks]
+        grown = [
+            np.pad(m, 1)[:-2, 1:-1] | np.pad(m, 1)[2:, 1:-1] | np.pad(m, 1)[1:-1, :-2] | np.pad(m, 1)[1:-1, 2:] | m
+            for m in masks
+        ]
         for i in range(len(masks)):
             for j in range(i):
                 assert not (grown[i] & grown[j]).any(), s.caption
@@ -177,7 +179,10 @@ def test_heldout_prompts_fixed_and_balanced():
 
 def test_parse_prompt_examples():
     assert parse_prompt("a circle") == {
-        "category": "single_object", "objects": [{"shape": "circle", "color": None, "count": 1}], "relation": None}
+        "category": "single_object",
+        "objects": [{"shape": "circle", "color": None, "count": 1}],
+        "relation": None,
+    }
     assert parse_prompt("  A Blue   Triangle. ")["category"] == "colors"
     m = parse_prompt("two red circles")
     assert m["category"] == "counting" and m["objects"] == [{"shape": "circle", "color": "red", "count": 2}]
@@ -199,12 +204,28 @@ def test_parse_prompt_examples():
     assert caption_from_metadata(parse_prompt("an orange circle")) == "an orange circle"
 
 
-@pytest.mark.parametrize("bad", [
-    "", "a dog", "a red", "red circle", "two circle", "four circles", "a circles", "one circle",
-    "a circle and", "a circle and a circle", "a red circle and a red circle", "a red circle and a square",
-    "a circle next to a square", "a circle to the left a square", "a blue square above a triangle",
-    "a circle above a square please", "a pink circle",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "a dog",
+        "a red",
+        "red circle",
+        "two circle",
+        "four circles",
+        "a circles",
+        "one circle",
+        "a circle and",
+        "a circle and a circle",
+        "a red circle and a red circle",
+        "a red circle and a square",
+        "a circle next to a square",
+        "a circle to the left a square",
+        "a blue square above a triangle",
+        "a circle above a square please",
+        "a pink circle",
+    ],
+)
 def test_parse_prompt_rejects(bad):
     with pytest.raises(ValueError, match="prompt"):
         parse_prompt(bad)
@@ -236,7 +257,9 @@ def test_lattice_scenes_have_edges_on_the_lattice_and_the_same_captions():
         assert_inside_and_apart(snapped)
         if snapped.category == "position":
             (ax, ay), (bx, by) = snapped.objects[0].center_xy, snapped.objects[1].center_xy
-            along = {"left of": bx - ax, "right of": ax - bx, "above": by - ay, "below": ay - by}[snapped.metadata["relation"]]
+            along = {"left of": bx - ax, "right of": ax - bx, "above": by - ay, "below": ay - by}[
+                snapped.metadata["relation"]
+            ]
             assert along >= 0.25 - 1e-9
     # Squares of a 1/16 lattice cover whole 4x4 pixel cells at 64x64: every cell is one flat colour.
     scene = sample_scene(np.random.default_rng([5, 0]), category="single_object", lattice=lattice)
@@ -289,8 +312,13 @@ def test_canonical_layout_follows_the_caption():
 def test_unnamed_color_and_background_make_a_scene_a_function_of_its_caption():
     """``unnamed_color`` colours every object whose caption names no colour, ``background`` fixes the background; with
     the canonical layout and one size, two scenes with the same caption are the same image. Captions unchanged."""
-    world = dict(lattice=1 / 16, sizes=((0.375, 0.375), (0.375, 0.375)), layout="canonical", unnamed_color="blue",
-                 background="black")
+    world = dict(
+        lattice=1 / 16,
+        sizes=((0.375, 0.375), (0.375, 0.375)),
+        layout="canonical",
+        unnamed_color="blue",
+        background="black",
+    )
     by_caption = {}
     for i in range(400):
         scene = sample_scene(np.random.default_rng([9, i]), **world)
@@ -318,7 +346,9 @@ def test_category_weights_change_how_often_each_category_is_drawn():
     counts = Counter(scene.category for _, _, scene in data)
     assert set(counts) == {"position", "color_attr"} and counts["position"] > 2 * counts["color_attr"]
     assert all(score(caption, image)["correct"] for image, caption, _ in data[:40])
-    assert [c for _, c, _ in make_dataset(30, seed=4)] == [c for _, c, _ in make_dataset(30, seed=4, category_weights=None)]
+    assert [c for _, c, _ in make_dataset(30, seed=4)] == [
+        c for _, c, _ in make_dataset(30, seed=4, category_weights=None)
+    ]
     with pytest.raises(ValueError, match="unknown categories \\['colour'\\]"):
         make_dataset(1, category_weights={"colour": 1})
     with pytest.raises(ValueError, match="category_weights"):

@@ -33,8 +33,10 @@ from registry_lists import FAMILIES, METHOD_NAMES, METHODS, tiny_preset
 
 
 def _kv(rows, length, generator, heads=2, dim=4):
-    return (torch.randn(rows, heads, length, dim, generator=generator),
-            torch.randn(rows, heads, length, dim, generator=generator))
+    return (
+        torch.randn(rows, heads, length, dim, generator=generator),
+        torch.randn(rows, heads, length, dim, generator=generator),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -147,7 +149,7 @@ def test_rotate_pairs_with_a_cast_writes_the_cast_rotation_within_its_rounding()
     reference = rotate_pairs(qk_RL2Hc, tables, halves=False)
     assert fused.dtype == torch.bfloat16 and fused.shape == reference.shape
     # both round the same fp32 value (up to one fp32 rounding of the product) to bf16: at most one bf16 step apart
-    step = reference.abs().clamp_min(1e-30).log2().floor().exp2() * 2.0 ** -7
+    step = reference.abs().clamp_min(1e-30).log2().floor().exp2() * 2.0**-7
     assert bool(((fused.float() - reference).abs() <= step).all())
     assert (fused == reference.bfloat16()).float().mean() > 0.99
     # a cast to the rotation's own dtype is no cast: the reference form, bit for bit
@@ -180,6 +182,8 @@ def test_a_gated_update_is_added_as_x_plus_value_times_gate():
     torch.testing.assert_close(out, x + value.float() * gate.float(), atol=1e-6, rtol=1e-6)
     # materialised (routes, records) it is the product in the update's own dtype, as an ungated update would be
     assert torch.equal(resolve_update(GatedUpdate(value, gate)), value * gate)
+
+
 def test_adjacent_pairing_tables_are_cos_cos_and_minus_sin_sin():
     g = torch.Generator().manual_seed(6)
     for rows in (1, 3):
@@ -220,15 +224,26 @@ def test_infinity_schedule_rope_is_per_scale_tables_and_shared_through_the_pipel
     for si, s in enumerate(schedule):
         per_scale = transformer.rope_cos_sin(transformer.rope_positions(s[-2], s[-1], grid))
         assert torch.equal(family.rope_cos_sin((si,)), per_scale)
-    again = InfinityScaleFamily(transformer, vae, [tuple(s) for s in schedule], grid, top_k=0, top_p=None, tables=tables)
+    again = InfinityScaleFamily(
+        transformer, vae, [tuple(s) for s in schedule], grid, top_k=0, top_p=None, tables=tables
+    )
     assert again._rope is family._rope  # the same schedule, grid, head size and device: built once
     # without the owner's tables nothing outlives the family (a fresh table per call)
     assert InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None)._rope is not family._rope
     other, other_grid = pipe.scale_schedule_for(512, 512)
-    assert InfinityScaleFamily(transformer, vae, other, other_grid, top_k=0, top_p=None, tables=tables)._rope is not family._rope
+    assert (
+        InfinityScaleFamily(transformer, vae, other, other_grid, top_k=0, top_p=None, tables=tables)._rope
+        is not family._rope
+    )
     for size in (768, 1024, (256, 320), (320, 256), (192, 336)):  # the owner keeps a few recent tables only
-        InfinityScaleFamily(transformer, vae, *pipe.scale_schedule_for(*((size, size) if isinstance(size, int) else size)), top_k=0,
-                            top_p=None, tables=tables)
+        InfinityScaleFamily(
+            transformer,
+            vae,
+            *pipe.scale_schedule_for(*((size, size) if isinstance(size, int) else size)),
+            top_k=0,
+            top_p=None,
+            tables=tables,
+        )
     assert len(tables) == 3
     # the pipeline owns one for its calls
     assert pipe.schedule_tables is pipe.schedule_tables and isinstance(pipe.schedule_tables, ScheduleTables)
@@ -260,8 +275,13 @@ def test_scale_prefix_calls_equal_the_masked_attention_without_host_reads():
     scale_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
     q = torch.randn(R, L, H, c, generator=g)
     k, v = torch.randn(R, cache + L, H, c, generator=g), torch.randn(R, cache + L, H, c, generator=g)
-    reference = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               attn_mask=block_causal_mask(cache, scale_ids), scale=0.3).transpose(1, 2)
+    reference = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=block_causal_mask(cache, scale_ids),
+        scale=0.3,
+    ).transpose(1, 2)
     with _HostReads() as reads:
         out = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, lengths, 0.3, None)
         with_empty = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, (1, 0, 4, 9), 0.3, None)
@@ -281,8 +301,12 @@ def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypa
 
     attn = InfinitySelfAttention(8, 2, 0)
     L = 5
-    context = VARForwardContext(kv_cache=ScaleKVCache(1), rope_cos_sin=torch.zeros(2, 1, 1, L, 2),
-                                token_scale_ids=torch.tensor([0, 1, 1, 1, 1]), scale_hws=((1, 1), (2, 2)))
+    context = VARForwardContext(
+        kv_cache=ScaleKVCache(1),
+        rope_cos_sin=torch.zeros(2, 1, 1, L, 2),
+        token_scale_ids=torch.tensor([0, 1, 1, 1, 1]),
+        scale_hws=((1, 1), (2, 2)),
+    )
     with torch.no_grad(), _HostReads() as reads:
         self_attention(processor, attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
         routed = context.for_tokens(torch.tensor([[0, 2, 3]]))  # counts unknown
@@ -307,7 +331,6 @@ HART_PATCH_NUMS = HART_CONFIGS["hart-0.7b"]["patch_nums"][:10]
 INFINITY_SIZE = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
 
 
-
 def _kept_length(pipe, family, scheduler):
     """Input tokens of every pass that runs but the last one (whose keys no later pass reads)."""
     if family == "infinity":
@@ -323,8 +346,14 @@ def _kept_length(pipe, family, scheduler):
 
 def _generate(pipe, family, acceleration):
     kwargs = {"height": INFINITY_SIZE[0], "width": INFINITY_SIZE[1]} if family == "infinity" else {}
-    return pipe("a red fox in the snow", generator=torch.Generator().manual_seed(0), acceleration=acceleration,
-                guidance_scale=3.0, output_type="pt", **kwargs).images
+    return pipe(
+        "a red fox in the snow",
+        generator=torch.Generator().manual_seed(0),
+        acceleration=acceleration,
+        guidance_scale=3.0,
+        output_type="pt",
+        **kwargs,
+    ).images
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -353,7 +382,9 @@ def test_call_constants_and_preallocated_cache_change_nothing(pipes, family, met
     call_cache = caches[0]
     assert call_cache is not None and all(c is call_cache for c in caches)  # one dict shared by every pass
 
-    monkeypatch.setattr(loop_module, "VARForwardContext", lambda *a, **k: VARForwardContext(*a, **{**k, "call_cache": None}))
+    monkeypatch.setattr(
+        loop_module, "VARForwardContext", lambda *a, **k: VARForwardContext(*a, **{**k, "call_cache": None})
+    )
     monkeypatch.setattr(loop_module, "ScaleKVCache", lambda num_layers, max_length=None: ScaleKVCache(num_layers))
     reference = _generate(pipe, family, make())
     assert torch.equal(out, reference)
@@ -426,7 +457,9 @@ def test_kv_cache_bytes_is_what_the_call_allocates(pipes, family, method, monkey
     assert counted <= baseline
     if method == "lazyvar":  # its group of the last scales is the last pass: none of it is kept
         assert counted < baseline
-    wide = pipe.kv_cache_bytes(scheduler, kv_channels=4 * pipe.transformer.config.embed_dim, dtype=torch.bfloat16, **size)
+    wide = pipe.kv_cache_bytes(
+        scheduler, kv_channels=4 * pipe.transformer.config.embed_dim, dtype=torch.bfloat16, **size
+    )
     assert wide == 2 * counted  # 4x the channels, half the bytes per element
     assert pipe.kv_cache_bytes(scheduler, batch_size=3, cfg=False, **size) == 3 * counted // 2
     with pytest.raises(ValueError, match="batch_size"):

@@ -27,8 +27,9 @@ def train():
 @pytest.fixture(scope="module")
 def vae_and_latents():
     torch.manual_seed(0)
-    vae = InfinityBSQVAE(codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1, 1), num_res_blocks=1,
-                         patch_size=4).eval()
+    vae = InfinityBSQVAE(
+        codebook_dim=8, base_ch=32, encoder_ch_mult=(1, 1), decoder_ch_mult=(1, 1, 1), num_res_blocks=1, patch_size=4
+    ).eval()
     schedule = tuple((1, p, p) for p in (1, 2, 3, 4))
     with torch.no_grad():
         z = vae.encode(torch.rand(3, 3, 16, 16) * 2 - 1)
@@ -52,7 +53,9 @@ def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_
     with torch.no_grad():
         inputs, target = train.teacher_batch(vae, z, schedule)
         # its own true bits, or no scale replaced: the plain teacher batch
-        same = train.teacher_batch(vae, z, schedule, replace_bits=target, replace_from=torch.zeros(3, dtype=torch.long))
+        same = train.teacher_batch(
+            vae, z, schedule, replace_bits=target, replace_from=torch.zeros(3, dtype=torch.long)
+        )
         none = train.teacher_batch(vae, z, schedule, replace_bits=1 - target, replace_from=torch.full((3,), n))
         # image 0 adds flipped bits from scale 2 on; images 1 and 2 are untouched
         start = torch.tensor([2, n, n])
@@ -62,19 +65,48 @@ def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_
     assert torch.equal(inputs_r[1:], inputs[1:]) and torch.equal(target_r[1:], target[1:])
     before = sum(lengths[:2])
     assert torch.equal(target_r[0, :before], target[0, :before])  # targets before the replaced scales are unchanged
-    assert torch.equal(inputs_r[0, :lengths[1]], inputs[0, :lengths[1]])  # the input of scale 1 is the true prefix
-    assert not torch.equal(inputs_r[0, before - lengths[0]:], inputs[0, before - lengths[0]:])  # later inputs see the flips
-    assert not torch.equal(target_r[0, before + lengths[2]:], target[0, before + lengths[2]:])  # and are re-quantised
+    assert torch.equal(inputs_r[0, : lengths[1]], inputs[0, : lengths[1]])  # the input of scale 1 is the true prefix
+    assert not torch.equal(
+        inputs_r[0, before - lengths[0] :], inputs[0, before - lengths[0] :]
+    )  # later inputs see the flips
+    assert not torch.equal(
+        target_r[0, before + lengths[2] :], target[0, before + lengths[2] :]
+    )  # and are re-quantised
 
 
 def test_world_options_map_the_scene_flags(train):
-    args = train.parse_args(["--lattice", "16", "--object-sizes", "0.375,0.375,0.375,0.375", "--layout", "canonical",
-                             "--unnamed-color", "blue", "--background", "black", "--category-weights", "position=3,colors=0.5"])
-    assert train.world_options(args) == {"lattice": 1 / 16, "sizes": ((0.375, 0.375), (0.375, 0.375)), "layout": "canonical",
-                                         "unnamed_color": "blue", "background": "black",
-                                         "category_weights": {"position": 3.0, "colors": 0.5}}
-    assert train.world_options(train.parse_args([])) == {"lattice": None, "sizes": None, "layout": "random",
-                                                         "unnamed_color": None, "background": None, "category_weights": None}
+    args = train.parse_args(
+        [
+            "--lattice",
+            "16",
+            "--object-sizes",
+            "0.375,0.375,0.375,0.375",
+            "--layout",
+            "canonical",
+            "--unnamed-color",
+            "blue",
+            "--background",
+            "black",
+            "--category-weights",
+            "position=3,colors=0.5",
+        ]
+    )
+    assert train.world_options(args) == {
+        "lattice": 1 / 16,
+        "sizes": ((0.375, 0.375), (0.375, 0.375)),
+        "layout": "canonical",
+        "unnamed_color": "blue",
+        "background": "black",
+        "category_weights": {"position": 3.0, "colors": 0.5},
+    }
+    assert train.world_options(train.parse_args([])) == {
+        "lattice": None,
+        "sizes": None,
+        "layout": "random",
+        "unnamed_color": None,
+        "background": None,
+        "category_weights": None,
+    }
     with pytest.raises(SystemExit, match="object-sizes"):
         train.world_options(train.parse_args(["--object-sizes", "0.4,0.3,0.3,0.4"]))
     with pytest.raises(SystemExit, match="category-weights"):
@@ -85,10 +117,48 @@ def test_world_options_map_the_scene_flags(train):
 
 def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, one_thread, capsys):
     output = tmp_path / "model"
-    args = ["--output", str(output), "--num-images", "48", "--vae-steps", "2", "--vae-base-ch", "32", "--vae-ch-mult", "1,1,1",
-            "--steps", "2", "--depth", "2", "--embed-dim", "32", "--num-heads", "2", "--codebook-dim", "8", "--text-dim", "16",
-            "--batch-size", "4", "--vae-batch-size", "4", "--self-correction", "0.5", "--decoder-steps", "2", "--log-every", "1",
-            "--lattice", "16", "--eval-prompts", "2", "--eval-every", "1", "--eval-settings", "2:0.5:0"]
+    args = [
+        "--output",
+        str(output),
+        "--num-images",
+        "48",
+        "--vae-steps",
+        "2",
+        "--vae-base-ch",
+        "32",
+        "--vae-ch-mult",
+        "1,1,1",
+        "--steps",
+        "2",
+        "--depth",
+        "2",
+        "--embed-dim",
+        "32",
+        "--num-heads",
+        "2",
+        "--codebook-dim",
+        "8",
+        "--text-dim",
+        "16",
+        "--batch-size",
+        "4",
+        "--vae-batch-size",
+        "4",
+        "--self-correction",
+        "0.5",
+        "--decoder-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--lattice",
+        "16",
+        "--eval-prompts",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-settings",
+        "2:0.5:0",
+    ]
     assert train.main(args) == 0
     log = capsys.readouterr().out
     assert "[eval step 1] 2:0.5:0  validation accuracy" in log  # the learning curve's point after step 1

@@ -29,7 +29,7 @@ def latent(vae, batch, h, w, seed=0):
 def test_slicing_decodes_each_image_alone(vae):
     z = latent(vae, 3, 8, 8)
     batched = vae.decode(z)
-    alone = torch.cat([vae.decode(z[b:b + 1]) for b in range(3)])
+    alone = torch.cat([vae.decode(z[b : b + 1]) for b in range(3)])
     vae.enable_slicing()
     try:
         sliced = vae.decode(z)

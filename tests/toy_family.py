@@ -31,7 +31,13 @@ from diffusers_var_accel.families import MODEL_FAMILIES, ModelFamily, register_m
 from diffusers_var_accel.models.attention_processor import VARAttentionMixin
 from diffusers_var_accel.models.routing import TokenRoutedBlock
 from diffusers_var_accel.models.transformer_hart import HARTAttention
-from diffusers_var_accel.next_scale import ScaleModelFamily, ScalePrediction, VARForwardContext, execute_blocks, run_next_scale_loop
+from diffusers_var_accel.next_scale import (
+    ScaleModelFamily,
+    ScalePrediction,
+    VARForwardContext,
+    execute_blocks,
+    run_next_scale_loop,
+)
 from diffusers_var_accel.next_scale.state import concat_scale_inputs, schedule_slice
 from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
 from diffusers_var_accel.pipelines.guidance import LiveGuidance
@@ -73,8 +79,16 @@ class ToyTransformer(ModelMixin, ConfigMixin, VARAttentionMixin):
     """The toy's next-scale transformer (weights only)."""
 
     @register_to_config
-    def __init__(self, embed_dim: int = 32, num_heads: int = 2, depth: int = 6, vocab_size: int = 16, codebook_dim: int = 4,
-                 patch_nums: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10), rope_theta: float = 100.0):
+    def __init__(
+        self,
+        embed_dim: int = 32,
+        num_heads: int = 2,
+        depth: int = 6,
+        vocab_size: int = 16,
+        codebook_dim: int = 4,
+        patch_nums: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10),
+        rope_theta: float = 100.0,
+    ):
         super().__init__()
         self.text_embed = nn.Embedding(256, embed_dim)
         self.null_cond = nn.Parameter(torch.randn(embed_dim) * 0.02)
@@ -88,19 +102,30 @@ class ToyTransformer(ModelMixin, ConfigMixin, VARAttentionMixin):
     def encode_condition(self, byte_ids_RT: torch.Tensor, unconditional_rows: int = 0) -> ToyCondition:
         """The mean embedding of each prompt's bytes (0 is padding), then ``unconditional_rows`` null rows."""
         weights = (byte_ids_RT != 0).float()
-        pooled = (self.text_embed(byte_ids_RT) * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp(min=1)
+        pooled = (self.text_embed(byte_ids_RT) * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp(
+            min=1
+        )
         null = self.null_cond.expand(unconditional_rows, -1)
         return ToyCondition(torch.cat((pooled, null)) if unconditional_rows else pooled)
 
     def rope_cos_sin(self, positions_L: torch.Tensor, rows: int) -> torch.Tensor:
         """Llama 1D RoPE table ``(2, R, 1, L, c)`` of token positions (the same for every row)."""
         head_dim = self.config.embed_dim // self.config.num_heads
-        inv_freq = 1.0 / self.config.rope_theta ** (torch.arange(0, head_dim, 2, device=positions_L.device).float() / head_dim)
+        inv_freq = 1.0 / self.config.rope_theta ** (
+            torch.arange(0, head_dim, 2, device=positions_L.device).float() / head_dim
+        )
         freqs = positions_L.float().unsqueeze(-1) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return torch.stack((emb.cos(), emb.sin())).view(2, 1, 1, -1, head_dim).expand(2, rows, 1, -1, head_dim).contiguous()
+        return (
+            torch.stack((emb.cos(), emb.sin()))
+            .view(2, 1, 1, -1, head_dim)
+            .expand(2, rows, 1, -1, head_dim)
+            .contiguous()
+        )
 
-    def forward(self, hidden_states_RLC: torch.Tensor, condition: ToyCondition, context: VARForwardContext) -> torch.Tensor:
+    def forward(
+        self, hidden_states_RLC: torch.Tensor, condition: ToyCondition, context: VARForwardContext
+    ) -> torch.Tensor:
         return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
     def head_logits(self, hidden_states_RLC: torch.Tensor) -> torch.Tensor:
@@ -118,7 +143,11 @@ class ToyTokenizer(ModelMixin, ConfigMixin):
 
     def add_scale_codes(self, f_hat: Optional[torch.Tensor], codes_Bdhw: torch.Tensor) -> torch.Tensor:
         side = self.config.final_side
-        up = codes_Bdhw if codes_Bdhw.shape[-1] == side else F.interpolate(codes_Bdhw, size=(side, side), mode="bicubic")
+        up = (
+            codes_Bdhw
+            if codes_Bdhw.shape[-1] == side
+            else F.interpolate(codes_Bdhw, size=(side, side), mode="bicubic")
+        )
         return up if f_hat is None else f_hat + up
 
     def next_scale_input(self, f_hat: torch.Tensor, side: int) -> torch.Tensor:
@@ -162,8 +191,19 @@ class ToyScaleFamily(ScaleModelFamily):
     def run_blocks(self, hidden_RLC, condition, context):
         return self.transformer(hidden_RLC, condition, context)
 
-    def predict(self, hidden_RLC, condition, scale_index, *, batch_size, guidance, temperature, generator,
-                residual_tokens=None, tokens=None) -> ScalePrediction:
+    def predict(
+        self,
+        hidden_RLC,
+        condition,
+        scale_index,
+        *,
+        batch_size,
+        guidance,
+        temperature,
+        generator,
+        residual_tokens=None,
+        tokens=None,
+    ) -> ScalePrediction:
         B = batch_size
         if guidance != 1:
             raw = self.transformer.head_logits(hidden_RLC)
@@ -209,7 +249,9 @@ class ToyPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixi
     def _kv_cache_layout(self, height, width):
         side = self.default_size
         if (height or side, width or side) != (side, side):
-            raise ValueError(f"height x width = {height}x{width} is not supported: ToyVAR makes {side}x{side} images only")
+            raise ValueError(
+                f"height x width = {height}x{width} is not supported: ToyVAR makes {side}x{side} images only"
+            )
         return tuple((1, pn, pn) for pn in self.transformer.config.patch_nums), 1
 
     def encode_prompt(self, prompt: Union[str, List[str]], device) -> torch.Tensor:
@@ -217,14 +259,24 @@ class ToyPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixi
         ids = torch.zeros(len(prompts), TEXT_BYTES, dtype=torch.long)
         for row, text in enumerate(prompts):
             data = list(text.encode("utf-8")[:TEXT_BYTES])
-            ids[row, :len(data)] = torch.tensor(data, dtype=torch.long)
+            ids[row, : len(data)] = torch.tensor(data, dtype=torch.long)
         return ids.to(device)
 
     @torch.no_grad()
-    def __call__(self, prompt: Union[str, List[str]], height: Optional[int] = None, width: Optional[int] = None,
-                 guidance_scale: float = 3.0, top_k: int = 4, generator=None, acceleration=None, output_type: str = "pil",
-                 return_dict: bool = True, callback_on_step_end: Optional[Callable] = None,
-                 callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",)):
+    def __call__(
+        self,
+        prompt: Union[str, List[str]],
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        guidance_scale: float = 3.0,
+        top_k: int = 4,
+        generator=None,
+        acceleration=None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Optional[Callable] = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
+    ):
         self._kv_cache_layout(height, width)
         schedule = [(1, pn, pn) for pn in self.transformer.config.patch_nums]
         num_scales = len(schedule)
@@ -238,13 +290,28 @@ class ToyPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixi
         condition = self.transformer.encode_condition(byte_ids, unconditional_rows=batch_size if guided else 0)
         family = ToyScaleFamily(self.transformer, self.vae, top_k, self.sampling)
         progress = self.progress_bar(total=num_scales)
-        on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, schedule,
-                                            byte_ids, progress)
+        on_scale_end = self._scale_callback(
+            callback_on_step_end, callback_on_step_end_tensor_inputs, schedule, byte_ids, progress
+        )
         with progress:
-            state = run_next_scale_loop(family, condition, schedule, batch_size, guidance, [1.0] * num_scales, generator,
-                                        scheduler, None, on_scale_end, should_stop=lambda: self._interrupt,
-                                        pass_runner=self._pass_runner, tables=self.schedule_tables)
-        return self._decode_output(state.f_hat, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
+            state = run_next_scale_loop(
+                family,
+                condition,
+                schedule,
+                batch_size,
+                guidance,
+                [1.0] * num_scales,
+                generator,
+                scheduler,
+                None,
+                on_scale_end,
+                should_stop=lambda: self._interrupt,
+                pass_runner=self._pass_runner,
+                tables=self.schedule_tables,
+            )
+        return self._decode_output(
+            state.f_hat, output_type, return_dict, per_image=isinstance(generator, (list, tuple))
+        )
 
 
 def build_tiny_toy_pipeline(seed: int = 0, depth: int = 6) -> ToyPipeline:
@@ -255,9 +322,15 @@ def build_tiny_toy_pipeline(seed: int = 0, depth: int = 6) -> ToyPipeline:
     return pipe
 
 
-TOY_FAMILY = ModelFamily(TOY, preset_model="toyvar-tiny", pipeline="toy_family:ToyPipeline",
-                         flop_counter="toy_family:count_toy_flops", no_guidance=1.0, title="ToyVAR",
-                         description="a toy next-scale model (tests only)")
+TOY_FAMILY = ModelFamily(
+    TOY,
+    preset_model="toyvar-tiny",
+    pipeline="toy_family:ToyPipeline",
+    flop_counter="toy_family:count_toy_flops",
+    no_guidance=1.0,
+    title="ToyVAR",
+    description="a toy next-scale model (tests only)",
+)
 
 
 @contextlib.contextmanager

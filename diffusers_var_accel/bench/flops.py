@@ -42,13 +42,27 @@ from typing import Any, Dict, Optional, Sequence
 
 from diffusers_var_accel.families import MODEL_FAMILIES
 from diffusers_var_accel.pipelines.flop_meter import (  # noqa: F401  (the meter's public API, from here too)
-    UNATTRIBUTED, CurrentPassKV, FamilyFlops, FlopMeter, GenerationRun, add_tflops, attend_to_current_pass,
-    build_on_meta, compare_methods, count_generation_flops, flops_of_model, is_attention_op, make_flop_counter,
-    meter_generation, meter_steps, sublayer_flops,
+    UNATTRIBUTED,
+    CurrentPassKV,
+    FamilyFlops,
+    FlopMeter,
+    GenerationRun,
+    add_tflops,
+    attend_to_current_pass,
+    build_on_meta,
+    compare_methods,
+    count_generation_flops,
+    flops_of_model,
+    is_attention_op,
+    make_flop_counter,
+    meter_generation,
+    meter_steps,
+    sublayer_flops,
 )
 from diffusers_var_accel.pipelines.flop_meter import _family_flops, _model_choices
 from diffusers_var_accel.schedulers.registry import method_names
 from diffusers_var_accel.schedulers.specs import split_acceleration_specs
+
 
 def _help(specs: Sequence[FamilyFlops], key: str) -> str:
     return "; ".join(spec.cli_help[key] for spec in specs if key in spec.cli_help)
@@ -57,8 +71,9 @@ def _help(specs: Sequence[FamilyFlops], key: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     specs = _family_flops()
     titles = {name: MODEL_FAMILIES[name].title or name for name in specs}
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=MODEL_FAMILIES[next(iter(specs))].preset_model, choices=_model_choices())
     size_help = _help(list(specs.values()), "size")
     parser.add_argument("--height", type=int, default=None, help=f"image height ({size_help})")
@@ -69,24 +84,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for spec in specs.values():
         if spec.text_encoder is not None:
             parser.add_argument(f"--{spec.text_encoder[0]}-tokens", type=int, default=0, help=spec.text_encoder[1])
-    parser.add_argument("--accel", nargs="+", default=None,
-                        help="acceleration methods to compare with the baseline, separated by spaces or commas "
-                             f"({', '.join(method_names())}, a+b compositions, name:key=value, a config folder)")
+    parser.add_argument(
+        "--accel",
+        nargs="+",
+        default=None,
+        help="acceleration methods to compare with the baseline, separated by spaces or commas "
+        f"({', '.join(method_names())}, a+b compositions, name:key=value, a config folder)",
+    )
     with_conventions = [name for name, spec in specs.items() if spec.conventions]
-    parser.add_argument("--conventions", action="store_true",
-                        help=f"{' and '.join(titles[n] for n in with_conventions)}: totals of the baseline and the "
-                             "--accel methods under several counting conventions")
+    parser.add_argument(
+        "--conventions",
+        action="store_true",
+        help=f"{' and '.join(titles[n] for n in with_conventions)}: totals of the baseline and the "
+        "--accel methods under several counting conventions",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the Python traceback of an error instead of its one-line message")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
+    )
     args = parser.parse_args(argv)
     methods = split_acceleration_specs(",".join(args.accel or []))
     try:
         name = next(n for n, spec in specs.items() if args.model in spec.models)
         spec = specs[name]
         # the options of other families (another text encoder, the conventions table) do not apply to this model
-        foreign = {f"--{s.text_encoder[0]}-tokens": (getattr(args, f"{s.text_encoder[0]}_tokens"), n)
-                   for n, s in specs.items() if s.text_encoder is not None and s.text_encoder != spec.text_encoder}
+        foreign = {
+            f"--{s.text_encoder[0]}-tokens": (getattr(args, f"{s.text_encoder[0]}_tokens"), n)
+            for n, s in specs.items()
+            if s.text_encoder is not None and s.text_encoder != spec.text_encoder
+        }
         if not spec.conventions:
             foreign["--conventions"] = (args.conventions, with_conventions[0] if with_conventions else name)
         if any(value for value, _ in foreign.values()):

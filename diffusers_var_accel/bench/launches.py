@@ -95,21 +95,54 @@ __all__ = [
 
 #: ATen ops that make the host wait for the device, with how many syncs one call costs.
 SYNC_OPS: Dict[str, int] = {
-    "_local_scalar_dense": 1, "nonzero": 1, "nonzero_static": 0, "masked_select": 1, "unique": 1, "_unique": 1,
-    "_unique2": 1, "unique_consecutive": 1, "unique_dim": 1, "unique_dim_consecutive": 1, "multinomial": 2,
+    "_local_scalar_dense": 1,
+    "nonzero": 1,
+    "nonzero_static": 0,
+    "masked_select": 1,
+    "unique": 1,
+    "_unique": 1,
+    "_unique2": 1,
+    "unique_consecutive": 1,
+    "unique_dim": 1,
+    "unique_dim_consecutive": 1,
+    "multinomial": 2,
 }
 #: ATen ops that copy host data to the device (``torch.tensor(data)``, ``torch.as_tensor(list)``).
 UPLOAD_OPS = frozenset({"lift_fresh", "lift_fresh_copy"})
 #: Tensor methods that copy to the host without dispatching an ATen op on the CPU.
 HOST_COPY_METHODS = frozenset({"tolist", "cpu", "numpy"})
 #: ATen ops that launch no kernel (besides views and aliases, found from their schema).
-NO_KERNEL_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted", "detach", "alias",
-    "_unsafe_view", "set_", "resize_", "resize_as_", "lift", "lift_fresh", "lift_fresh_copy", "_local_scalar_dense",
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
-    "record_stream", "nonzero_static",
-    "promote_types", "result_type", "can_cast",  # dtype queries
-})
+NO_KERNEL_OPS = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_permuted",
+        "detach",
+        "alias",
+        "_unsafe_view",
+        "set_",
+        "resize_",
+        "resize_as_",
+        "lift",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "_local_scalar_dense",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+        "record_stream",
+        "nonzero_static",
+        "promote_types",
+        "result_type",
+        "can_cast",  # dtype queries
+    }
+)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE_ROOT = os.path.dirname(_PACKAGE_DIR)
@@ -172,8 +205,12 @@ class _DispatchCounter(TorchDispatchMode):
                 counts.kernels += 1
                 owner.kernel_names[name] += 1
             syncs = SYNC_OPS.get(name, 0)
-            if name == "repeat_interleave" and kwargs.get("output_size") is None and isinstance(args[0] if args else None, torch.Tensor) \
-                    and func._overloadname.startswith("Tensor"):
+            if (
+                name == "repeat_interleave"
+                and kwargs.get("output_size") is None
+                and isinstance(args[0] if args else None, torch.Tensor)
+                and func._overloadname.startswith("Tensor")
+            ):
                 syncs = 1
             if name in UPLOAD_OPS:
                 owner._sync(f"upload ({name})", 1)
@@ -347,8 +384,10 @@ def count_generation(pipe, acceleration=None, **call_kwargs) -> Dict[str, Any]:
     finally:
         del transformer.encode_condition
     if "condition" not in counter.phases:
-        raise RuntimeError(f"{type(pipe).__name__} did not call transformer.encode_condition: the counting window "
-                           "(which starts when it returns) never opened")
+        raise RuntimeError(
+            f"{type(pipe).__name__} did not call transformer.encode_condition: the counting window "
+            "(which starts when it returns) never opened"
+        )
     if not num_scales:
         raise RuntimeError("the pipeline never called callback_on_step_end: no scale was counted")
     n = max(num_scales) + 1
@@ -483,9 +522,14 @@ def real_kv_cache_bytes(pipe, model: str, acceleration, config: LaunchConfig, dt
     maybe shallower stand-in: the same schedule and plan), in ``dtype``, for the counted call's size, batch and CFG."""
     _, builder = _launch_structures()[model]
     real = builder.real_config(model)
-    per_layer = pipe.kv_cache_bytes(acceleration, batch_size=config.batch_size, cfg=config.cfg,
-                                    kv_channels=int(real["embed_dim"]), dtype=dtype,
-                                    **builder.size_options(config)) // len(pipe.transformer.blocks)
+    per_layer = pipe.kv_cache_bytes(
+        acceleration,
+        batch_size=config.batch_size,
+        cfg=config.cfg,
+        kv_channels=int(real["embed_dim"]),
+        dtype=dtype,
+        **builder.size_options(config),
+    ) // len(pipe.transformer.blocks)
     return per_layer * int(real["depth"])
 
 
@@ -500,9 +544,14 @@ def _call_kwargs(pipe, model: str, config: LaunchConfig) -> Dict[str, Any]:
     return kwargs
 
 
-def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Sequence[str]] = None,
-                   dtypes: Sequence[torch.dtype] = (torch.bfloat16,), config: LaunchConfig = LaunchConfig(),
-                   progress: Optional[Callable[[str], None]] = None, warmup: bool = True) -> List[Dict[str, Any]]:
+def count_launches(
+    models: Sequence[str] = DEFAULT_MODELS,
+    methods: Optional[Sequence[str]] = None,
+    dtypes: Sequence[torch.dtype] = (torch.bfloat16,),
+    config: LaunchConfig = LaunchConfig(),
+    progress: Optional[Callable[[str], None]] = None,
+    warmup: bool = True,
+) -> List[Dict[str, Any]]:
     """One record per (model, dtype, method): :func:`count_generation` plus what was counted.
 
     ``warmup``: count the *second* call of the same size, batch and method (the steady state: what is cached per
@@ -525,20 +574,35 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
             for method in methods:
                 first_call_syncs = None
                 if progress is not None:
-                    progress(f"{model} {str(dtype).replace('torch.', '')} {method}: "
-                             + ("warm-up call, then the counted call" if warmup else "the counted call"))
+                    progress(
+                        f"{model} {str(dtype).replace('torch.', '')} {method}: "
+                        + ("warm-up call, then the counted call" if warmup else "the counted call")
+                    )
                 if warmup:
-                    first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, model, config))["syncs"]
+                    first_call_syncs = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, model, config))[
+                        "syncs"
+                    ]
                 result = count_generation(pipe, schedulers[method], **_call_kwargs(pipe, model, config))
                 scales = len(result["per_scale"])
-                record = {"model": model, "family": family, "method": method, "dtype": str(dtype).replace("torch.", ""),
-                          "depth": len(pipe.transformer.blocks), "num_scales": scales, "batch_size": config.batch_size,
-                          "cfg": config.cfg,
-                          "width": config.width, "first_call_syncs": first_call_syncs,
-                          "kv_cache_bytes": real_kv_cache_bytes(pipe, model, schedulers[method], config, dtype), **result}
+                record = {
+                    "model": model,
+                    "family": family,
+                    "method": method,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "depth": len(pipe.transformer.blocks),
+                    "num_scales": scales,
+                    "batch_size": config.batch_size,
+                    "cfg": config.cfg,
+                    "width": config.width,
+                    "first_call_syncs": first_call_syncs,
+                    "kv_cache_bytes": real_kv_cache_bytes(pipe, model, schedulers[method], config, dtype),
+                    **result,
+                }
                 records.append(record)
                 if progress is not None:
-                    progress(f"{model} {record['dtype']} {method}: {result['kernels']} kernels, {result['syncs']} syncs")
+                    progress(
+                        f"{model} {record['dtype']} {method}: {result['kernels']} kernels, {result['syncs']} syncs"
+                    )
     return records
 
 
@@ -547,9 +611,11 @@ def count_launches(models: Sequence[str] = DEFAULT_MODELS, methods: Optional[Seq
 # ---------------------------------------------------------------------------------------------------------------------
 def format_table(records: Sequence[Dict[str, Any]]) -> str:
     """A markdown table: one row per (model, dtype, method); ``x fewer`` is the baseline's kernels over the method's."""
-    lines = ["| model | dtype | method | kernels | x fewer | syncs | syncs (first call) | ATen ops | kernels / dense block "
-             "| decode kernels | KV cache GB (real width) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| model | dtype | method | kernels | x fewer | syncs | syncs (first call) | ATen ops | kernels / dense block "
+        "| decode kernels | KV cache GB (real width) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     base: Dict[Tuple[str, str], int] = {}
     for r in records:
         if r["method"] == "baseline":
@@ -560,8 +626,10 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
         block = "-" if r["kernels_per_dense_block"] is None else str(r["kernels_per_dense_block"])
         label = f"{r['model']} ({r['depth']} blocks, {r['num_scales']} scales)"
         first = "-" if r.get("first_call_syncs") is None else f"{r['first_call_syncs']:,}"
-        lines.append(f"| {label} | {r['dtype']} | {r['method']} | {r['kernels']:,} | {ratio} | {r['syncs']:,} | {first} | {r['ops']:,} | "
-                     f"{block} | {r['decode']['kernels']:,} | {r['kv_cache_bytes'] / 1e9:.2f} |")
+        lines.append(
+            f"| {label} | {r['dtype']} | {r['method']} | {r['kernels']:,} | {ratio} | {r['syncs']:,} | {first} | {r['ops']:,} | "
+            f"{block} | {r['decode']['kernels']:,} | {r['kv_cache_bytes'] / 1e9:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -573,7 +641,9 @@ def format_syncs(records: Sequence[Dict[str, Any]]) -> str:
         for s in r["sync_sources"]:
             out.append(f"  {s['count']:6d}  {s['kind']:<24} {s['where']}")
         for s in r.get("condition_sync_sources", []):
-            out.append(f"  ({s['count']:4d}) {s['kind']:<24} {s['where']}   [encode_condition: before the window, not counted]")
+            out.append(
+                f"  ({s['count']:4d}) {s['kind']:<24} {s['where']}   [encode_condition: before the window, not counted]"
+            )
     return "\n".join(out)
 
 
@@ -582,7 +652,9 @@ def format_block_ops(records: Sequence[Dict[str, Any]]) -> str:
     out = []
     for r in records:
         ops = ", ".join(f"{name} {n}" for name, n in r["dense_block_kernel_ops"].items())
-        out.append(f"{r['model']} {r['dtype']} {r['method']} ({r['kernels_per_dense_block']} kernels per block): {ops}")
+        out.append(
+            f"{r['model']} {r['dtype']} {r['method']} ({r['kernels_per_dense_block']} kernels per block): {ops}"
+        )
     return "\n".join(out)
 
 
@@ -591,8 +663,10 @@ def format_per_scale(records: Sequence[Dict[str, Any]]) -> str:
     out = []
     for r in records:
         cells = " ".join(f"{s['kernels']}/{s['syncs']}" for s in r["per_scale"])
-        out.append(f"{r['model']} {r['dtype']} {r['method']} (kernels/syncs per scale, then decode): {cells} | "
-                   f"{r['decode']['kernels']}/{r['decode']['syncs']}")
+        out.append(
+            f"{r['model']} {r['dtype']} {r['method']} (kernels/syncs per scale, then decode): {cells} | "
+            f"{r['decode']['kernels']}/{r['decode']['syncs']}"
+        )
     return "\n".join(out)
 
 
@@ -615,15 +689,27 @@ def _known_models() -> Tuple[str, ...]:
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog="Convention and window: see the module docstring (docs/benchmarks.md).")
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated: {', '.join(_known_models())} (default {','.join(DEFAULT_MODELS)})")
-    parser.add_argument("--methods", default=None,
-                        help="comma-separated specs: baseline, method presets, name:key=value, a+b (default: baseline and "
-                             "every registered method)")
-    parser.add_argument("--dtype", default="bfloat16",
-                        help="comma-separated weight dtypes: bfloat16 (default; autocast as on a GPU), float32, float16")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Convention and window: see the module docstring (docs/benchmarks.md).",
+    )
+    parser.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated: {', '.join(_known_models())} (default {','.join(DEFAULT_MODELS)})",
+    )
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated specs: baseline, method presets, name:key=value, a+b (default: baseline and "
+        "every registered method)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="comma-separated weight dtypes: bfloat16 (default; autocast as on a GPU), float32, float16",
+    )
     parser.add_argument("--depth", type=_positive, default=None, help="transformer blocks (default: the real depth)")
     parser.add_argument("--size", type=_positive, default=1024, help="Infinity image side (default 1024)")
     for structures in _families_structures():  # each family's own options (HART's --hart-scales)
@@ -633,10 +719,17 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--per-scale", action="store_true", help="also print kernels/syncs per scale")
     parser.add_argument("--block-ops", action="store_true", help="also list the kernel ops of one dense block")
     parser.add_argument("--syncs", action="store_true", help="also list every sync with its source line and count")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (every record) instead of the table")
-    parser.add_argument("--no-warmup", action="store_true",
-                        help="count the first call (default: a warm-up call first, its syncs in 'syncs (first call)')")
-    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (every record) instead of the table"
+    )
+    parser.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="count the first call (default: a warm-up call first, its syncs in 'syncs (first call)')",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
+    )
     return parser
 
 
@@ -660,12 +753,20 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
         methods = split_acceleration_specs(args.methods) if args.methods else list(default_method_specs())
         if not methods:
             raise ValueError(f"--methods {args.methods!r} names no method")
-        family_options = {k: v for structures in _families_structures() for k, v in structures.config_options(args).items()}
-        config = LaunchConfig(depth=args.depth, size=args.size, batch_size=args.batch_size, cfg=not args.no_cfg,
-                              **family_options)
-        records = count_launches(models, methods, dtypes, config,
-                                 progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
-                                 warmup=not args.no_warmup)
+        family_options = {
+            k: v for structures in _families_structures() for k, v in structures.config_options(args).items()
+        }
+        config = LaunchConfig(
+            depth=args.depth, size=args.size, batch_size=args.batch_size, cfg=not args.no_cfg, **family_options
+        )
+        records = count_launches(
+            models,
+            methods,
+            dtypes,
+            config,
+            progress=None if args.json else (lambda line: print(line, file=sys.stderr, flush=True)),
+            warmup=not args.no_warmup,
+        )
     except ValueError as err:
         if args.debug:
             raise
@@ -675,9 +776,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     if args.json:
         print(json.dumps({"torch": torch.__version__, "config": config.__dict__, "records": records}))
         return 0
-    print(f"Kernel launches and host syncs per generation (CPU counter, torch {torch.__version__}; batch "
-          f"{config.batch_size}, {'no CFG' if args.no_cfg else 'CFG'}, tiny width {config.width}; Infinity "
-          f"{config.size}x{config.size})")
+    print(
+        f"Kernel launches and host syncs per generation (CPU counter, torch {torch.__version__}; batch "
+        f"{config.batch_size}, {'no CFG' if args.no_cfg else 'CFG'}, tiny width {config.width}; Infinity "
+        f"{config.size}x{config.size})"
+    )
     print(format_table(records))
     if args.per_scale:
         print(format_per_scale(records))

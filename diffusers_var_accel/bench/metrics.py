@@ -91,12 +91,16 @@ def load_fid_extractor(device: Union[str, torch.device] = "cpu") -> FeatureExtra
         MetricUnavailable: ``pytorch_fid`` is not installed, or its weights file is not in the torch hub cache.
     """
     if importlib.util.find_spec("pytorch_fid") is None:
-        raise MetricUnavailable("FID needs the standard FID Inception network: the pytorch_fid package is not installed "
-                                f"(pip install pytorch-fid, then put {FID_INCEPTION_WEIGHTS} in the torch hub cache)")
+        raise MetricUnavailable(
+            "FID needs the standard FID Inception network: the pytorch_fid package is not installed "
+            f"(pip install pytorch-fid, then put {FID_INCEPTION_WEIGHTS} in the torch hub cache)"
+        )
     weights = torch_hub_checkpoint(FID_INCEPTION_WEIGHTS)
     if not weights.is_file():
-        raise MetricUnavailable(f"FID Inception weights {FID_INCEPTION_WEIGHTS} are not in the torch hub cache ({weights.parent}); "
-                                "they are not downloaded at run time")
+        raise MetricUnavailable(
+            f"FID Inception weights {FID_INCEPTION_WEIGHTS} are not in the torch hub cache ({weights.parent}); "
+            "they are not downloaded at run time"
+        )
     from pytorch_fid.inception import InceptionV3
 
     model = InceptionV3([InceptionV3.BLOCK_INDEX_BY_DIM[2048]]).eval().to(device)
@@ -119,12 +123,16 @@ def load_lpips(device: Union[str, torch.device] = "cpu") -> LPIPSFunction:
     """
     spec = importlib.util.find_spec("lpips")
     if spec is None:
-        raise MetricUnavailable("LPIPS needs the lpips package (pip install lpips) and the AlexNet ImageNet weights "
-                                f"{LPIPS_ALEXNET_WEIGHTS} in the torch hub cache")
+        raise MetricUnavailable(
+            "LPIPS needs the lpips package (pip install lpips) and the AlexNet ImageNet weights "
+            f"{LPIPS_ALEXNET_WEIGHTS} in the torch hub cache"
+        )
     backbone = torch_hub_checkpoint(LPIPS_ALEXNET_WEIGHTS)
     if not backbone.is_file():
-        raise MetricUnavailable(f"LPIPS AlexNet weights {LPIPS_ALEXNET_WEIGHTS} are not in the torch hub cache "
-                                f"({backbone.parent}); they are not downloaded at run time")
+        raise MetricUnavailable(
+            f"LPIPS AlexNet weights {LPIPS_ALEXNET_WEIGHTS} are not in the torch hub cache "
+            f"({backbone.parent}); they are not downloaded at run time"
+        )
     linear = Path(spec.origin).parent / "weights" / "v0.1" / "alex.pth"
     if not linear.is_file():
         raise MetricUnavailable(f"the lpips package has no linear-layer weights at {linear}")
@@ -140,7 +148,9 @@ def load_lpips(device: Union[str, torch.device] = "cpu") -> LPIPSFunction:
     return distance
 
 
-def fid_star(images, reference_images, feature_extractor: Optional[FeatureExtractor] = None, batch_size: int = 32) -> float:
+def fid_star(
+    images, reference_images, feature_extractor: Optional[FeatureExtractor] = None, batch_size: int = 32
+) -> float:
     """FID*: the Fréchet distance between the features of ``images`` and of ``reference_images`` (e.g. the baseline's).
 
     Args:
@@ -156,7 +166,9 @@ def fid_star(images, reference_images, feature_extractor: Optional[FeatureExtrac
     rough indication only: FID is meant for thousands of images.
     """
     extractor = feature_extractor if feature_extractor is not None else load_fid_extractor()
-    return frechet_distance(extract_features(images, extractor, batch_size), extract_features(reference_images, extractor, batch_size))
+    return frechet_distance(
+        extract_features(images, extractor, batch_size), extract_features(reference_images, extractor, batch_size)
+    )
 
 
 def extract_features(images, extractor: FeatureExtractor, batch_size: int = 32) -> torch.Tensor:
@@ -167,6 +179,9 @@ def extract_features(images, extractor: FeatureExtractor, batch_size: int = 32) 
         stack = images.to(torch.float32)
     else:
         stack = torch.cat([to_tensor(im) for im in images]).to(torch.float32)
-    return torch.cat([extractor(stack[i:i + batch_size]).detach().to("cpu", torch.float64).flatten(1)
-                      for i in range(0, stack.shape[0], batch_size)])
-
+    return torch.cat(
+        [
+            extractor(stack[i : i + batch_size]).detach().to("cpu", torch.float64).flatten(1)
+            for i in range(0, stack.shape[0], batch_size)
+        ]
+    )

@@ -48,9 +48,9 @@ def make_flop_counter():
 class CallProbe:
     """Marks of one pipeline call (see the module docstring). Use as a context manager around the call::
 
-        with CallProbe(pipe, device) as probe:
-            pipe(prompt, callback_on_step_end=probe.on_scale_end, ...)
-        parts = probe.breakdown()
+    with CallProbe(pipe, device) as probe:
+        pipe(prompt, callback_on_step_end=probe.on_scale_end, ...)
+    parts = probe.breakdown()
     """
 
     def __init__(self, pipe, device: torch.device, counter=None):
@@ -97,7 +97,11 @@ class CallProbe:
                 key = {"text_end": "text_encoder", "end": "decode"}.get(kind, "other")
                 seconds[key] += t1 - t0
                 flops[key] += f1 - f0
-        return {"seconds": seconds, "flops": flops, "scale_shapes": [list(self.scale_shapes[i]) for i in sorted(self.scale_shapes)]}
+        return {
+            "seconds": seconds,
+            "flops": flops,
+            "scale_shapes": [list(self.scale_shapes[i]) for i in sorted(self.scale_shapes)],
+        }
 
 
 def _status_kib(field: str) -> int:
@@ -124,8 +128,10 @@ class PeakMemory:
                 _status_kib("VmHWM")
                 self.kind = "peak_rss"
             except (OSError, KeyError) as err:
-                self.unavailable = (f"per-call peak RSS needs Linux's /proc/self/clear_refs and VmHWM ({err}); the process's "
-                                    "lifetime maximum would not belong to one method, so no value is reported")
+                self.unavailable = (
+                    f"per-call peak RSS needs Linux's /proc/self/clear_refs and VmHWM ({err}); the process's "
+                    "lifetime maximum would not belong to one method, so no value is reported"
+                )
         else:
             self.unavailable = f"no peak-memory reading for device type {device.type!r}"
 

@@ -69,7 +69,9 @@ def _prompt_of(entry: Any, where: str) -> str:
     elif isinstance(entry, dict) and isinstance(entry.get("prompt"), str):
         text = entry["prompt"]
     else:
-        raise ValueError(f"{where}: expected a prompt string or an object with a \"prompt\" string, got {str(entry)[:80]!r}")
+        raise ValueError(
+            f'{where}: expected a prompt string or an object with a "prompt" string, got {str(entry)[:80]!r}'
+        )
     if not text.strip():
         raise ValueError(f"{where}: empty prompt")
     return text
@@ -95,7 +97,9 @@ def _read_file(path: Path) -> PromptSet:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}, line {number}: not JSON ({err.msg})") from None
         for i, (entry, line) in enumerate(zip(entries, lines)):
-            prompts.append(BenchPrompt(i, _prompt_of(entry, f"{path}, line {i + 1}"), _category_of(entry), line.strip()))
+            prompts.append(
+                BenchPrompt(i, _prompt_of(entry, f"{path}, line {i + 1}"), _category_of(entry), line.strip())
+            )
         geneval = bool(entries) and all(isinstance(e, dict) and all(k in e for k in GENEVAL_KEYS) for e in entries)
     elif path.suffix.lower() == ".json":
         try:
@@ -104,7 +108,7 @@ def _read_file(path: Path) -> PromptSet:
             raise ValueError(f"{path}: not JSON ({err.msg})") from None
         items = list(data.values()) if isinstance(data, dict) else data
         if not isinstance(items, list):
-            raise ValueError(f"{path}: expected a JSON list of prompts or an object of {{\"prompt\": ...}} entries")
+            raise ValueError(f'{path}: expected a JSON list of prompts or an object of {{"prompt": ...}} entries')
         for i, entry in enumerate(items):
             prompts.append(BenchPrompt(i, _prompt_of(entry, f"{path}, entry {i}"), _category_of(entry)))
     else:
@@ -146,8 +150,10 @@ def load_prompt_set(source: str = "shapes", num_prompts: Optional[int] = None) -
     if not path.is_file():
         if source == "geneval":
             raise FileNotFoundError(f"the packaged GenEval metadata is missing from this installation ({path})")
-        raise FileNotFoundError(f"prompt source {source!r}: no such file; use one of {list(BUILT_IN_SOURCES)} or a "
-                                ".txt / .jsonl / .json prompt file")
+        raise FileNotFoundError(
+            f"prompt source {source!r}: no such file; use one of {list(BUILT_IN_SOURCES)} or a "
+            ".txt / .jsonl / .json prompt file"
+        )
     full = _read_file(path)
     if source == "geneval":
         full.source = "geneval"

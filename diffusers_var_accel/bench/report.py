@@ -19,10 +19,25 @@ def _fmt(value: Optional[float], spec: str, missing: str = "–") -> str:
 def format_table(results: Dict[str, Any]) -> str:
     """One Markdown row per method: time, speed-up, FLOPs, memory, fidelity to the baseline, scorer accuracy."""
     memory_kind = results["run"].get("peak_memory_kind")
-    mem_head = {"cuda_max_memory_allocated": "peak GPU GiB", "peak_rss": "peak RSS GiB"}.get(memory_kind, "peak memory")
+    mem_head = {"cuda_max_memory_allocated": "peak GPU GiB", "peak_rss": "peak RSS GiB"}.get(
+        memory_kind, "peak memory"
+    )
     has_scorer = any(r["scorer"]["accuracy"] is not None for r in results["methods"].values())
-    head = ["method", "s / image (median)", "min – max s", "speed-up", "transformer GFLOPs", "VAE GFLOPs", "FLOPs ratio",
-            mem_head, "KV cache MB", "PSNR dB", "SSIM", "LPIPS", "FID*"] + (["scorer acc."] if has_scorer else [])
+    head = [
+        "method",
+        "s / image (median)",
+        "min – max s",
+        "speed-up",
+        "transformer GFLOPs",
+        "VAE GFLOPs",
+        "FLOPs ratio",
+        mem_head,
+        "KV cache MB",
+        "PSNR dB",
+        "SSIM",
+        "LPIPS",
+        "FID*",
+    ] + (["scorer acc."] if has_scorer else [])
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for name, r in results["methods"].items():
         t, f, fid = r["seconds_per_image"], r["flops"], r["fidelity"]
@@ -79,8 +94,14 @@ def _figure(width: float, height: float):
 def plot_speedup_vs_fidelity(results: Dict[str, Any], path: Path) -> None:
     """Speed-up (x) against PSNR, SSIM and, when measured, LPIPS and FID* (y), one point per method."""
     methods = results["methods"]
-    panels = [("psnr_mean", "PSNR vs baseline (dB, higher = closer)"), ("ssim_mean", "SSIM vs baseline (higher = closer)")]
-    for key, label in (("lpips_mean", "LPIPS vs baseline (lower = closer)"), ("fid_star", "FID* vs baseline (lower = closer)")):
+    panels = [
+        ("psnr_mean", "PSNR vs baseline (dB, higher = closer)"),
+        ("ssim_mean", "SSIM vs baseline (higher = closer)"),
+    ]
+    for key, label in (
+        ("lpips_mean", "LPIPS vs baseline (lower = closer)"),
+        ("fid_star", "FID* vs baseline (lower = closer)"),
+    ):
         if any(m["fidelity"][key] is not None for m in methods.values()):
             panels.append((key, label))
     fig = _figure(4.2 * len(panels), 3.8)
@@ -97,7 +118,10 @@ def plot_speedup_vs_fidelity(results: Dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     run = results["run"]
-    fig.suptitle(f"{run['model']} on {run['device_name']}: speed-up vs fidelity ({run['num_items']} images per method)", fontsize=10)
+    fig.suptitle(
+        f"{run['model']} on {run['device_name']}: speed-up vs fidelity ({run['num_items']} images per method)",
+        fontsize=10,
+    )
     fig.savefig(path)
 
 
@@ -125,14 +149,23 @@ def plot_scale_breakdown(results: Dict[str, Any], path: Path) -> None:
         parts += [(scale_label(i), s, cmap(i / max(num_scales - 1, 1))) for i, s in enumerate(p["seconds"])]
         parts += [("decode", p["decode_seconds"], "#333333"), ("other", p["other_seconds"], "#dddddd")]
         for label, seconds, color in parts:
-            ax.barh(row, seconds, left=left, color=color, edgecolor="white", linewidth=0.3,
-                    label=label if row == 0 else None)
+            ax.barh(
+                row,
+                seconds,
+                left=left,
+                color=color,
+                edgecolor="white",
+                linewidth=0.3,
+                label=label if row == 0 else None,
+            )
             left += seconds
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per image (median of the profiled calls)")
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title("time per scale of one image (grouped scales are charged to their first scale; skipped scales ~0)", fontsize=9)
+    ax.set_title(
+        "time per scale of one image (grouped scales are charged to their first scale; skipped scales ~0)", fontsize=9
+    )
     fig.savefig(path)
 
 

@@ -107,10 +107,14 @@ def parse_methods(methods: Union[str, Sequence[str]]) -> List[str]:
     put first (added when missing). Raises ``ValueError`` for an empty list or a repeated method."""
     from ..schedulers.specs import split_acceleration_specs
 
-    specs = split_acceleration_specs(methods) if isinstance(methods, str) else [m.strip() for m in methods if m.strip()]
+    specs = (
+        split_acceleration_specs(methods) if isinstance(methods, str) else [m.strip() for m in methods if m.strip()]
+    )
     if not specs:
-        raise ValueError(f"no method given; methods are 'baseline', preset names ({', '.join(method_names())}), "
-                         "'name:key=value,...' overrides or scheduler folders / JSON files")
+        raise ValueError(
+            f"no method given; methods are 'baseline', preset names ({', '.join(method_names())}), "
+            "'name:key=value,...' overrides or scheduler folders / JSON files"
+        )
     specs = [_BASELINE if s.lower() in ("baseline", "none") else s for s in specs]
     duplicates = sorted({s for s in specs if specs.count(s) > 1})
     if duplicates:
@@ -145,9 +149,11 @@ def check_methods(methods: Sequence[str]) -> None:
         if spec == _BASELINE:
             continue
         if spec.endswith(".json") and not Path(spec).is_file():
-            raise ValueError(f"method {spec!r}: no such scheduler JSON file; methods are 'baseline', preset names "
-                             f"({', '.join(method_names())}) with optional ':key=value,...' overrides, or an existing "
-                             "scheduler folder / acceleration_config.json file")
+            raise ValueError(
+                f"method {spec!r}: no such scheduler JSON file; methods are 'baseline', preset names "
+                f"({', '.join(method_names())}) with optional ':key=value,...' overrides, or an existing "
+                "scheduler folder / acceleration_config.json file"
+            )
         errors = []
         for family in model_family_names():
             try:
@@ -188,15 +194,19 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
     if is_embedded or family_of_tiny_model(model) is not None or Path(model).exists():
         return load_pipeline(model, device, dtype), is_embedded
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-        raise ValueError(f"model {model!r}: not {model_names_hint().replace(' or ', ', ')}, an existing pipeline folder "
-                         "or a Hub id (owner/name)")
+        raise ValueError(
+            f"model {model!r}: not {model_names_hint().replace(' or ', ', ')}, an existing pipeline folder "
+            "or a Hub id (owner/name)"
+        )
     from huggingface_hub import hf_hub_download
 
     try:
         index = json.loads(Path(hf_hub_download(model, "model_index.json")).read_text())
     except Exception as err:  # network, missing repository, offline mode: one clear message
-        raise ValueError(f"model {model!r}: no local folder of that name, and its model_index.json could not be "
-                         f"fetched from the Hub ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"model {model!r}: no local folder of that name, and its model_index.json could not be "
+            f"fetched from the Hub ({type(err).__name__}: {err})"
+        ) from None
     from ..hub import HUB_SHIM_FILE, hub_shim_source
 
     classes = {cls.__name__: cls for cls in (family.pipeline_class() for family in MODEL_FAMILIES.values())}
@@ -211,8 +221,10 @@ def load_bench_pipeline(model: Optional[str], device: Union[str, torch.device], 
         try:
             shim_text = Path(hf_hub_download(model, HUB_SHIM_FILE)).read_text(encoding="utf-8")
         except Exception as err:
-            raise ValueError(f"model {model!r}: model_index.json is in Hub-shim form but its {HUB_SHIM_FILE} could not be "
-                             f"fetched ({type(err).__name__}: {err})") from None
+            raise ValueError(
+                f"model {model!r}: model_index.json is in Hub-shim form but its {HUB_SHIM_FILE} could not be "
+                f"fetched ({type(err).__name__}: {err})"
+            ) from None
         if shim_text != hub_shim_source(class_name):
             raise ValueError(f"model {model!r}: {HUB_SHIM_FILE} is not the diffusers_var_accel shim; it is not run")
         options["trust_remote_code"] = True
@@ -248,8 +260,13 @@ def _json_safe(value: Any) -> Any:
 def _stats(values: Sequence[float]) -> Dict[str, Optional[float]]:
     if not values:
         return {"min": None, "median": None, "max": None, "mean": None, "n": 0}
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "mean": statistics.fmean(values),
-            "n": len(values)}
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+        "n": len(values),
+    }
 
 
 def _device_name(device: torch.device) -> str:
@@ -363,8 +380,25 @@ def run_bench(
     Raises:
         ValueError / FileNotFoundError: bad prompts, seeds, methods, numbers or model, naming the bad value.
     """
-    plan = _plan_bench(model, prompts, num_prompts, seeds, methods, repeats, warmup, batch_size, output_dir, device,
-                       dtype, height, width, sampling, save_images, progress, pipe)
+    plan = _plan_bench(
+        model,
+        prompts,
+        num_prompts,
+        seeds,
+        methods,
+        repeats,
+        warmup,
+        batch_size,
+        output_dir,
+        device,
+        dtype,
+        height,
+        width,
+        sampling,
+        save_images,
+        progress,
+        pipe,
+    )
     networks = _metric_networks(plan, fid_feature_extractor, lpips_fn)
     run = _run_bench(plan, networks)
     gathered = _gather_runs(plan, run)
@@ -406,13 +440,36 @@ class _BenchPlan:
         gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         texts = [self.prompt_set.prompts[p].prompt for p, _ in batch]
         generators = [torch.Generator(gen_device).manual_seed(self.seed_list[k]) for _, k in batch]
-        images = self.pipe(texts, generator=generators, output_type="np", acceleration=self.schedulers[method],
-                           callback_on_step_end=callback, **self.call_kwargs).images
+        images = self.pipe(
+            texts,
+            generator=generators,
+            output_type="np",
+            acceleration=self.schedulers[method],
+            callback_on_step_end=callback,
+            **self.call_kwargs,
+        ).images
         return (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
-def _plan_bench(model, prompts, num_prompts, seeds, methods, repeats, warmup, batch_size, output_dir, device, dtype,
-                height, width, sampling, save_images, progress, pipe) -> _BenchPlan:
+def _plan_bench(
+    model,
+    prompts,
+    num_prompts,
+    seeds,
+    methods,
+    repeats,
+    warmup,
+    batch_size,
+    output_dir,
+    device,
+    dtype,
+    height,
+    width,
+    sampling,
+    save_images,
+    progress,
+    pipe,
+) -> _BenchPlan:
     """1. the inputs, checked; 2. processes, device, pipeline, schedulers; this process's share of the work items."""
     for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or value < low:
@@ -450,11 +507,28 @@ def _plan_bench(model, prompts, num_prompts, seeds, methods, repeats, warmup, ba
     items = [(p, k) for p in range(len(prompt_set)) for k in range(len(seed_list))]
     mine = process_share(state, items)
     return _BenchPlan(
-        seed_list=seed_list, method_list=method_list, prompt_set=prompt_set, state=state, device=device_t, pipe=pipe,
-        model_name=model_name, family=family, call_kwargs=call_kwargs, schedulers=schedulers,
-        folders=method_folders(method_list), items=items, mine=mine,
-        batches=[mine[i:i + batch_size] for i in range(0, len(mine), batch_size)], out_dir=Path(output_dir),
-        repeats=repeats, warmup=warmup, batch_size=batch_size, dtype=dtype, save_images=save_images, progress=progress)
+        seed_list=seed_list,
+        method_list=method_list,
+        prompt_set=prompt_set,
+        state=state,
+        device=device_t,
+        pipe=pipe,
+        model_name=model_name,
+        family=family,
+        call_kwargs=call_kwargs,
+        schedulers=schedulers,
+        folders=method_folders(method_list),
+        items=items,
+        mine=mine,
+        batches=[mine[i : i + batch_size] for i in range(0, len(mine), batch_size)],
+        out_dir=Path(output_dir),
+        repeats=repeats,
+        warmup=warmup,
+        batch_size=batch_size,
+        dtype=dtype,
+        save_images=save_images,
+        progress=progress,
+    )
 
 
 @dataclass
@@ -521,8 +595,12 @@ def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
     if meter.unavailable:
         networks.skipped["peak_memory"] = meter.unavailable
     show = plan.progress and state.is_main_process
-    bar = tqdm(total=len(method_list) * (plan.warmup + plan.repeats * len(batches)) if batches else 0, desc="bench",
-               disable=not show, unit="call")
+    bar = tqdm(
+        total=len(method_list) * (plan.warmup + plan.repeats * len(batches)) if batches else 0,
+        desc="bench",
+        disable=not show,
+        unit="call",
+    )
 
     if batches:
         for _ in range(plan.warmup):
@@ -539,7 +617,7 @@ def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
         images: Dict[str, np.ndarray] = {}
         seconds: Dict[str, List[float]] = {m: [] for m in method_list}
         for r in range(plan.repeats):
-            for m in (method_list if r % 2 == 0 else method_list[::-1]):
+            for m in method_list if r % 2 == 0 else method_list[::-1]:
                 meter.start()
                 synchronize(plan.device)
                 start = time.perf_counter()
@@ -562,9 +640,17 @@ def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
             entry = plan.prompt_set.prompts[p]
             reference = images[_BASELINE][j]
             ref_t = _as_tensor(reference)
-            record: Dict[str, Any] = {"prompt_position": p, "prompt_index": entry.index, "prompt": entry.prompt,
-                                      "category": entry.category, "seed": plan.seed_list[k], "seed_position": k,
-                                      "process": state.process_index, "methods": {}, "features": {}}
+            record: Dict[str, Any] = {
+                "prompt_position": p,
+                "prompt_index": entry.index,
+                "prompt": entry.prompt,
+                "category": entry.category,
+                "seed": plan.seed_list[k],
+                "seed_position": k,
+                "process": state.process_index,
+                "methods": {},
+                "features": {},
+            }
             for m in method_list:
                 image = images[m][j]
                 image_t = _as_tensor(image)
@@ -573,22 +659,28 @@ def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
                     "sha256": image_sha256(image),
                     "psnr": float(psnr(image, reference)),
                     "ssim": float(ssim(image, reference)),
-                    "lpips": float(networks.lpips_distance(image_t, ref_t).reshape(-1)[0]) if networks.lpips_distance
+                    "lpips": float(networks.lpips_distance(image_t, ref_t).reshape(-1)[0])
+                    if networks.lpips_distance
                     else None,
                     "scorer_correct": bool(score(entry.prompt, image)["correct"]) if networks.scorable[p] else None,
                 }
                 if networks.extractor is not None:
-                    record["features"][m] = networks.extractor(image_t).detach().to("cpu", torch.float32).reshape(-1).numpy()
+                    record["features"][m] = (
+                        networks.extractor(image_t).detach().to("cpu", torch.float32).reshape(-1).numpy()
+                    )
                 record["methods"][m] = row
                 if plan.save_images:
-                    _save_image(plan.out_dir / plan.folders[m], entry, plan.seed_list[k], k, image, plan.prompt_set.geneval)
+                    _save_image(
+                        plan.out_dir / plan.folders[m], entry, plan.seed_list[k], k, image, plan.prompt_set.geneval
+                    )
                 if state.is_main_process and len(grid_rows[m]) < GRID_IMAGES:
                     grid_rows[m].append(image)
             records.append(record)
     bar.close()
     per_scale, flops = _probe_first_item(plan)
-    return _BenchRun(records, image_size, per_image_seconds, peaks, nondeterministic, grid_rows, per_scale, flops,
-                     meter.kind)
+    return _BenchRun(
+        records, image_size, per_image_seconds, peaks, nondeterministic, grid_rows, per_scale, flops, meter.kind
+    )
 
 
 def _probe_first_item(plan: _BenchPlan):
@@ -602,7 +694,7 @@ def _probe_first_item(plan: _BenchPlan):
     first = [(0, 0)]
     runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in method_list}
     for r in range(plan.repeats):
-        for m in (method_list if r % 2 == 0 else method_list[::-1]):
+        for m in method_list if r % 2 == 0 else method_list[::-1]:
             with CallProbe(plan.pipe, plan.device) as probe:
                 plan.generate(m, first, probe.on_scale_end)
             runs[m].append(probe.breakdown())
@@ -630,10 +722,15 @@ def _gather_runs(plan: _BenchPlan, run: _BenchRun):
     from accelerate.utils import gather_object
 
     state = plan.state
-    summary = {"process": state.process_index, "device_name": _device_name(plan.device), "num_items": len(plan.mine),
-               "image_size": run.image_size,
-               "median_seconds": {m: statistics.median(v) if v else None for m, v in run.per_image_seconds.items()},
-               "peaks": run.peaks, "nondeterministic": sorted(run.nondeterministic)}
+    summary = {
+        "process": state.process_index,
+        "device_name": _device_name(plan.device),
+        "num_items": len(plan.mine),
+        "image_size": run.image_size,
+        "median_seconds": {m: statistics.median(v) if v else None for m, v in run.per_image_seconds.items()},
+        "peaks": run.peaks,
+        "nondeterministic": sorted(run.nondeterministic),
+    }
     all_records = gather_object(run.records)
     summaries = gather_object([summary])
     if not state.is_main_process:
@@ -643,28 +740,58 @@ def _gather_runs(plan: _BenchPlan, run: _BenchRun):
     return all_records, summaries
 
 
-def _aggregate_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, all_records, summaries) -> Dict[str, Any]:
+def _aggregate_bench(
+    plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, all_records, summaries
+) -> Dict[str, Any]:
     """8. the results: per method (time, speed-up, FLOPs, memory, fidelity, KV cache), the run's settings, the items."""
     method_list, call_kwargs, pipe = plan.method_list, plan.call_kwargs, plan.pipe
     guidance = {k: call_kwargs[k] for k in ("guidance_scale", "cfg_list") if k in call_kwargs}
-    kv_cache_bytes = {m: pipe.kv_cache_bytes(plan.schedulers[m], height=call_kwargs.get("height"),
-                                             width=call_kwargs.get("width"), batch_size=plan.batch_size,
-                                             cfg=pipe.guided_call(**guidance)) for m in method_list}
-    results = _aggregate(all_records, summaries, method_list, plan.folders, run.per_scale, run.flops,
-                         networks.extractor is not None, networks.lpips_distance is not None, networks.skipped,
-                         run.peak_memory_kind)
+    kv_cache_bytes = {
+        m: pipe.kv_cache_bytes(
+            plan.schedulers[m],
+            height=call_kwargs.get("height"),
+            width=call_kwargs.get("width"),
+            batch_size=plan.batch_size,
+            cfg=pipe.guided_call(**guidance),
+        )
+        for m in method_list
+    }
+    results = _aggregate(
+        all_records,
+        summaries,
+        method_list,
+        plan.folders,
+        run.per_scale,
+        run.flops,
+        networks.extractor is not None,
+        networks.lpips_distance is not None,
+        networks.skipped,
+        run.peak_memory_kind,
+    )
     results["run"] = {
-        "model": plan.model_name, "family": plan.family, "height": None, "width": None,
-        "device": str(plan.device), "device_name": summaries[0]["device_name"],
+        "model": plan.model_name,
+        "family": plan.family,
+        "height": None,
+        "width": None,
+        "device": str(plan.device),
+        "device_name": summaries[0]["device_name"],
         "dtype": str(getattr(pipe, "dtype", plan.dtype)).replace("torch.", ""),
         "num_processes": plan.state.num_processes,
         "processes": [{k: s[k] for k in ("process", "device_name", "num_items")} for s in summaries],
-        "prompt_source": plan.prompt_set.source, "prompts_in_source": plan.prompt_set.total,
-        "num_prompts": len(plan.prompt_set), "geneval_layout": plan.prompt_set.geneval, "seeds": plan.seed_list,
-        "num_items": len(all_records), "methods": method_list, "method_folders": plan.folders,
-        "repeats": plan.repeats, "warmup": plan.warmup, "batch_size": plan.batch_size,
+        "prompt_source": plan.prompt_set.source,
+        "prompts_in_source": plan.prompt_set.total,
+        "num_prompts": len(plan.prompt_set),
+        "geneval_layout": plan.prompt_set.geneval,
+        "seeds": plan.seed_list,
+        "num_items": len(all_records),
+        "methods": method_list,
+        "method_folders": plan.folders,
+        "repeats": plan.repeats,
+        "warmup": plan.warmup,
+        "batch_size": plan.batch_size,
         "sampling": {k: v for k, v in call_kwargs.items() if k not in ("height", "width")},
-        "peak_memory_kind": run.peak_memory_kind, "torch": torch.__version__,
+        "peak_memory_kind": run.peak_memory_kind,
+        "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
     results["run"]["height"], results["run"]["width"] = summaries[0]["image_size"]
@@ -675,8 +802,9 @@ def _aggregate_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun
     return results
 
 
-def _write_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, results: Dict[str, Any],
-                 verbose: bool) -> None:
+def _write_bench(
+    plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, results: Dict[str, Any], verbose: bool
+) -> None:
     """9. results.json, results.md, the two plots and the grid (main process); the table when ``verbose``."""
     from .report import format_markdown, format_table, plot_scale_breakdown, plot_speedup_vs_fidelity, save_grid
 
@@ -690,8 +818,10 @@ def _write_bench(plan: _BenchPlan, networks: _MetricNetworks, run: _BenchRun, re
         print(format_table(results))
         for name, reason in networks.skipped.items():
             print(f"skipped {name}: {reason}")
-        print(f"wrote {out_dir / 'results.json'}, results.md, speedup_vs_fidelity.png, scale_breakdown.png, grid.png"
-              + (" and the images" if plan.save_images else ""))
+        print(
+            f"wrote {out_dir / 'results.json'}, results.md, speedup_vs_fidelity.png, scale_breakdown.png, grid.png"
+            + (" and the images" if plan.save_images else "")
+        )
 
 
 def _save_image(folder: Path, entry, seed: int, seed_position: int, image: np.ndarray, geneval: bool) -> None:
@@ -709,8 +839,18 @@ def _save_image(folder: Path, entry, seed: int, seed_position: int, image: np.nd
         Image.fromarray(image).save(tmp)
 
 
-def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid: bool, with_lpips: bool,
-               skipped: Dict[str, str], memory_kind: Optional[str]) -> Dict[str, Any]:
+def _aggregate(
+    records,
+    summaries,
+    methods,
+    folders,
+    per_scale,
+    flops,
+    with_fid: bool,
+    with_lpips: bool,
+    skipped: Dict[str, str],
+    memory_kind: Optional[str],
+) -> Dict[str, Any]:
     """Per-method summary of the gathered per-item records (main process)."""
     from ..data.shapes import CATEGORIES
 
@@ -733,26 +873,46 @@ def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid:
         fid = None
         if with_fid:
             if n_items >= 2:
-                fid = frechet_distance(np.stack([rec["features"][m] for rec in records]),
-                                       np.stack([rec["features"][_BASELINE] for rec in records]))
+                fid = frechet_distance(
+                    np.stack([rec["features"][m] for rec in records]),
+                    np.stack([rec["features"][_BASELINE] for rec in records]),
+                )
             else:
                 skipped["fid_star"] = "FID* needs at least 2 images per method"
-        correct = [(rec["category"], rec["methods"][m]["scorer_correct"]) for rec in records
-                   if rec["methods"][m]["scorer_correct"] is not None]
+        correct = [
+            (rec["category"], rec["methods"][m]["scorer_correct"])
+            for rec in records
+            if rec["methods"][m]["scorer_correct"] is not None
+        ]
         by_category: Dict[str, List[bool]] = {}
         for category, flag in correct:
             by_category.setdefault(category or "unknown", []).append(flag)
-        per_category = {c: sum(v) / len(v) for c, v in sorted(
-            by_category.items(), key=lambda kv: CATEGORIES.index(kv[0]) if kv[0] in CATEGORIES else len(CATEGORIES))}
+        per_category = {
+            c: sum(v) / len(v)
+            for c, v in sorted(
+                by_category.items(), key=lambda kv: CATEGORIES.index(kv[0]) if kv[0] in CATEGORIES else len(CATEGORIES)
+            )
+        }
         f = flops[m]
-        flop_summary: Dict[str, Any] = {"text_encoder_gflops": None, "transformer_gflops": None, "vae_gflops": None,
-                                        "total_gflops": None, "ratio": None, "transformer_ratio": None}
+        flop_summary: Dict[str, Any] = {
+            "text_encoder_gflops": None,
+            "transformer_gflops": None,
+            "vae_gflops": None,
+            "total_gflops": None,
+            "ratio": None,
+            "transformer_ratio": None,
+        }
         if f is not None:
             transformer, total = sum(f["scales"]), f["text_encoder"] + sum(f["scales"]) + f["decode"] + f["other"]
-            base_total = base_flops["text_encoder"] + sum(base_flops["scales"]) + base_flops["decode"] + base_flops["other"]
+            base_total = (
+                base_flops["text_encoder"] + sum(base_flops["scales"]) + base_flops["decode"] + base_flops["other"]
+            )
             flop_summary = {
-                "text_encoder_gflops": f["text_encoder"] / 1e9, "transformer_gflops": transformer / 1e9,
-                "vae_gflops": f["decode"] / 1e9, "other_gflops": f["other"] / 1e9, "total_gflops": total / 1e9,
+                "text_encoder_gflops": f["text_encoder"] / 1e9,
+                "transformer_gflops": transformer / 1e9,
+                "vae_gflops": f["decode"] / 1e9,
+                "other_gflops": f["other"] / 1e9,
+                "total_gflops": total / 1e9,
                 "ratio": base_total / total if total else None,
                 "transformer_ratio": sum(base_flops["scales"]) / transformer if transformer else None,
             }
@@ -781,7 +941,9 @@ def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid:
                 "accuracy": sum(flag for _, flag in correct) / len(correct) if correct else None,
                 "n": len(correct),
                 "per_category": per_category,
-                "category_mean": statistics.fmean(per_category.values()) if per_category else None,  # GenEval's overall
+                "category_mean": statistics.fmean(per_category.values())
+                if per_category
+                else None,  # GenEval's overall
             },
             "per_scale": per_scale[m],
             "nondeterministic_processes": [s["process"] for s in summaries if m in s["nondeterministic"]],
@@ -797,12 +959,13 @@ def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid:
         "the text encoder is counted apart. FLOPs ratio: baseline total / method total.",
         "Per-scale time: median of `repeats` probed calls of the first prompt and seed; a grouped pass (LazyVAR) is "
         "charged to the first scale of its group, a skipped scale costs ~0; scale 0 includes the condition encoding.",
-        {"cuda_max_memory_allocated": "Peak memory: torch.cuda.max_memory_allocated over the method's timed calls (reset "
-                                      "before each call); increase_gib is the part above what was allocated at the call's start.",
-         "peak_rss": "Peak memory: the process's peak resident set size during the method's timed calls (VmHWM reset "
-                     "through /proc/self/clear_refs before each call), so it includes the model weights and the Python "
-                     "process; increase_gib is the part above the RSS at the call's start."}.get(
-            memory_kind, "Peak memory: not measured (see skipped)."),
+        {
+            "cuda_max_memory_allocated": "Peak memory: torch.cuda.max_memory_allocated over the method's timed calls (reset "
+            "before each call); increase_gib is the part above what was allocated at the call's start.",
+            "peak_rss": "Peak memory: the process's peak resident set size during the method's timed calls (VmHWM reset "
+            "through /proc/self/clear_refs before each call), so it includes the model weights and the Python "
+            "process; increase_gib is the part above the RSS at the call's start.",
+        }.get(memory_kind, "Peak memory: not measured (see skipped)."),
         "Fidelity: PSNR / SSIM / LPIPS against the baseline image of the same prompt and seed on the saved uint8 images; "
         "the baseline's own PSNR is inf (identical images); psnr_mean averages the finite values.",
         f"FID*: Fréchet distance between the Inception features of the method's {n_items} images and the baseline's. "
@@ -810,6 +973,8 @@ def _aggregate(records, summaries, methods, folders, per_scale, flops, with_fid:
         "rough consistency check, not a statistic to compare with published FID.",
     ]
     if any(r["nondeterministic_processes"] for r in out.values()):
-        notes.append("Some methods gave different images for the same (prompt, seed) across repeats "
-                     "(nondeterministic kernels); the fidelity metrics use the first repeat.")
+        notes.append(
+            "Some methods gave different images for the same (prompt, seed) across repeats "
+            "(nondeterministic kernels); the fidelity metrics use the first repeat."
+        )
     return {"methods": out, "skipped": dict(skipped), "notes": notes}

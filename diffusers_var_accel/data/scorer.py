@@ -114,7 +114,7 @@ def _background_colors(rgb: np.ndarray) -> List[np.ndarray]:
     h, w, _ = rgb.shape
     bw = max(1, round(min(h, w) / 32))
     frame = np.ones((h, w), dtype=bool)
-    frame[bw:h - bw, bw:w - bw] = False
+    frame[bw : h - bw, bw : w - bw] = False
     px = rgb[frame]
     if len(px) > BACKGROUND_SAMPLES:
         px = px[np.linspace(0, len(px) - 1, BACKGROUND_SAMPLES).astype(np.int64)]
@@ -275,14 +275,16 @@ def detect_objects(image: ImageLike) -> List[Dict[str, Any]]:
         cy0, cy1, cx0, cx1 = max(y0 - 2, 0), min(y1 + 2, h), max(x0 - 2, 0), min(x1 + 2, w)
         shape, feats = classify_shape(coverage[cy0:cy1, cx0:cx1])
         color = COLORS[int(labels.flat[int(cid)])]
-        objects.append({
-            "shape": shape,
-            "color": color,
-            "area": area,
-            "box": (x0, y0, x1, y1),
-            "center": ((x0 + x1) / 2.0 / w, (y0 + y1) / 2.0 / h),
-            "features": feats,
-        })
+        objects.append(
+            {
+                "shape": shape,
+                "color": color,
+                "area": area,
+                "box": (x0, y0, x1, y1),
+                "center": ((x0 + x1) / 2.0 / w, (y0 + y1) / 2.0 / h),
+                "features": feats,
+            }
+        )
     objects.sort(key=lambda o: -o["area"])
     return objects
 
@@ -348,7 +350,11 @@ def score(prompt: str, image: ImageLike) -> Dict[str, Any]:
             if meaning["relation"] not in rels:
                 correct, reason = False, f"relation {meaning['relation']!r} does not hold (found {sorted(rels)})"
     slim = [{k: v for k, v in o.items() if k != "features"} for o in objects]
-    return {"correct": correct, "category": category, "details": {"parsed": meaning, "objects": slim, "reason": reason}}
+    return {
+        "correct": correct,
+        "category": category,
+        "details": {"parsed": meaning, "objects": slim, "reason": reason},
+    }
 
 
 def score_batch(prompts: Sequence[str], images: Sequence[ImageLike]) -> Dict[str, Any]:

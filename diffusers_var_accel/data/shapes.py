@@ -299,7 +299,7 @@ def parse_prompt(prompt: str) -> Dict[str, Any]:
         return _meaning("color_attr" if a["color"] else "two_objects", [a, b])
     for rel, phrase in RELATIONS.items():
         words = phrase.split()
-        if toks[i:i + len(words)] == words:
+        if toks[i : i + len(words)] == words:
             b, j = noun_phrase(i + len(words))
             if j != len(toks):
                 raise fail("unexpected words after the second object")
@@ -453,8 +453,10 @@ def _place_canonical(
         x0, y0 = _snap(cx - size / 2, lattice), _snap(cy - size / 2, lattice)
         objs.append(ShapeObject(shape, color, (x0 + size / 2, y0 + size / 2), size))
     if not _inside_margin(objs) or not all(_boxes_apart(objs[i], objs[j]) for i in range(len(objs)) for j in range(i)):
-        raise ValueError(f"object size {size:.3f} (sizes={sizes}) does not fit the canonical layout of {len(objs)} "
-                         f"objects with the margin {MARGIN} and gap {MIN_GAP}; use smaller sizes")
+        raise ValueError(
+            f"object size {size:.3f} (sizes={sizes}) does not fit the canonical layout of {len(objs)} "
+            f"objects with the margin {MARGIN} and gap {MIN_GAP}; use smaller sizes"
+        )
     return objs
 
 
@@ -491,15 +493,18 @@ def sample_scene(
         category = _choice(rng, CATEGORIES)
     meaning = _sample_meaning(rng, category)
     # Objects without a named colour get a random one each (or ``unnamed_color``).
-    specs = [(o["shape"], o["color"] or unnamed_color or _choice(rng, COLORS))
-             for o in meaning["objects"] for _ in range(o["count"])]
+    specs = [
+        (o["shape"], o["color"] or unnamed_color or _choice(rng, COLORS))
+        for o in meaning["objects"]
+        for _ in range(o["count"])
+    ]
     if layout == "canonical":
         objects = _place_canonical(rng, specs, meaning["relation"], lattice, sizes)
     else:
         objects = _place(rng, specs, meaning["relation"], lattice=lattice, sizes=sizes)
     if background is None:
         plain = layout == "canonical" or rng.random() < 0.5
-        background = _choice(rng, BACKGROUNDS[:len(NEUTRAL_TONES)] if plain else BACKGROUNDS[len(NEUTRAL_TONES):])
+        background = _choice(rng, BACKGROUNDS[: len(NEUTRAL_TONES)] if plain else BACKGROUNDS[len(NEUTRAL_TONES) :])
     return ShapeScene(objects, background, caption_from_metadata(meaning), category, meaning)
 
 
@@ -584,8 +589,15 @@ def make_dataset(
     for i in range(n):
         rng = np.random.default_rng([seed, i])
         category = None if p is None else CATEGORIES[int(rng.choice(len(CATEGORIES), p=p))]
-        scene = sample_scene(rng, category=category, lattice=lattice, sizes=sizes, layout=layout,
-                             unnamed_color=unnamed_color, background=background)
+        scene = sample_scene(
+            rng,
+            category=category,
+            lattice=lattice,
+            sizes=sizes,
+            layout=layout,
+            unnamed_color=unnamed_color,
+            background=background,
+        )
         out.append((render_scene(scene, size), scene.caption, scene))
     return out
 
@@ -602,10 +614,12 @@ def heldout_prompts(n: int = 200, seed: int = HELDOUT_SEED) -> List[Dict[str, An
     for i in range(n):
         category = CATEGORIES[i % len(CATEGORIES)]
         meaning = _sample_meaning(rng, category)
-        out.append({
-            "prompt": caption_from_metadata(meaning),
-            "category": category,
-            "metadata": meaning,
-            "seed": int(rng.integers(2**31 - 1)),
-        })
+        out.append(
+            {
+                "prompt": caption_from_metadata(meaning),
+                "category": category,
+                "metadata": meaning,
+                "seed": int(rng.integers(2**31 - 1)),
+            }
+        )
     return out

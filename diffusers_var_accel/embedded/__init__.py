@@ -37,7 +37,8 @@ EMBEDDED_SAMPLING: Dict[str, Any] = dict(guidance_scale=2.0, tau=1.0, top_k=0, t
 def embedded_model_path() -> Path:
     """The packaged folder; raises a clear error when the package was installed without it."""
     if not (EMBEDDED_MODEL_PATH / "model_index.json").is_file():
-        raise FileNotFoundError(f"the embedded model is missing from this installation ({EMBEDDED_MODEL_PATH}); "
-                                "reinstall the package or train it with scripts/train_embedded.py")
+        raise FileNotFoundError(
+            f"the embedded model is missing from this installation ({EMBEDDED_MODEL_PATH}); "
+            "reinstall the package or train it with scripts/train_embedded.py"
+        )
     return EMBEDDED_MODEL_PATH
-

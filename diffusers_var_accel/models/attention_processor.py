@@ -42,7 +42,9 @@ from .dtype_utils import fused_cast_out
 
 #: Backends that take a boolean ``attn_mask`` as a kernel input. Every other backend either refuses a mask (flash-attn,
 #: sage, cuDNN) or turns it into a dense score modification (flex), so grouped passes go to them one scale at a time.
-BACKENDS_TAKING_BOOL_MASK = frozenset(("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers"))
+BACKENDS_TAKING_BOOL_MASK = frozenset(
+    ("native", "_native_math", "_native_efficient", "_native_xla", "_native_npu", "xformers")
+)
 
 
 def get_active_backend() -> str:
@@ -108,7 +110,9 @@ def adjacent_pairing_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
     return signs
 
 
-def half_pairing_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+def half_pairing_tables(
+    rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """HART's ``(2, R, 1, L, c)`` table as ``(2, R, L, 1, 1, c)`` multipliers of :func:`rotate_pairs` (halves
     swapped): ``cos`` and ``[-sin_1, sin_2]``, in ``dtype``. ``x2 (-sin)`` is ``(-x2) sin`` bit for bit.
     ``signs`` (:func:`half_pairing_signs`) makes it one multiply by +-1 (exact) and the cast."""
@@ -128,8 +132,9 @@ def half_pairing_signs(rope_cos_sin: torch.Tensor) -> torch.Tensor:
     return signs
 
 
-def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool,
-                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def rotate_pairs(
+    x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool, out_dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
     """RoPE on tokens laid out ``(R, L, n, H, c)`` (q and k stacked on ``n``): ``x * cos + swap(x) * sin'``, where
     ``swap`` exchanges the channels of each pair (adjacent channels, or the two halves when ``halves``) and the
     tables come from :func:`adjacent_pairing_tables` / :func:`half_pairing_tables`.
@@ -142,20 +147,26 @@ def rotate_pairs(x_RLnHc: torch.Tensor, tables: torch.Tensor, halves: bool,
     pairs = x_RLnHc.unflatten(-1, (2, c // 2) if halves else (c // 2, 2))
     swapped = pairs.flip(-2 if halves else -1).flatten(-2)
     cos_part = x_RLnHc * tables[0]
-    result_dtype = cos_part.dtype if tables.dtype == cos_part.dtype else torch.promote_types(cos_part.dtype, tables.dtype)
-    out = fused_cast_out(torch.broadcast_shapes(cos_part.shape, tables.shape[1:]), result_dtype, out_dtype,
-                         x_RLnHc.device)
+    result_dtype = (
+        cos_part.dtype if tables.dtype == cos_part.dtype else torch.promote_types(cos_part.dtype, tables.dtype)
+    )
+    out = fused_cast_out(
+        torch.broadcast_shapes(cos_part.shape, tables.shape[1:]), result_dtype, out_dtype, x_RLnHc.device
+    )
     if out is None:  # nothing to cast: the reference's rounding (swap(x) * sin rounded before the addition)
         return cos_part + swapped * tables[1]
     return torch.addcmul(cos_part, swapped, tables[1], out=out)
 
 
-def fused_qkv(attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor, context: Optional[VARForwardContext] = None):
+def fused_qkv(
+    attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor, context: Optional[VARForwardContext] = None
+):
     """q, k, v as ``(R, L, H, c)`` views of one fused projection with q and v biases and no k bias (both families),
     laid out ``(R, L, 3, H, c)``; the concatenated bias is a per-call constant."""
     R, L, C = hidden_states_RLC.shape
-    bias = _call_cached(context, ("qkv_bias", attn.layer_idx),
-                        lambda: torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias)))
+    bias = _call_cached(
+        context, ("qkv_bias", attn.layer_idx), lambda: torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
+    )
     return F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
 
 
@@ -169,7 +180,9 @@ def _qk_multipliers(attn) -> torch.Tensor:
     return torch.stack((scale_mul_H, torch.ones_like(scale_mul_H))).view(1, 1, 2, -1, 1)
 
 
-def _cosine_qk(attn, qk_RL2Hc: torch.Tensor, context: Optional[VARForwardContext], eps: Optional[float]) -> torch.Tensor:
+def _cosine_qk(
+    attn, qk_RL2Hc: torch.Tensor, context: Optional[VARForwardContext], eps: Optional[float]
+) -> torch.Tensor:
     """q and k L2-normalised together (``F.normalize``: the norm clamped at ``eps``, 1e-12 by default), q times its
     learned per-head scale: one multiply of q and k by a per-token factor ``scale / norm`` (the division runs on the
     ``(R, L, 2, H, 1)`` norms, not on every channel; within float rounding of normalising, then scaling)."""
@@ -194,8 +207,9 @@ def _explicit_attention(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[
 KEY_MEAN_BLOCK_ELEMENTS = 1 << 24
 
 
-def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor],
-                            max_elements: int = KEY_MEAN_BLOCK_ELEMENTS):
+def attention_with_key_mean(
+    q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optional[torch.Tensor], max_elements: int = KEY_MEAN_BLOCK_ELEMENTS
+):
     """Softmax attention and the attention each key receives, averaged over heads and queries ``(R, S)`` (fp32).
 
     When the ``(R, H, L, S)`` probabilities fit in ``max_elements`` this is :func:`_explicit_attention` and one mean
@@ -221,9 +235,14 @@ def attention_with_key_mean(q_RHLc, k_RHSc, v_RHSc, scale: float, mask_LS: Optio
     return torch.cat(outs, dim=2), total / (H * L)
 
 
-def self_attention(processor: "VARAttnProcessor", attn, hidden_states_RLC: torch.Tensor, context: VARForwardContext,
-                   rope_cos_sin: Optional[torch.Tensor] = None,
-                   scale_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+def self_attention(
+    processor: "VARAttnProcessor",
+    attn,
+    hidden_states_RLC: torch.Tensor,
+    context: VARForwardContext,
+    rope_cos_sin: Optional[torch.Tensor] = None,
+    scale_ids: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The self-attention of both families' processors: ``processor.project_qkv`` (the family's q/k/v, normalisation
     and RoPE), then the shared part: keys/values stored in the per-call KV cache (or the view
     ``processor.key_value_source`` makes of it), the grouped pass's block-causal structure, recorded maps, the kernel
@@ -242,10 +261,13 @@ def self_attention(processor: "VARAttnProcessor", attn, hidden_states_RLC: torch
     cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
     record = attn.layer_idx in context.record_attention_layers
     lengths = context.token_scale_lengths(L) if scale_ids is not None else None
-    per_scale = (scale_ids is not None and not record
-                 and processor.uses_per_scale_calls(hidden_states_RLC.device))
-    if per_scale and lengths is None and resolve_backend(processor._attention_backend) in BACKENDS_TAKING_BOOL_MASK \
-            and processor.grouped_attention == "auto":
+    per_scale = scale_ids is not None and not record and processor.uses_per_scale_calls(hidden_states_RLC.device)
+    if (
+        per_scale
+        and lengths is None
+        and resolve_backend(processor._attention_backend) in BACKENDS_TAKING_BOOL_MASK
+        and processor.grouped_attention == "auto"
+    ):
         per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
     mask = None
     if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
@@ -254,28 +276,37 @@ def self_attention(processor: "VARAttnProcessor", attn, hidden_states_RLC: torch
         # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
         if context.cache_rows is not None and context.cache_rows != R:
             # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
-            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx,
-                                        cache_rows=context.cache_rows, row_start=context.cache_row_start)
+            k_all, v_all = cache.update(
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn.layer_idx,
+                cache_rows=context.cache_rows,
+                row_start=context.cache_row_start,
+            )
         else:
             k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
         k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
     if record and context.attention_map == "full":
-        out, probs = _explicit_attention(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                         attn.softmax_scale, mask)
+        out, probs = _explicit_attention(
+            q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
+        )
         context.attention_maps[attn.layer_idx] = probs
         out = out.transpose(1, 2)
     elif record:
         # reduced as it is computed: 32 layers of full maps at 1M pixels take gigabytes, and one map hundreds of MB
-        out, key_mean = attention_with_key_mean(q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2),
-                                                attn.softmax_scale, mask)
+        out, key_mean = attention_with_key_mean(
+            q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
+        )
         context.attention_maps[attn.layer_idx] = key_mean
         out = out.transpose(1, 2)
     elif per_scale and lengths is not None:
-        out = processor._attend_scale_prefixes(q, k_all, v_all, cache_length, lengths, attn.softmax_scale,
-                                               processor._attention_backend)
+        out = processor._attend_scale_prefixes(
+            q, k_all, v_all, cache_length, lengths, attn.softmax_scale, processor._attention_backend
+        )
     elif per_scale:
-        out = processor._attend_block_causal(q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale,
-                                             processor._attention_backend)
+        out = processor._attend_block_causal(
+            q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale, processor._attention_backend
+        )
     else:
         out = processor._attend(q, k_all, v_all, mask, attn.softmax_scale, processor._attention_backend)
     return attn.proj(out.reshape(R, L, C))
@@ -306,8 +337,9 @@ class VARAttnProcessor:
     #: (:mod:`diffusers_var_accel.bench.flops`); set it on a copy of the processor, per module.
     key_value_source: Optional[Callable[[Any], Any]] = None
 
-    def _attend_block_causal(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale,
-                             backend) -> torch.Tensor:
+    def _attend_block_causal(
+        self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale, backend
+    ) -> torch.Tensor:
         """Block-causal attention of a grouped pass without a mask: the queries of scale ``j`` attend to the cache and
         the pass's keys of scales ``<= j``, one call per scale, outputs put back at their positions.
 
@@ -316,8 +348,12 @@ class VARAttnProcessor:
         keys, so nothing is gathered.
         """
         if scale_ids.dim() == 2:
-            rows = [self._attend_block_causal(q_RLHc[r:r + 1], k_RSHc[r:r + 1], v_RSHc[r:r + 1], cache_length,
-                                              scale_ids[r], scale, backend) for r in range(q_RLHc.shape[0])]
+            rows = [
+                self._attend_block_causal(
+                    q_RLHc[r : r + 1], k_RSHc[r : r + 1], v_RSHc[r : r + 1], cache_length, scale_ids[r], scale, backend
+                )
+                for r in range(q_RLHc.shape[0])
+            ]
             return torch.cat(rows, dim=0)
         if bool((scale_ids[1:] >= scale_ids[:-1]).all()):
             _, counts = torch.unique_consecutive(scale_ids, return_counts=True)
@@ -325,7 +361,9 @@ class VARAttnProcessor:
             for count in counts.tolist():
                 end = start + count
                 keys = slice(0, cache_length + end)
-                parts.append(self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend))
+                parts.append(
+                    self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend)
+                )
                 start = end
             return torch.cat(parts, dim=1)
         out = torch.empty_like(q_RLHc)
@@ -333,12 +371,19 @@ class VARAttnProcessor:
         for scale_id in torch.unique(scale_ids).tolist():
             query_index = (scale_ids == scale_id).nonzero().squeeze(1)
             key_index = torch.cat((cache_index, cache_length + (scale_ids <= scale_id).nonzero().squeeze(1)))
-            out[:, query_index] = self._attend(q_RLHc[:, query_index], k_RSHc[:, key_index], v_RSHc[:, key_index],
-                                               None, scale, backend)
+            out[:, query_index] = self._attend(
+                q_RLHc[:, query_index], k_RSHc[:, key_index], v_RSHc[:, key_index], None, scale, backend
+            )
         return out
 
-    def _grouped_pass_mask(self, context: VARForwardContext, cache_length: int, scale_ids: torch.Tensor,
-                           dtype: torch.dtype, additive: bool) -> torch.Tensor:
+    def _grouped_pass_mask(
+        self,
+        context: VARForwardContext,
+        cache_length: int,
+        scale_ids: torch.Tensor,
+        dtype: torch.dtype,
+        additive: bool,
+    ) -> torch.Tensor:
         """The block-causal mask of a grouped pass, built once per pass for the pass's own tokens (every layer has
         the same cache length and ids). ``additive``: for PyTorch's SDPA, the ``0 / -inf`` float mask in the
         queries' dtype that SDPA would make of the boolean one at every call (the same values)."""
@@ -354,7 +399,9 @@ class VARAttnProcessor:
             return build()
         return context.pass_cached(("block_causal_mask", cache_length, dtype if additive else torch.bool), build)
 
-    def _attend_scale_prefixes(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale, backend) -> torch.Tensor:
+    def _attend_scale_prefixes(
+        self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale, backend
+    ) -> torch.Tensor:
         """Block-causal attention of a grouped pass whose tokens are in scale order with ``lengths[j]`` tokens of
         scale ``j`` (known from shapes): the queries of scale ``j`` attend to the cache and the first
         ``sum(lengths[:j+1])`` keys of the pass, one mask-free call per scale. Nothing is read from the device."""
@@ -380,8 +427,16 @@ class VARAttnProcessor:
             sub_mask = mask
             if mask is not None and mask.ndim == 4 and mask.shape[1] == H:
                 sub_mask = mask[:, heads]
-            parts.append(dispatch_attention_fn(q_RLHc[:, :, heads], k_RSHc[:, :, heads], v_RSHc[:, :, heads],
-                                               attn_mask=sub_mask, scale=scale, backend=backend))
+            parts.append(
+                dispatch_attention_fn(
+                    q_RLHc[:, :, heads],
+                    k_RSHc[:, :, heads],
+                    v_RSHc[:, :, heads],
+                    attn_mask=sub_mask,
+                    scale=scale,
+                    backend=backend,
+                )
+            )
         return torch.cat(parts, dim=2)
 
     def __call__(
@@ -399,12 +454,18 @@ class VARAttnProcessor:
             if encoder_rows is not None:
                 raise ValueError("encoder_rows selects rows of the text of a cross-attention; self-attention has none")
             return self_attention(self, attn, hidden_states, context, rope_cos_sin, scale_ids)
-        return self._cross_attention(attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context,
-                                     encoder_rows)
+        return self._cross_attention(
+            attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context, encoder_rows
+        )
 
     # -- self-attention -------------------------------------------------------------------------------------------
-    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor,
-                    context: Optional[VARForwardContext] = None):
+    def project_qkv(
+        self,
+        attn,
+        hidden_states_RLC: torch.Tensor,
+        rope_cos_sin: torch.Tensor,
+        context: Optional[VARForwardContext] = None,
+    ):
         """q, k, v as ``(R, L, H, c)`` with cosine normalisation, per-head scale and RoPE applied (q and k together)."""
         qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight, context)
         qk = _cosine_qk(attn, qkv[:, :, :2], context, eps=1e-12)
@@ -417,8 +478,11 @@ class VARAttnProcessor:
         autocast dtype (and the recorded-map path's matmuls do too), so writing the rotation in it, before the KV
         cache, gives the same values with no cast of q and of the whole cache per pass."""
         device_type = device.type
-        if (device_type == "meta" or not torch.is_autocast_enabled(device_type)
-                or resolve_backend(self._attention_backend) != "native"):
+        if (
+            device_type == "meta"
+            or not torch.is_autocast_enabled(device_type)
+            or resolve_backend(self._attention_backend) != "native"
+        ):
             return None
         return torch.get_autocast_dtype(device_type)
 
@@ -431,7 +495,9 @@ class VARAttnProcessor:
         key = ("rope_tables", type(self).__name__, dtype)
         if context.rope_source is not None:
             outer, index_RK = context.rope_source
-            return context.pass_cached(key, lambda: gather_rope_tables(self._rope_tables(None, outer, dtype), index_RK))
+            return context.pass_cached(
+                key, lambda: gather_rope_tables(self._rope_tables(None, outer, dtype), index_RK)
+            )
         table = context.rope_cos_sin
         return context.pass_cached(key, lambda: self.rope_tables(table, dtype, self._rope_signs(table, context)))
 
@@ -439,11 +505,15 @@ class VARAttnProcessor:
         """The sign factors of :meth:`rope_tables`, once per call when the context has a call cache."""
         if context is None or context.call_cache is None:
             return None
-        return context.cached(("rope_signs", type(self).__name__, table.dtype, table.device, table.shape[-1]),
-                              lambda: self.rope_signs(table))
+        return context.cached(
+            ("rope_signs", type(self).__name__, table.dtype, table.device, table.shape[-1]),
+            lambda: self.rope_signs(table),
+        )
 
     @staticmethod
-    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def rope_tables(
+        rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         return adjacent_pairing_tables(rope_cos_sin, signs)
 
     @staticmethod
@@ -468,8 +538,9 @@ class VARAttnProcessor:
         return device is not None and device.type == "cuda" and backend == "native"
 
     # -- cross-attention ------------------------------------------------------------------------------------------
-    def _cross_attention(self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None,
-                         text_rows: Optional[slice] = None):
+    def _cross_attention(
+        self, attn, hidden_states_RLC, text_RTC, text_mask_R11T, context=None, text_rows: Optional[slice] = None
+    ):
         """``text_rows``: the rows of the text (keys, values, mask) the image rows attend to; ``None``: all. The
         keys/values are computed for every text row once per call, so a pass on fewer rows takes a view of them."""
         R, L, C = hidden_states_RLC.shape
@@ -497,8 +568,13 @@ class HARTAttnProcessor(VARAttnProcessor):
     (``0.25 / sqrt(c)`` without cosine normalisation, as the official model). There is no cross-attention.
     """
 
-    def project_qkv(self, attn, hidden_states_RLC: torch.Tensor, rope_cos_sin: torch.Tensor,
-                    context: Optional[VARForwardContext] = None):
+    def project_qkv(
+        self,
+        attn,
+        hidden_states_RLC: torch.Tensor,
+        rope_cos_sin: torch.Tensor,
+        context: Optional[VARForwardContext] = None,
+    ):
         qkv = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight, context)
         qk = qkv[:, :, :2]
         if attn.attn_l2_norm:
@@ -508,7 +584,9 @@ class HARTAttnProcessor(VARAttnProcessor):
         return q, k, qkv[:, :, 2]
 
     @staticmethod
-    def rope_tables(rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def rope_tables(
+        rope_cos_sin: torch.Tensor, dtype: torch.dtype, signs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         return half_pairing_tables(rope_cos_sin, dtype, signs)
 
     @staticmethod
@@ -536,10 +614,15 @@ class VARAttentionModuleMixin(AttentionModuleMixin):
 
     def set_attention_slice(self, slice_size: Optional[int]) -> None:
         """Attend ``slice_size`` heads at a time (``None``: all heads in one call). Same outputs, smaller peaks."""
-        if slice_size is not None and (isinstance(slice_size, bool) or not isinstance(slice_size, int)
-                                       or not 1 <= slice_size <= self.num_heads):
-            raise ValueError(f"slice_size must be an int in [1, {self.num_heads}] (heads per slice) or None, got {slice_size!r}")
-        processor = copy.copy(self.processor)  # keeps its attention backend; a processor shared by modules stays unchanged
+        if slice_size is not None and (
+            isinstance(slice_size, bool) or not isinstance(slice_size, int) or not 1 <= slice_size <= self.num_heads
+        ):
+            raise ValueError(
+                f"slice_size must be an int in [1, {self.num_heads}] (heads per slice) or None, got {slice_size!r}"
+            )
+        processor = copy.copy(
+            self.processor
+        )  # keeps its attention backend; a processor shared by modules stays unchanged
         processor.slice_size = slice_size
         self.processor = processor
 

@@ -161,8 +161,15 @@ class BSQEncoder(nn.Module):
     """Image -> continuous latent: ``conv_in``, levels ``down.{i}`` (ResBlocks, then a downsample while the spatial
     factor is below ``patch_size``), ``mid.block_1/2``, ``norm_out``, swish, ``conv_out``."""
 
-    def __init__(self, in_channels: int, base_ch: int, ch_mult: Tuple[int, ...], num_res_blocks: int,
-                 num_downsamples: int, out_channels: int):
+    def __init__(
+        self,
+        in_channels: int,
+        base_ch: int,
+        ch_mult: Tuple[int, ...],
+        num_res_blocks: int,
+        num_downsamples: int,
+        out_channels: int,
+    ):
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, base_ch, kernel_size=3, stride=1, padding=1)
         self.down = nn.ModuleList()
@@ -199,8 +206,15 @@ class BSQDecoder(nn.Module):
     (``num_res_blocks + 1`` ResBlocks, then an upsample for levels 1 .. log2(patch_size)), ``norm_out``, swish,
     ``conv_out``."""
 
-    def __init__(self, latent_channels: int, base_ch: int, ch_mult: Tuple[int, ...], num_res_blocks: int,
-                 num_upsamples: int, out_channels: int):
+    def __init__(
+        self,
+        latent_channels: int,
+        base_ch: int,
+        ch_mult: Tuple[int, ...],
+        num_res_blocks: int,
+        num_upsamples: int,
+        out_channels: int,
+    ):
         super().__init__()
         block_in = base_ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(latent_channels, block_in, kernel_size=3, stride=1, padding=1)
@@ -301,8 +315,13 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
         for name, mults in (("encoder_ch_mult", encoder_ch_mult), ("decoder_ch_mult", decoder_ch_mult)):
             if len(mults) == 0 or min(mults) < 1:
                 raise ValueError(f"{name} must be a non-empty list of positive integers, got {list(mults)}")
-        for name, value in (("codebook_dim", codebook_dim), ("base_ch", base_ch), ("num_res_blocks", num_res_blocks),
-                            ("in_channels", in_channels), ("out_channels", out_channels)):
+        for name, value in (
+            ("codebook_dim", codebook_dim),
+            ("base_ch", base_ch),
+            ("num_res_blocks", num_res_blocks),
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+        ):
             if int(value) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if int(patch_size) != patch_size or patch_size < 1 or int(patch_size) & (int(patch_size) - 1) != 0:
@@ -316,10 +335,15 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
             )
 
         # 2. Encoder (image -> continuous latent) and decoder (latent -> image)
-        self.encoder = BSQEncoder(in_channels, base_ch, encoder_ch_mult, num_res_blocks, num_resamples,
-                                  (2 if encoder_double_z else 1) * codebook_dim)
-        self.decoder = BSQDecoder(codebook_dim, base_ch, decoder_ch_mult, num_res_blocks, num_resamples,
-                                  out_channels)
+        self.encoder = BSQEncoder(
+            in_channels,
+            base_ch,
+            encoder_ch_mult,
+            num_res_blocks,
+            num_resamples,
+            (2 if encoder_double_z else 1) * codebook_dim,
+        )
+        self.decoder = BSQDecoder(codebook_dim, base_ch, decoder_ch_mult, num_res_blocks, num_resamples, out_channels)
 
     def extra_repr(self) -> str:
         return f"codebook_dim={self.config.codebook_dim}, patch_size={self.config.patch_size}"
@@ -373,7 +397,9 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
 
     # ------------------------------------------------------------------ bits, codes and f_hat
 
-    def bit_code_values(self, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None) -> torch.Tensor:
+    def bit_code_values(
+        self, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
+    ) -> torch.Tensor:
         """``(2,)``: the code of a bit 0 and of a bit 1 before the normalisation (``-1/sqrt(d)``, ``+1/sqrt(d)``), in
         ``dtype`` on ``device``, computed on the device by the same element-wise ops as :meth:`bits_to_codes` (so the
         same values). A caller that turns bits into codes at every scale of a call computes it once and passes it to
@@ -381,8 +407,9 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
         scale = 1.0 / math.sqrt(self.config.codebook_dim)
         return torch.arange(2, device=device).to(dtype) * (2.0 * scale) - scale
 
-    def bits_to_codes(self, bits: torch.Tensor, dtype: torch.dtype = torch.float32,
-                      bit_code_values: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def bits_to_codes(
+        self, bits: torch.Tensor, dtype: torch.dtype = torch.float32, bit_code_values: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """BSQ codes of bits: bit 1 -> +1/sqrt(d), bit 0 -> -1/sqrt(d), then L2-normalised over d.
 
         The normalisation changes the codes only by rounding; it is kept because the official path does it.
@@ -408,8 +435,10 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
             raise ValueError(f"bits must have shape (B, 1, h, w, {d}) or (B, h, w, {d}), got {tuple(bits.shape)}")
         if bit_code_values is not None and bits.dtype in (torch.int64, torch.int32) and bits.is_contiguous():
             if bit_code_values.shape != (2,) or bit_code_values.dtype != dtype:
-                raise ValueError(f"bit_code_values must be bit_code_values({dtype}), shape (2,); got "
-                                 f"{tuple(bit_code_values.shape)} {bit_code_values.dtype}")
+                raise ValueError(
+                    f"bit_code_values must be bit_code_values({dtype}), shape (2,); got "
+                    f"{tuple(bit_code_values.shape)} {bit_code_values.dtype}"
+                )
             codes_Bhwd = bit_code_values[bits]  # contiguous, as the cast of contiguous bits: the same norm kernel
             # Every code is +-1/sqrt(d), so the norm is ~1 and F.normalize's clamp to >= 1e-12 never acts.
             return (codes_Bhwd / codes_Bhwd.norm(2, -1, keepdim=True)).permute(0, 3, 1, 2)
@@ -498,9 +527,7 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
             `list[torch.Tensor]`: per scale, bits of shape (B, 1, h, w, d), dtype uint8.
         """
         if z_Bdhw.ndim != 4 or z_Bdhw.shape[1] != self.config.codebook_dim:
-            raise ValueError(
-                f"z must have shape (B, {self.config.codebook_dim}, H, W), got {tuple(z_Bdhw.shape)}"
-            )
+            raise ValueError(f"z must have shape (B, {self.config.codebook_dim}, H, W), got {tuple(z_Bdhw.shape)}")
         if len(scale_schedule) == 0:
             raise ValueError("scale_schedule must hold at least one scale")
         sizes = [_scale_hw(size, f"scale_schedule[{si}]") for si, size in enumerate(scale_schedule)]
@@ -567,7 +594,11 @@ class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDec
                 raise ValueError(f"config has unknown keys {unknown}; allowed keys are {allowed}")
         codebook_dim = int(config.get("codebook_dim", 32))
         return build_and_load_strict(
-            cls, config, state_dict, "Infinity BSQ VAE checkpoint", torch_dtype,
+            cls,
+            config,
+            state_dict,
+            "Infinity BSQ VAE checkpoint",
+            torch_dtype,
             convert=lambda sd, expected: convert_infinity_vae_checkpoint(sd, expected, codebook_dim=codebook_dim),
         )
 
@@ -661,7 +692,9 @@ def infer_infinity_vae_config(state_dict: Mapping[str, torch.Tensor]) -> Dict[st
     decoder_blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"decoder\.up\.0\.block\.(\d+)\.", k))}
     encoder_blocks = {int(m.group(1)) for k in state_dict if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k))}
     num_upsamples = len({m.group(1) for k in state_dict if (m := re.match(r"decoder\.up\.(\d+)\.upsample\.", k))})
-    num_downsamples = len({m.group(1) for k in state_dict if (m := re.match(r"encoder\.down\.(\d+)\.downsample\.", k))})
+    num_downsamples = len(
+        {m.group(1) for k in state_dict if (m := re.match(r"encoder\.down\.(\d+)\.downsample\.", k))}
+    )
     if len(encoder_blocks) != len(decoder_blocks) - 1 or num_downsamples != num_upsamples:
         raise ValueError(
             f"cannot infer the VAE config: the encoder has {len(encoder_blocks)} ResBlocks per level and "

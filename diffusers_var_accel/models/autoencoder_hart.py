@@ -71,7 +71,9 @@ def _hw(size: PatchNum, name: str) -> Tuple[int, int]:
 def _group_norm(num_channels: int) -> nn.GroupNorm:
     """GroupNorm of the official ``Normalize``: always 32 groups, eps 1e-6, affine."""
     if num_channels % 32 != 0:
-        raise ValueError(f"the HART tokenizer's GroupNorm uses 32 groups; {num_channels} channels are not divisible by 32")
+        raise ValueError(
+            f"the HART tokenizer's GroupNorm uses 32 groups; {num_channels} channels are not divisible by 32"
+        )
     return nn.GroupNorm(num_groups=32, num_channels=num_channels, eps=1e-6, affine=True)
 
 
@@ -119,7 +121,7 @@ class HARTAttnBlock(nn.Module):
         # The 3C output channels are [q | k | v], each C wide.
         q_BCl, k_BCl, v_BCl = self.qkv(self.norm(x_BChw)).reshape(B, 3, C, h * w).unbind(1)
         # Scores are scaled after the matmul, as the official block does, then normalised over the keys.
-        scores_Bll = torch.bmm(q_BCl.transpose(1, 2), k_BCl) * (C ** -0.5)
+        scores_Bll = torch.bmm(q_BCl.transpose(1, 2), k_BCl) * (C**-0.5)
         weights_Bll = torch.softmax(scores_Bll, dim=2)
         out_BCl = torch.bmm(v_BCl, weights_Bll.transpose(1, 2))
         return x_BChw + self.proj_out(out_BCl.reshape(B, C, h, w))
@@ -154,8 +156,9 @@ class HARTEncoder(nn.Module):
     attention block at the coarsest level only), then a downsample except at the coarsest level; ``mid.block_1``,
     ``mid.attn_1``, ``mid.block_2``; ``norm_out``, SiLU, ``conv_out``."""
 
-    def __init__(self, in_channels: int, ch: int, ch_mult: Tuple[int, ...], num_res_blocks: int, dropout: float,
-                 z_channels: int):
+    def __init__(
+        self, in_channels: int, ch: int, ch_mult: Tuple[int, ...], num_res_blocks: int, dropout: float, z_channels: int
+    ):
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, ch, kernel_size=3, stride=1, padding=1)
         self.down = nn.ModuleList()
@@ -199,8 +202,15 @@ class HARTDecoder(nn.Module):
     coarsest to the finest: ``num_res_blocks + 1`` ResBlocks (each followed by an attention block at the coarsest level
     only), then a nearest-x2 upsample + conv except at level 0; ``norm_out``, SiLU, ``conv_out``."""
 
-    def __init__(self, z_channels: int, ch: int, ch_mult: Tuple[int, ...], num_res_blocks: int, dropout: float,
-                 out_channels: int):
+    def __init__(
+        self,
+        z_channels: int,
+        ch: int,
+        ch_mult: Tuple[int, ...],
+        num_res_blocks: int,
+        dropout: float,
+        out_channels: int,
+    ):
         super().__init__()
         last = len(ch_mult) - 1
         block_in = ch * ch_mult[last]
@@ -357,8 +367,13 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
         ch_mult = tuple(int(m) for m in ch_mult)
         if len(ch_mult) == 0 or min(ch_mult) < 1:
             raise ValueError(f"ch_mult must be a non-empty list of positive integers, got {list(ch_mult)}")
-        for name, value in (("vocab_size", vocab_size), ("z_channels", z_channels), ("ch", ch),
-                            ("num_res_blocks", num_res_blocks), ("in_channels", in_channels)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("z_channels", z_channels),
+            ("ch", ch),
+            ("num_res_blocks", num_res_blocks),
+            ("in_channels", in_channels),
+        ):
             if int(value) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if int(quant_conv_ks) < 1 or int(quant_conv_ks) % 2 == 0:
@@ -400,8 +415,10 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
             `torch.Tensor`: ``codes_BCvhw`` of shape (B, Cv, height, width), in the codebook's dtype.
         """
         if indices_BL.ndim != 2 or indices_BL.shape[1] != height * width:
-            raise ValueError(f"indices must have shape (B, {height * width}) for a {height}x{width} scale, "
-                             f"got {tuple(indices_BL.shape)}")
+            raise ValueError(
+                f"indices must have shape (B, {height * width}) for a {height}x{width} scale, "
+                f"got {tuple(indices_BL.shape)}"
+            )
         codes_BLCv = self.quantize.embedding(indices_BL)
         return codes_BLCv.transpose(1, 2).reshape(indices_BL.shape[0], self.config.z_channels, height, width)
 
@@ -455,11 +472,14 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
         if f_hat_BCvHW is None:
             f_hat_BCvHW = codes_BCvhw.new_zeros(codes_BCvhw.shape[0], Cv, H, W)
         elif tuple(f_hat_BCvHW.shape) != (codes_BCvhw.shape[0], Cv, H, W):
-            raise ValueError(f"f_hat has shape {tuple(f_hat_BCvHW.shape)}, expected {(codes_BCvhw.shape[0], Cv, H, W)}")
+            raise ValueError(
+                f"f_hat has shape {tuple(f_hat_BCvHW.shape)}, expected {(codes_BCvhw.shape[0], Cv, H, W)}"
+            )
         if scale_index == num_scales - 1:
             if tuple(codes_BCvhw.shape[-2:]) != (H, W):
-                raise ValueError(f"the last scale's codes must have the final size {(H, W)}, "
-                                 f"got {tuple(codes_BCvhw.shape[-2:])}")
+                raise ValueError(
+                    f"the last scale's codes must have the final size {(H, W)}, got {tuple(codes_BCvhw.shape[-2:])}"
+                )
             return f_hat_BCvHW + codes_BCvhw
         up_BCvHW = F.interpolate(codes_BCvhw, size=(H, W), mode="bicubic", align_corners=False)
         return f_hat_BCvHW + self.apply_phi(up_BCvHW, scale_index, num_scales)
@@ -476,7 +496,9 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
         """
         h, w = _hw(hw, "hw")
         if f_hat_BCvHW.ndim != 4 or f_hat_BCvHW.shape[1] != self.config.z_channels:
-            raise ValueError(f"f_hat must have shape (B, {self.config.z_channels}, H, W), got {tuple(f_hat_BCvHW.shape)}")
+            raise ValueError(
+                f"f_hat must have shape (B, {self.config.z_channels}, H, W), got {tuple(f_hat_BCvHW.shape)}"
+            )
         down_BCvhw = F.interpolate(f_hat_BCvHW, size=(h, w), mode="area")
         return down_BCvhw.reshape(down_BCvhw.shape[0], down_BCvhw.shape[1], h * w).transpose(1, 2)
 
@@ -494,10 +516,12 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
             [`~HARTHybridTokenizer.downsample_factor`].
         """
         if f_hat_BCvHW.ndim != 4 or f_hat_BCvHW.shape[1] != self.config.z_channels:
-            raise ValueError(f"decode expects a latent of shape (B, {self.config.z_channels}, H, W), "
-                             f"got {tuple(f_hat_BCvHW.shape)}")
-        return self._decode_sliced_tiled(lambda f: self.decoder(self.post_quant_conv(f)).clamp(min=-1.0, max=1.0),
-                                         f_hat_BCvHW.contiguous())
+            raise ValueError(
+                f"decode expects a latent of shape (B, {self.config.z_channels}, H, W), got {tuple(f_hat_BCvHW.shape)}"
+            )
+        return self._decode_sliced_tiled(
+            lambda f: self.decoder(self.post_quant_conv(f)).clamp(min=-1.0, max=1.0), f_hat_BCvHW.contiguous()
+        )
 
     def forward(self, f_hat_BCvHW: torch.Tensor) -> torch.Tensor:
         """Same as [`~HARTHybridTokenizer.decode`] (generation only needs the decoder)."""
@@ -507,8 +531,9 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
     def encode(self, image_B3HW: torch.Tensor) -> torch.Tensor:
         """Continuous latent ``quant_conv(encoder(image))`` of images in [-1, 1], shape (B, Cv, H / f, W / f)."""
         if image_B3HW.ndim != 4 or image_B3HW.shape[1] != self.config.in_channels:
-            raise ValueError(f"encode expects images of shape (B, {self.config.in_channels}, H, W), "
-                             f"got {tuple(image_B3HW.shape)}")
+            raise ValueError(
+                f"encode expects images of shape (B, {self.config.in_channels}, H, W), got {tuple(image_B3HW.shape)}"
+            )
         return self.quant_conv(self.encoder(image_B3HW))
 
     @torch.no_grad()
@@ -558,8 +583,13 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
                 idx_N = torch.argmax(F.normalize(z_NCv, dim=-1) @ F.normalize(codebook_VCv, dim=-1).T, dim=1)
             else:
                 # |z|^2 + |e|^2 - 2 z.e with one fused addmm, the official expansion (so near-ties break alike).
-                dist_NV = torch.addmm(z_NCv.square().sum(dim=1, keepdim=True) + codebook_VCv.square().sum(dim=1),
-                                      z_NCv, codebook_VCv.T, beta=1, alpha=-2)
+                dist_NV = torch.addmm(
+                    z_NCv.square().sum(dim=1, keepdim=True) + codebook_VCv.square().sum(dim=1),
+                    z_NCv,
+                    codebook_VCv.T,
+                    beta=1,
+                    alpha=-2,
+                )
                 idx_N = torch.argmin(dist_NV, dim=1)
             idx_BL = idx_N.reshape(B, h * w)
             indices.append(idx_BL)
@@ -603,8 +633,10 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
         """
         config = hart_tokenizer_config_from_original(original_config)
         prefixed = original_config.get("model_type", "hart_autoencoder_with_disc") != "hart_autoencoder"
-        weights = hart_tokenizer_state_dict_from_original(load_original_state_dict(
-            state_dict if isinstance(state_dict, (str, os.PathLike)) else dict(state_dict)), prefixed=prefixed)
+        weights = hart_tokenizer_state_dict_from_original(
+            load_original_state_dict(state_dict if isinstance(state_dict, (str, os.PathLike)) else dict(state_dict)),
+            prefixed=prefixed,
+        )
         return build_and_load_strict(cls, config, weights, "HART tokenizer checkpoint", torch_dtype)
 
     @classmethod
@@ -635,8 +667,10 @@ class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTil
 
 def _read_weights_folder(folder: str) -> Dict[str, torch.Tensor]:
     """All tensors of an HF model folder: a single safetensors / pickle file or its sharded index form."""
-    for single, index in (("model.safetensors", "model.safetensors.index.json"),
-                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
         if os.path.isfile(os.path.join(folder, single)):
             return load_original_state_dict(os.path.join(folder, single))
         if os.path.isfile(os.path.join(folder, index)):
@@ -668,7 +702,7 @@ def hart_tokenizer_state_dict_from_original(
             if key.startswith(_DISC_PREFIX):
                 continue
             if key.startswith(_VAE_PREFIX):
-                key = key[len(_VAE_PREFIX):]
+                key = key[len(_VAE_PREFIX) :]
             else:
                 # Mark a key outside the autoencoder so that it cannot be mistaken for one of ours.
                 key = f"<outside vae.>{key}"
@@ -687,11 +721,15 @@ def hart_tokenizer_config_from_original(cfg_dict: Mapping[str, Any]) -> Dict[str
     """
     model_type = cfg_dict.get("model_type")
     if model_type is not None and model_type not in _ORIGINAL_MODEL_TYPES:
-        raise ValueError(f"not a HART tokenizer config: model_type={model_type!r} (expected one of {_ORIGINAL_MODEL_TYPES})")
+        raise ValueError(
+            f"not a HART tokenizer config: model_type={model_type!r} (expected one of {_ORIGINAL_MODEL_TYPES})"
+        )
     quantizer_type = cfg_dict.get("quantizer_type", "var")
     if quantizer_type != "var_hybrid":
-        raise ValueError(f"quantizer_type={quantizer_type!r} is not supported: HART's hybrid tokenizer needs 'var_hybrid' "
-                         "(the plain 'var' quantiser adds Phi at the last scale and has no continuous residual)")
+        raise ValueError(
+            f"quantizer_type={quantizer_type!r} is not supported: HART's hybrid tokenizer needs 'var_hybrid' "
+            "(the plain 'var' quantiser adds Phi at the last scale and has no continuous residual)"
+        )
     if cfg_dict.get("double_decoder", False):
         raise ValueError("double_decoder=True is not supported (a second decoder for discrete-only reconstruction)")
     share = int(cfg_dict.get("share_quant_resi", 4))
@@ -716,4 +754,3 @@ def hart_tokenizer_config_from_original(cfg_dict: Mapping[str, Any]) -> Dict[str
         "quant_conv_ks": int(cfg_dict.get("quant_conv_ks", 3)),
         "in_channels": 3,  # hard-coded in the official HARTAutoEncoder
     }
-

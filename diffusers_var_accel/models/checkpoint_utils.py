@@ -17,9 +17,17 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 
 #: The names a string ``torch_dtype`` / ``dtype`` may take (also with a ``"torch."`` prefix).
-DTYPE_NAMES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                                       "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16,
-                                       "bf16": torch.bfloat16, "half": torch.float16, "float": torch.float32}
+DTYPE_NAMES: Dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "half": torch.float16,
+    "float": torch.float32,
+}
 
 
 def resolve_torch_dtype(value: Any, name: str = "torch_dtype") -> Optional[torch.dtype]:
@@ -33,12 +41,14 @@ def resolve_torch_dtype(value: Any, name: str = "torch_dtype") -> Optional[torch
         return value
     if isinstance(value, str):
         key = value.strip().lower()
-        key = key[len("torch."):] if key.startswith("torch.") else key
+        key = key[len("torch.") :] if key.startswith("torch.") else key
         if key in DTYPE_NAMES:
             return DTYPE_NAMES[key]
-    raise ValueError(f"{name}={value!r} is not a dtype: pass a torch.dtype (torch.float16) or one of the names "
-                     f"{sorted(n for n in DTYPE_NAMES if n in ('float32', 'float16', 'bfloat16', 'float64'))} "
-                     "(optionally as 'torch.<name>')")
+    raise ValueError(
+        f"{name}={value!r} is not a dtype: pass a torch.dtype (torch.float16) or one of the names "
+        f"{sorted(n for n in DTYPE_NAMES if n in ('float32', 'float16', 'bfloat16', 'float64'))} "
+        "(optionally as 'torch.<name>')"
+    )
 
 
 class CheckpointFileError(ValueError):
@@ -56,7 +66,9 @@ def check_checkpoint_file(path: Union[str, os.PathLike]) -> None:
         raise FileNotFoundError(f"checkpoint file not found: {path}")
     size = os.path.getsize(path)
     if size == 0:
-        raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this weights file did not finish")
+        raise CheckpointFileError(
+            f"{path} is empty (0 bytes): the download or the copy of this weights file did not finish"
+        )
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError, safe_open
 
@@ -64,8 +76,9 @@ def check_checkpoint_file(path: Union[str, os.PathLike]) -> None:
             with safe_open(path, framework="pt") as f:
                 list(f.keys())
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-            raise CheckpointFileError(f"{path} ({size} bytes) is not a readable safetensors file (truncated or corrupted): "
-                                      f"{err}") from None
+            raise CheckpointFileError(
+                f"{path} ({size} bytes) is not a readable safetensors file (truncated or corrupted): {err}"
+            ) from None
     else:
         _load_pickle(path)
 
@@ -73,7 +86,9 @@ def check_checkpoint_file(path: Union[str, os.PathLike]) -> None:
 def _load_pickle(path: str):
     size = os.path.getsize(path)
     if size == 0:
-        raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this checkpoint did not finish")
+        raise CheckpointFileError(
+            f"{path} is empty (0 bytes): the download or the copy of this checkpoint did not finish"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -81,14 +96,20 @@ def _load_pickle(path: str):
         # that are no pickle at all
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
-        raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint for torch.load(weights_only=True) "
-                                  f"(corrupted, or it holds objects other than tensors, which are refused): {reason}") from None
+        raise CheckpointFileError(
+            f"{path} ({size} bytes) is not a readable PyTorch checkpoint for torch.load(weights_only=True) "
+            f"(corrupted, or it holds objects other than tensors, which are refused): {reason}"
+        ) from None
     except (EOFError, RuntimeError, OSError, ValueError, TypeError, KeyError) as err:
-        raise CheckpointFileError(f"{path} ({size} bytes) is not a readable PyTorch checkpoint (truncated or corrupted): "
-                                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+        raise CheckpointFileError(
+            f"{path} ({size} bytes) is not a readable PyTorch checkpoint (truncated or corrupted): "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from None
 
 
-def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], entry: Optional[str] = None) -> Dict[str, torch.Tensor]:
+def load_original_state_dict(
+    path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], entry: Optional[str] = None
+) -> Dict[str, torch.Tensor]:
     """A plain ``name -> tensor`` dict from a state dict, a ``.safetensors`` file or a ``.pth`` / ``.bin`` pickle.
 
     Args:
@@ -118,11 +139,15 @@ def load_original_state_dict(path_or_state_dict: Union[str, os.PathLike, Dict[st
     return dict(state_dict)
 
 
-def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], what: str) -> None:
+def check_state_dict(
+    expected_shapes: Mapping[str, Tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], what: str
+) -> None:
     """Raise one ``ValueError`` listing every missing, unexpected and mis-shaped key (with shapes), if any."""
     missing = sorted(k for k in expected_shapes if k not in state_dict)
     unexpected = sorted(k for k in state_dict if k not in expected_shapes)
-    mis_shaped = sorted(k for k in state_dict if k in expected_shapes and tuple(state_dict[k].shape) != tuple(expected_shapes[k]))
+    mis_shaped = sorted(
+        k for k in state_dict if k in expected_shapes and tuple(state_dict[k].shape) != tuple(expected_shapes[k])
+    )
     if not (missing or unexpected or mis_shaped):
         return
     lines = [f"{what} does not match the model:"]
@@ -134,12 +159,20 @@ def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]], state_dict:
         lines += [f"  {k} {tuple(state_dict[k].shape)}" for k in unexpected]
     if mis_shaped:
         lines.append(f"mis-shaped keys ({len(mis_shaped)}):")
-        lines += [f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected_shapes[k])}" for k in mis_shaped]
+        lines += [
+            f"  {k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected_shapes[k])}" for k in mis_shaped
+        ]
     raise ValueError("\n".join(lines))
 
 
-def build_and_load_strict(cls, config: Dict[str, Any], state_dict: Dict[str, torch.Tensor], what: str,
-                          torch_dtype: Optional[torch.dtype] = None, convert=None):
+def build_and_load_strict(
+    cls,
+    config: Dict[str, Any],
+    state_dict: Dict[str, torch.Tensor],
+    what: str,
+    torch_dtype: Optional[torch.dtype] = None,
+    convert=None,
+):
     """Build ``cls(**config)`` without initialising weights (meta device), then load ``state_dict`` strictly.
 
     ``convert(state_dict, expected_shapes)`` renames official keys first. Tensors of the given dict are copied, so the
@@ -153,7 +186,10 @@ def build_and_load_strict(cls, config: Dict[str, Any], state_dict: Dict[str, tor
         state_dict = convert(state_dict, expected)
     check_state_dict(expected, state_dict, what)
     dtype = torch_dtype or torch.float32
-    loaded = {k: v.to(dtype=dtype if v.is_floating_point() else v.dtype, copy=True).contiguous() for k, v in state_dict.items()}
+    loaded = {
+        k: v.to(dtype=dtype if v.is_floating_point() else v.dtype, copy=True).contiguous()
+        for k, v in state_dict.items()
+    }
     model.load_state_dict(loaded, strict=True, assign=True)
     return model.eval()
 
@@ -175,7 +211,9 @@ def read_shard_index(folder: Union[str, os.PathLike]) -> Dict[str, list]:
     index_path = os.path.join(folder, SHARDED_INDEX_NAME)
     if not os.path.isfile(index_path):
         found = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-        raise FileNotFoundError(f"sharded checkpoint folder {folder} has no {SHARDED_INDEX_NAME} (found: {found[:10]})")
+        raise FileNotFoundError(
+            f"sharded checkpoint folder {folder} has no {SHARDED_INDEX_NAME} (found: {found[:10]})"
+        )
     try:
         with open(index_path, encoding="utf-8") as f:
             index = json.load(f)
@@ -218,15 +256,23 @@ def sharded_checkpoint_shapes(folder: Union[str, os.PathLike]) -> Dict[str, torc
             present = set(f.keys())
             absent, extra = sorted(set(keys) - present), sorted(present - set(keys))
             if absent or extra:
-                raise ValueError(f"shard {path} does not hold the keys its index assigns to it: missing {absent[:10]}, "
-                                 f"not in the index {extra[:10]}")
+                raise ValueError(
+                    f"shard {path} does not hold the keys its index assigns to it: missing {absent[:10]}, "
+                    f"not in the index {extra[:10]}"
+                )
             for key in keys:
                 out[key] = torch.empty(tuple(f.get_slice(key).get_shape()), device="meta")
     return out
 
 
-def build_and_load_sharded_strict(cls, config: Dict[str, Any], folder: Union[str, os.PathLike], what: str,
-                                  torch_dtype: Optional[torch.dtype] = None, convert=None):
+def build_and_load_sharded_strict(
+    cls,
+    config: Dict[str, Any],
+    folder: Union[str, os.PathLike],
+    what: str,
+    torch_dtype: Optional[torch.dtype] = None,
+    convert=None,
+):
     """:func:`build_and_load_strict` for a sharded safetensors folder, one shard at a time.
 
     The model is built on the meta device; every key and shape is checked against the shard headers before any
@@ -287,7 +333,9 @@ def check_folder_files(folder: Union[str, os.PathLike]) -> None:
     for pattern in ("*.bin", "*.pth", "*.pt", "*.ckpt"):
         for path in sorted(glob.glob(os.path.join(folder, pattern))):
             if os.path.getsize(path) == 0:
-                raise CheckpointFileError(f"{path} is empty (0 bytes): the download or the copy of this file did not finish")
+                raise CheckpointFileError(
+                    f"{path} is empty (0 bytes): the download or the copy of this file did not finish"
+                )
 
 
 def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -> None:
@@ -314,12 +362,17 @@ def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -
     tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
     ignore_missing = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
     ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
-    missing = sorted(k for k in expected - stored
-                     if not (k in tied and tied[k] in stored) and not any(re.search(p, k) for p in ignore_missing))
+    missing = sorted(
+        k
+        for k in expected - stored
+        if not (k in tied and tied[k] in stored) and not any(re.search(p, k) for p in ignore_missing)
+    )
     unexpected = sorted(k for k in stored - expected if not any(re.search(p, k) for p in ignore_unexpected))
     if missing or unexpected:
-        lines = [f"{', '.join(files)} do not match {type(model).__name__} as {os.path.join(os.fspath(folder), 'config.json')} "
-                 "describes it:"]
+        lines = [
+            f"{', '.join(files)} do not match {type(model).__name__} as {os.path.join(os.fspath(folder), 'config.json')} "
+            "describes it:"
+        ]
         if missing:
             lines += [f"missing keys ({len(missing)}):"] + [f"  {k}" for k in missing[:50]]
         if unexpected:
@@ -349,14 +402,20 @@ class StrictLoadingMixin:
             if key in kwargs:
                 kwargs[key] = resolve_torch_dtype(kwargs[key], key)
         return_info = kwargs.pop("output_loading_info", False)
-        folder = os.fspath(pretrained_model_name_or_path) if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) else None
+        folder = (
+            os.fspath(pretrained_model_name_or_path)
+            if isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+            else None
+        )
         if folder is not None and kwargs.get("subfolder"):
             folder = os.path.join(folder, kwargs["subfolder"])
         local = folder is not None and os.path.isdir(folder)
         if local:
             config_file = os.path.join(folder, "config.json")
             if not os.path.isfile(config_file):
-                raise FileNotFoundError(f"{folder} has no config.json: not a folder written by {cls.__name__}.save_pretrained")
+                raise FileNotFoundError(
+                    f"{folder} has no config.json: not a folder written by {cls.__name__}.save_pretrained"
+                )
             try:
                 with open(config_file, encoding="utf-8") as f:
                     json.load(f)
@@ -367,23 +426,37 @@ class StrictLoadingMixin:
                 raise FileNotFoundError(f"{folder} has no weights file (diffusion_pytorch_model.safetensors or .bin)")
             for path in weights:
                 check_checkpoint_file(path)
-        where = (f"{', '.join(_weights_files(folder))} (with {os.path.join(folder, 'config.json')})" if local
-                 else str(pretrained_model_name_or_path))
+        where = (
+            f"{', '.join(_weights_files(folder))} (with {os.path.join(folder, 'config.json')})"
+            if local
+            else str(pretrained_model_name_or_path)
+        )
         try:
             model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
         except ValueError as err:
             if "expected shape" not in str(err):
                 raise
             # diffusers stops at the first mis-shaped key and names no file
-            raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\nmis-shaped keys: "
-                             f"{str(err).split(' If you want')[0]}") from None
+            raise ValueError(
+                f"{where} does not match {cls.__name__} as its config describes it:\nmis-shaped keys: "
+                f"{str(err).split(' If you want')[0]}"
+            ) from None
         problems = []
-        for label, keys in (("missing keys", info.get("missing_keys")), ("unexpected keys", info.get("unexpected_keys")),
-                            ("mis-shaped keys", info.get("mismatched_keys")), ("load errors", info.get("error_msgs"))):
+        for label, keys in (
+            ("missing keys", info.get("missing_keys")),
+            ("unexpected keys", info.get("unexpected_keys")),
+            ("mis-shaped keys", info.get("mismatched_keys")),
+            ("load errors", info.get("error_msgs")),
+        ):
             keys = sorted(str(k) for k in (keys or []))
             if keys:
-                problems.append(f"{label} ({len(keys)}):\n" + "\n".join(f"  {k}" for k in keys[:50])
-                                + (f"\n  ... and {len(keys) - 50} more" if len(keys) > 50 else ""))
+                problems.append(
+                    f"{label} ({len(keys)}):\n"
+                    + "\n".join(f"  {k}" for k in keys[:50])
+                    + (f"\n  ... and {len(keys) - 50} more" if len(keys) > 50 else "")
+                )
         if problems:
-            raise ValueError(f"{where} does not match {cls.__name__} as its config describes it:\n" + "\n".join(problems))
+            raise ValueError(
+                f"{where} does not match {cls.__name__} as its config describes it:\n" + "\n".join(problems)
+            )
         return (model, info) if return_info else model

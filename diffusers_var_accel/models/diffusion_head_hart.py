@@ -54,8 +54,10 @@ def cosine_betas(num_timesteps: int = 1000, max_beta: float = 0.999) -> np.ndarr
     def alpha_bar(s: float) -> float:
         return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
 
-    betas = [min(1 - alpha_bar((i + 1) / num_timesteps) / alpha_bar(i / num_timesteps), max_beta)
-             for i in range(num_timesteps)]
+    betas = [
+        min(1 - alpha_bar((i + 1) / num_timesteps) / alpha_bar(i / num_timesteps), max_beta)
+        for i in range(num_timesteps)
+    ]
     return np.array(betas, dtype=np.float64)
 
 
@@ -68,7 +70,7 @@ def space_timesteps(num_timesteps: int, section_counts: Union[str, int, Sequence
     """
     if isinstance(section_counts, str):
         if section_counts.startswith("ddim"):
-            wanted = int(section_counts[len("ddim"):])
+            wanted = int(section_counts[len("ddim") :])
             for stride in range(1, num_timesteps):
                 if len(range(0, num_timesteps, stride)) == wanted:
                     return set(range(0, num_timesteps, stride))
@@ -111,7 +113,9 @@ class _RespacedSchedule:
                 timestep_map.append(i)
         betas = np.array(new_betas, dtype=np.float64)
         if len(betas) < 2:
-            raise ValueError(f"num_sampling_steps={num_sampling_steps!r} keeps {len(betas)} step(s); at least 2 needed")
+            raise ValueError(
+                f"num_sampling_steps={num_sampling_steps!r} keeps {len(betas)} step(s); at least 2 needed"
+            )
         alphas_cumprod = np.cumprod(1.0 - betas, axis=0)
         alphas_cumprod_prev = np.append(1.0, alphas_cumprod[:-1])
         posterior_variance = betas * (1.0 - alphas_cumprod_prev) / (1.0 - alphas_cumprod)
@@ -129,8 +133,14 @@ class _RespacedSchedule:
     def float32_tables(self) -> Dict[str, torch.Tensor]:
         """The per-step coefficients as float32 tensors: the official gathers the float64 value and casts it with
         ``.float()``, so every coefficient enters the arithmetic rounded to float32 (done here once)."""
-        names = ("sqrt_recip_alphas_cumprod", "sqrt_recipm1_alphas_cumprod", "posterior_log_variance_clipped",
-                 "log_betas", "posterior_mean_coef1", "posterior_mean_coef2")
+        names = (
+            "sqrt_recip_alphas_cumprod",
+            "sqrt_recipm1_alphas_cumprod",
+            "posterior_log_variance_clipped",
+            "log_betas",
+            "posterior_mean_coef1",
+            "posterior_mean_coef2",
+        )
         return {name: torch.from_numpy(getattr(self, name)).float() for name in names}
 
 
@@ -156,8 +166,9 @@ class HARTTimestepEmbedder(nn.Module):
         return torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=device) / half)
 
     @staticmethod
-    def sinusoid(t_N: torch.Tensor, channels: int, max_period: float = 10000.0,
-                 freqs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def sinusoid(
+        t_N: torch.Tensor, channels: int, max_period: float = 10000.0, freqs: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``[cos(t f_i), sin(t f_i)]`` with ``f_i = exp(-ln(max_period) i / half)``, float32 (zero-padded if odd).
 
         ``freqs``: :meth:`frequencies` already on ``t``'s device (no upload per call), else computed here."""
@@ -215,8 +226,13 @@ class HARTDiffusionMLP(nn.Module):
         self.res_blocks = nn.ModuleList([HARTAdaLNResBlock(width) for _ in range(depth)])
         self.final_layer = HARTFinalLayer(width, 2 * token_channels)
 
-    def forward(self, x_NCv: torch.Tensor, t_N: torch.Tensor, c_NC: torch.Tensor,
-                time_frequencies: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_NCv: torch.Tensor,
+        t_N: torch.Tensor,
+        c_NC: torch.Tensor,
+        time_frequencies: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Raw output (N, 2 * Cv) for tokens ``x``, original-process timesteps ``t`` (N,) and conditions ``c``
         (``time_frequencies``: the timestep embedder's frequencies on ``t``'s device, if the caller holds them)."""
         x_NW = self.input_proj(x_NCv)
@@ -268,8 +284,13 @@ class HARTDiffusionHead(nn.Module):
         latent_scale: float = LATENT_SCALE,
     ):
         super().__init__()
-        for name, value in (("token_channels", token_channels), ("condition_channels", condition_channels),
-                            ("width", width), ("depth", depth), ("num_train_timesteps", num_train_timesteps)):
+        for name, value in (
+            ("token_channels", token_channels),
+            ("condition_channels", condition_channels),
+            ("width", width),
+            ("depth", depth),
+            ("num_train_timesteps", num_train_timesteps),
+        ):
             if int(value) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.token_channels = int(token_channels)
@@ -284,8 +305,9 @@ class HARTDiffusionHead(nn.Module):
         self._tables = self.schedule.float32_tables()
         # on the CPU explicitly: a model built on the meta device (then loaded) still holds their values
         self._tables["timestep_map"] = torch.tensor(self.schedule.timestep_map, dtype=torch.long, device="cpu")
-        self._tables["time_frequencies"] = HARTTimestepEmbedder.frequencies(self.net.time_embed.frequency_channels,
-                                                                            device="cpu")
+        self._tables["time_frequencies"] = HARTTimestepEmbedder.frequencies(
+            self.net.time_embed.frequency_channels, device="cpu"
+        )
 
     def _apply(self, fn, *args, **kwargs):
         """``module.to(device)`` also moves the constant tables (their dtypes stay: float32 and long)."""
@@ -314,8 +336,10 @@ class HARTDiffusionHead(nn.Module):
         return len(self.schedule.timestep_map)
 
     def extra_repr(self) -> str:
-        return (f"token_channels={self.token_channels}, condition_channels={self.condition_channels}, "
-                f"num_sampling_steps={self.num_sampling_steps!r}, latent_scale={self.latent_scale}")
+        return (
+            f"token_channels={self.token_channels}, condition_channels={self.condition_channels}, "
+            f"num_sampling_steps={self.num_sampling_steps!r}, latent_scale={self.latent_scale}"
+        )
 
     @torch.no_grad()
     def sample(
@@ -372,12 +396,22 @@ class HARTDiffusionHead(nn.Module):
             `torch.Tensor`: (N, Cv) float32 residuals, already multiplied by ``latent_scale``.
         """
         cond_only = guidance is None
-        if not cond_only and (isinstance(guidance, torch.Tensor) or isinstance(guidance, bool) or not isinstance(guidance, numbers.Real)):
-            raise TypeError(f"guidance must be a Python number (one weight per call) or None, got {type(guidance).__name__}")
+        if not cond_only and (
+            isinstance(guidance, torch.Tensor) or isinstance(guidance, bool) or not isinstance(guidance, numbers.Real)
+        ):
+            raise TypeError(
+                f"guidance must be a Python number (one weight per call) or None, got {type(guidance).__name__}"
+            )
         guidance = 0.0 if cond_only else float(guidance)
-        if condition_2NC.ndim != 2 or condition_2NC.shape[1] != self.condition_channels or (condition_2NC.shape[0] % 2 and not cond_only):
+        if (
+            condition_2NC.ndim != 2
+            or condition_2NC.shape[1] != self.condition_channels
+            or (condition_2NC.shape[0] % 2 and not cond_only)
+        ):
             expected = "(N, C) conditional rows" if cond_only else "(2N, C) with rows [cond | uncond]"
-            raise ValueError(f"condition must have shape {expected} with C = {self.condition_channels}, got {tuple(condition_2NC.shape)}")
+            raise ValueError(
+                f"condition must have shape {expected} with C = {self.condition_channels}, got {tuple(condition_2NC.shape)}"
+            )
         device = condition_2NC.device
         Cv = self.token_channels
         n = condition_2NC.shape[0] if cond_only else condition_2NC.shape[0] // 2
@@ -389,16 +423,21 @@ class HARTDiffusionHead(nn.Module):
         # 1. Initial noise: (N, Cv) with CFG, (2N, Cv) in the no-CFG branch; only N rows are ever used
         initial_rows = n if use_cfg else two_n
         if initial_noise is None:
-            initial_noise = torch.randn(initial_rows, Cv, generator=generator,
-                                        device=generator.device if generator is not None else "cpu")
+            initial_noise = torch.randn(
+                initial_rows, Cv, generator=generator, device=generator.device if generator is not None else "cpu"
+            )
         elif initial_noise.shape not in ((n, Cv), (two_n, Cv)):
-            raise ValueError(f"initial_noise must have shape ({n}, {Cv}) or ({two_n}, {Cv}), got {tuple(initial_noise.shape)}")
+            raise ValueError(
+                f"initial_noise must have shape ({n}, {Cv}) or ({two_n}, {Cv}), got {tuple(initial_noise.shape)}"
+            )
         if step_noises is not None:
             if len(step_noises) != num_steps:
                 raise ValueError(f"step_noises must hold {num_steps} tensors (one per step), got {len(step_noises)}")
             for i, noise in enumerate(step_noises):
                 if noise.shape not in ((n, Cv), (two_n, Cv)):
-                    raise ValueError(f"step_noises[{i}] must have shape ({two_n}, {Cv}) or ({n}, {Cv}), got {tuple(noise.shape)}")
+                    raise ValueError(
+                        f"step_noises[{i}] must have shape ({two_n}, {Cv}) or ({n}, {Cv}), got {tuple(noise.shape)}"
+                    )
         x_NCv = initial_noise[:n].to(device=device, dtype=torch.float32)
 
         tables, timestep_map, time_frequencies = self._constants_on(device)
@@ -426,18 +465,23 @@ class HARTDiffusionHead(nn.Module):
             # Learned-range log-variance between the clipped posterior variance and beta.
             frac = (var_interp_NCv + 1) / 2
             log_variance = frac * tables["log_betas"][i] + (1 - frac) * tables["posterior_log_variance_clipped"][i]
-            x0_NCv = (tables["sqrt_recip_alphas_cumprod"][i] * x_NCv
-                      - tables["sqrt_recipm1_alphas_cumprod"][i] * eps_NCv).clamp(-1, 1)
+            x0_NCv = (
+                tables["sqrt_recip_alphas_cumprod"][i] * x_NCv - tables["sqrt_recipm1_alphas_cumprod"][i] * eps_NCv
+            ).clamp(-1, 1)
             mean_NCv = tables["posterior_mean_coef1"][i] * x0_NCv + tables["posterior_mean_coef2"][i] * x_NCv
 
             # The official draws this step's noise after the network call, also at the last step (then unused).
             if step_noises is not None:
                 noise_NCv = step_noises[num_steps - 1 - i][:n]
             else:
-                noise_NCv = torch.randn(two_n, Cv, generator=generator,
-                                        device=generator.device if generator is not None else device)[:n]
+                noise_NCv = torch.randn(
+                    two_n, Cv, generator=generator, device=generator.device if generator is not None else device
+                )[:n]
             if i != 0:
-                x_NCv = mean_NCv + torch.exp(0.5 * log_variance) * noise_NCv.to(device=device, dtype=torch.float32) * temperature
+                x_NCv = (
+                    mean_NCv
+                    + torch.exp(0.5 * log_variance) * noise_NCv.to(device=device, dtype=torch.float32) * temperature
+                )
             else:
                 x_NCv = mean_NCv
         return x_NCv * self.latent_scale
@@ -463,7 +507,7 @@ class HARTDiffusionHead(nn.Module):
 
 def diffusion_head_state_dict_from_original(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The ``diffloss.*`` entries of an official ``HARTForT2I`` state dict without the prefix (tensors shared)."""
-    return {k[len(_ORIGINAL_PREFIX):]: v for k, v in state_dict.items() if k.startswith(_ORIGINAL_PREFIX)}
+    return {k[len(_ORIGINAL_PREFIX) :]: v for k, v in state_dict.items() if k.startswith(_ORIGINAL_PREFIX)}
 
 
 def hart_diffusion_head_config_from_original(cfg_dict: Mapping[str, Any], token_channels: int) -> Dict[str, Any]:

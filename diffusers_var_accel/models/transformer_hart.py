@@ -44,10 +44,22 @@ from .routing import TokenRoutedBlock
 #: 4096-entry codebook of 32 channels, 37M-parameter diffusion MLP with 8 sampling steps). The released
 #: ``llm/config.json`` is authoritative when loading the checkpoint; this table serves FLOP counts and random builds.
 HART_CONFIGS: Dict[str, Dict] = {
-    "hart-0.7b": dict(depth=24, embed_dim=1536, num_heads=24, mlp_ratio=4.0, context_tokens=300, context_dim=1536,
-                      use_context_norm=True, attn_l2_norm=False,
-                      patch_nums=(1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64), vocab_size=4096, token_channels=32,
-                      diffusion_width=1024, diffusion_depth=6, num_sampling_steps="8"),
+    "hart-0.7b": dict(
+        depth=24,
+        embed_dim=1536,
+        num_heads=24,
+        mlp_ratio=4.0,
+        context_tokens=300,
+        context_dim=1536,
+        use_context_norm=True,
+        attn_l2_norm=False,
+        patch_nums=(1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64),
+        vocab_size=4096,
+        token_channels=32,
+        diffusion_width=1024,
+        diffusion_depth=6,
+        num_sampling_steps="8",
+    ),
 }
 
 #: Official buffers that inference never reads (level ids and the training block-causal mask); the loader drops them.
@@ -124,8 +136,13 @@ class HARTAttention(nn.Module, VARAttentionModuleMixin):
         self.set_processor(HARTAttnProcessor())
 
     # Copied from diffusers_var_accel.models.transformer_infinity.InfinitySelfAttention.forward
-    def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None,
-                scale_ids: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        hidden_states_RLC,
+        context: VARForwardContext,
+        rope_cos_sin: Optional[torch.Tensor] = None,
+        scale_ids: Optional[torch.Tensor] = None,
+    ):
         return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin, scale_ids=scale_ids)
 
     # Copied from diffusers_var_accel.models.transformer_infinity.InfinitySelfAttention.extra_repr
@@ -163,14 +180,23 @@ class HARTCondition:
     rope_offset_R: torch.Tensor
 
     def select_rows(self, rows: slice) -> "HARTCondition":
-        return HARTCondition(self.context_RTC[rows], self.head_cond_RC[rows], self.position_ids_RT[rows], self.rope_offset_R[rows])
+        return HARTCondition(
+            self.context_RTC[rows], self.head_cond_RC[rows], self.position_ids_RT[rows], self.rope_offset_R[rows]
+        )
 
 
 class HARTBlock(TokenRoutedBlock):
     """``x += attn(rms(x)); x += mlp(rms(x))`` with one RMSNorm weight for both sublayers (no AdaLN, no gates)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, mlp_hidden: int, layer_idx: int, norm_eps: float = 1e-6,
-                 attn_l2_norm: bool = False):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        mlp_hidden: int,
+        layer_idx: int,
+        norm_eps: float = 1e-6,
+        attn_l2_norm: bool = False,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.ln_wo_grad = HARTRMSNorm(embed_dim, eps=norm_eps)
@@ -203,7 +229,9 @@ class HARTHeadNorm(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(embed_dim, 2 * embed_dim))
 
     def forward(self, x_RLC: torch.Tensor, cond_RC: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.ada_lin(cond_RC.to(compute_dtype(self.ada_lin[1]))).float().view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
+        scale, shift = (
+            self.ada_lin(cond_RC.to(compute_dtype(self.ada_lin[1]))).float().view(-1, 1, 2, x_RLC.shape[-1]).unbind(2)
+        )
         return self.ln_wo_grad(x_RLC).float().mul(scale.add(1)).add_(shift)
 
 
@@ -272,7 +300,9 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         self.head_nm = HARTHeadNorm(C, norm_eps)
         self.head = nn.Linear(C, vocab_size)
         self.decoder_norm = HARTRMSNorm(C, eps=norm_eps)
-        self.diffusion_head = HARTDiffusionHead(token_channels, C, diffusion_width, diffusion_depth, num_sampling_steps)
+        self.diffusion_head = HARTDiffusionHead(
+            token_channels, C, diffusion_width, diffusion_depth, num_sampling_steps
+        )
 
     def _inv_freq(self, step: int, device) -> torch.Tensor:
         """RoPE frequencies ``1/theta^(i/c)`` for i = 0, step, 2 step, ... (1D context: step 2; 2D images: step 4)."""
@@ -285,9 +315,13 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         """Project the text features of every row (conditional rows first, then the unconditional ones)."""
         T = self.config.context_tokens
         if context_RTD.ndim != 3 or context_RTD.shape[1:] != (T, self.config.context_dim):
-            raise ValueError(f"HART expects text features of shape (rows, {T}, {self.config.context_dim}); got {tuple(context_RTD.shape)}")
+            raise ValueError(
+                f"HART expects text features of shape (rows, {T}, {self.config.context_dim}); got {tuple(context_RTD.shape)}"
+            )
         if position_ids_RT.shape != context_RTD.shape[:2]:
-            raise ValueError(f"position ids {tuple(position_ids_RT.shape)} do not match the text features {tuple(context_RTD.shape[:2])}")
+            raise ValueError(
+                f"position ids {tuple(position_ids_RT.shape)} do not match the text features {tuple(context_RTD.shape[:2])}"
+            )
         x = context_RTD.to(compute_dtype(self.context_embed))
         if self.context_norm is not None:
             x = self.context_norm(x)
@@ -297,12 +331,16 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
     def null_context(self, batch_size: int, device=None, dtype=torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
         """The unconditional text of the official sampler: all-zero features at position 0."""
         T, D = self.config.context_tokens, self.config.context_dim
-        return (torch.zeros(batch_size, T, D, device=device, dtype=dtype),
-                torch.zeros(batch_size, T, device=device, dtype=torch.long))
+        return (
+            torch.zeros(batch_size, T, D, device=device, dtype=dtype),
+            torch.zeros(batch_size, T, device=device, dtype=torch.long),
+        )
 
     # -- inputs ---------------------------------------------------------------------------------------------------------
     @apply_forward_hook
-    def embed_start(self, condition: HARTCondition, level_embeddings_TC: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def embed_start(
+        self, condition: HARTCondition, level_embeddings_TC: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Tokens of the first pass: the projected context plus the level-0 embedding."""
         if level_embeddings_TC is None:
             T = condition.context_RTC.shape[1]
@@ -310,8 +348,9 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         return condition.context_RTC + level_embeddings_TC.unsqueeze(0)
 
     @apply_forward_hook
-    def embed_scale_inputs(self, inputs_RLd: torch.Tensor, level_index_L: torch.Tensor,
-                           level_embeddings_LC: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def embed_scale_inputs(
+        self, inputs_RLd: torch.Tensor, level_index_L: torch.Tensor, level_embeddings_LC: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``word_embed(latent input) + level embedding`` (scale k has level k).
 
         ``level_embeddings_LC`` may give the level embedding of every token directly (see :meth:`level_embeddings`).
@@ -328,7 +367,9 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         patch_nums, T = self.config.patch_nums, self.config.context_tokens
         device = self.word_embed.weight.device
         levels = [torch.zeros(T, dtype=torch.long, device=device)]
-        levels += [torch.full((pn * pn,), k, dtype=torch.long, device=device) for k, pn in enumerate(patch_nums) if k > 0]
+        levels += [
+            torch.full((pn * pn,), k, dtype=torch.long, device=device) for k, pn in enumerate(patch_nums) if k > 0
+        ]
         return self.lvl_embed(torch.cat(levels))
 
     def context_rope(self, position_ids_RT: torch.Tensor) -> torch.Tensor:
@@ -355,7 +396,9 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         return torch.stack((emb.cos(), emb.sin())).unsqueeze(2)
 
     # -- blocks and heads -----------------------------------------------------------------------------------------------
-    def forward(self, hidden_states_RLC: torch.Tensor, condition: HARTCondition, context: VARForwardContext) -> torch.Tensor:
+    def forward(
+        self, hidden_states_RLC: torch.Tensor, condition: HARTCondition, context: VARForwardContext
+    ) -> torch.Tensor:
         """Run every block on the tokens of one pass (the caller owns the KV cache in ``context``)."""
         return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
@@ -407,8 +450,11 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
 
         def convert(sd, expected):
             # check in the checkpoint's own names, so an error names keys the user can find in the file
-            check_state_dict({original_hart_key(k): v for k, v in expected.items()},
-                             {k: v for k, v in sd.items() if k not in IGNORED_ORIGINAL_KEYS}, what)
+            check_state_dict(
+                {original_hart_key(k): v for k, v in expected.items()},
+                {k: v for k, v in sd.items() if k not in IGNORED_ORIGINAL_KEYS},
+                what,
+            )
             return convert_hart_checkpoint(sd)
 
         return build_and_load_strict(cls, config, state_dict, what, torch_dtype, convert=convert)
@@ -419,18 +465,36 @@ def hart_config_from_original(original: Dict, state_dict: Optional[Dict[str, tor
 
     Raises a ``ValueError`` naming every flag this implementation does not cover (they change the architecture).
     """
-    supported = dict(attn_type="llama", mlp_type="llama", disable_aln=True, shared_aln=False, use_timestep_embed=True,
-                     use_cross_attn=False, sampler="iddpm")
-    bad = [f"{k}={original.get(k)!r} (supported: {v!r})" for k, v in supported.items() if k in original and original[k] != v]
+    supported = dict(
+        attn_type="llama",
+        mlp_type="llama",
+        disable_aln=True,
+        shared_aln=False,
+        use_timestep_embed=True,
+        use_cross_attn=False,
+        sampler="iddpm",
+    )
+    bad = [
+        f"{k}={original.get(k)!r} (supported: {v!r})"
+        for k, v in supported.items()
+        if k in original and original[k] != v
+    ]
     if bad:
         raise ValueError("unsupported HART configuration: " + ", ".join(bad))
     config = dict(
-        depth=original["depth"], embed_dim=original["embed_dim"], num_heads=original["num_heads"],
-        mlp_ratio=original.get("mlp_ratio", 4.0), norm_eps=original.get("norm_eps", 1e-6),
-        context_tokens=original["context_token"], context_dim=original["context_dim"],
-        use_context_norm=bool(original.get("use_context_norm", False)), attn_l2_norm=bool(original.get("attn_l2_norm", False)),
-        patch_nums=tuple(original["patch_nums"]), diffusion_width=original.get("diff_width", 1024),
-        diffusion_depth=original.get("diff_depth", 6), num_sampling_steps=str(original.get("num_sampling_steps", "8")),
+        depth=original["depth"],
+        embed_dim=original["embed_dim"],
+        num_heads=original["num_heads"],
+        mlp_ratio=original.get("mlp_ratio", 4.0),
+        norm_eps=original.get("norm_eps", 1e-6),
+        context_tokens=original["context_token"],
+        context_dim=original["context_dim"],
+        use_context_norm=bool(original.get("use_context_norm", False)),
+        attn_l2_norm=bool(original.get("attn_l2_norm", False)),
+        patch_nums=tuple(original["patch_nums"]),
+        diffusion_width=original.get("diff_width", 1024),
+        diffusion_depth=original.get("diff_depth", 6),
+        num_sampling_steps=str(original.get("num_sampling_steps", "8")),
     )
     if state_dict is not None:
         if "head.weight" not in state_dict or "word_embed.weight" not in state_dict:
@@ -447,11 +511,11 @@ def convert_hart_checkpoint(state_dict: Dict[str, torch.Tensor]) -> Dict[str, to
         if key in IGNORED_ORIGINAL_KEYS:
             continue
         if key.startswith("diffloss."):
-            key = "diffusion_head." + key[len("diffloss."):]
+            key = "diffusion_head." + key[len("diffloss.") :]
         out[key] = value
     return out
 
 
 def original_hart_key(key: str) -> str:
     """Our parameter name -> the official ``HARTForT2I`` one (the inverse of :func:`convert_hart_checkpoint`)."""
-    return "diffloss." + key[len("diffusion_head."):] if key.startswith("diffusion_head.") else key
+    return "diffloss." + key[len("diffusion_head.") :] if key.startswith("diffusion_head.") else key

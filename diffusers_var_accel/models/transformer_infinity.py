@@ -40,10 +40,27 @@ from .routing import TokenRoutedBlock
 #: The 8B model (``apply_spatial_patchify=1``) predicts 2x2 patches of the d14 patch-8 VAE's latent bits: 56 bits per
 #: token, the token layout of :func:`latent_bits_to_tokens`.
 INFINITY_CONFIGS: Dict[str, Dict] = {
-    "infinity-2b": dict(depth=32, embed_dim=2048, num_heads=16, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
-                        codebook_dim=32, block_chunks=8),
-    "infinity-8b": dict(depth=40, embed_dim=3584, num_heads=28, mlp_ratio=4.0, text_channels=2048, text_maxlen=512,
-                        codebook_dim=56, block_chunks=8, apply_spatial_patchify=True),
+    "infinity-2b": dict(
+        depth=32,
+        embed_dim=2048,
+        num_heads=16,
+        mlp_ratio=4.0,
+        text_channels=2048,
+        text_maxlen=512,
+        codebook_dim=32,
+        block_chunks=8,
+    ),
+    "infinity-8b": dict(
+        depth=40,
+        embed_dim=3584,
+        num_heads=28,
+        mlp_ratio=4.0,
+        text_channels=2048,
+        text_maxlen=512,
+        codebook_dim=56,
+        block_chunks=8,
+        apply_spatial_patchify=True,
+    ),
 }
 
 #: Side of the latent patch one token covers when ``apply_spatial_patchify`` is set (the official 2x2 shuffle).
@@ -106,8 +123,13 @@ def ada_layer_norm(x_RLC: torch.Tensor, scale_R1C: torch.Tensor, shift_R1C: torc
     return modulated_layer_norm(x_RLC, scale_R1C.add(1), shift_R1C, eps)
 
 
-def modulated_layer_norm(x_RLC: torch.Tensor, scale_plus_1_R1C: torch.Tensor, shift_R1C: torch.Tensor,
-                         eps: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def modulated_layer_norm(
+    x_RLC: torch.Tensor,
+    scale_plus_1_R1C: torch.Tensor,
+    shift_R1C: torch.Tensor,
+    eps: float,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
     """:func:`ada_layer_norm` with ``1 + scale`` given (a per-call constant of every block).
 
     The modulation is one ``addcmul`` in fp32 (``shift + norm * (1 + scale)``; the official code multiplies, then
@@ -157,8 +179,13 @@ class InfinitySelfAttention(nn.Module, VARAttentionModuleMixin):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_processor(VARAttnProcessor())
 
-    def forward(self, hidden_states_RLC, context: VARForwardContext, rope_cos_sin: Optional[torch.Tensor] = None,
-                scale_ids: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        hidden_states_RLC,
+        context: VARForwardContext,
+        rope_cos_sin: Optional[torch.Tensor] = None,
+        scale_ids: Optional[torch.Tensor] = None,
+    ):
         return self.processor(self, hidden_states_RLC, context=context, rope_cos_sin=rope_cos_sin, scale_ids=scale_ids)
 
     def extra_repr(self) -> str:
@@ -172,8 +199,9 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
     _available_processors = [VARAttnProcessor]
     _supports_qkv_fusion = False
 
-    def __init__(self, embed_dim: int, kv_dim: int, num_heads: int, for_pooling: bool = False,
-                 layer_idx: Optional[int] = None):
+    def __init__(
+        self, embed_dim: int, kv_dim: int, num_heads: int, for_pooling: bool = False, layer_idx: Optional[int] = None
+    ):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
@@ -192,14 +220,24 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_processor(VARAttnProcessor())
 
-    def forward(self, hidden_states_RLC, encoder_hidden_states, encoder_attention_mask=None,
-                context: Optional[VARForwardContext] = None, encoder_rows: Optional[slice] = None):
+    def forward(
+        self,
+        hidden_states_RLC,
+        encoder_hidden_states,
+        encoder_attention_mask=None,
+        context: Optional[VARForwardContext] = None,
+        encoder_rows: Optional[slice] = None,
+    ):
         """``encoder_rows``: the rows of ``encoder_hidden_states`` (and its mask) the image rows attend to, when the
         text is given for more rows than run (``None``: one text row per image row)."""
         kwargs = {} if encoder_rows is None else {"encoder_rows": encoder_rows}
         return self.processor(
-            self, hidden_states_RLC, context=context, encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask, **kwargs,
+            self,
+            hidden_states_RLC,
+            context=context,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            **kwargs,
         )
 
 
@@ -294,12 +332,16 @@ class InfinityBlock(TokenRoutedBlock):
         # the AdaLN terms of the call's rows, once per call; a CFG-halved pass takes its rows of them (the terms are
         # row-wise: the same values, and no kernel)
         source, rows = condition.constant_source()
-        modulation = context.cached(("ada", self.layer_idx, source.ada_R16C.shape[0]), lambda: self._modulation(source))
+        modulation = context.cached(
+            ("ada", self.layer_idx, source.ada_R16C.shape[0]), lambda: self._modulation(source)
+        )
         if rows is not None:
             modulation = tuple(t[rows] for t in modulation)
         gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = modulation
         norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
-        ca_weight, ca_bias = context.cached(("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float()))
+        ca_weight, ca_bias = context.cached(
+            ("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float())
+        )
         eps = self.norm_eps
 
         # each Linear's input is written in its input dtype by the modulation itself (no separate cast kernel);
@@ -308,7 +350,9 @@ class InfinityBlock(TokenRoutedBlock):
         fc1_dtype = linear_input_dtype(self.ffn.fc1, x.device)
 
         def self_attn(x_sub, ctx):
-            return GatedUpdate(self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps, qkv_dtype), ctx), gamma1)
+            return GatedUpdate(
+                self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps, qkv_dtype), ctx), gamma1
+            )
 
         def cross_attn(x_sub, ctx):
             x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
@@ -346,8 +390,12 @@ class InfinityHeadNorm(nn.Module):
         scale, shift = self.ada_lin(cond_RC).view(-1, 1, 2, cond_RC.shape[-1]).unbind(2)
         return scale.add(1), shift
 
-    def forward(self, x_RLC: torch.Tensor, cond_RC: Optional[torch.Tensor] = None,
-                modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_RLC: torch.Tensor,
+        cond_RC: Optional[torch.Tensor] = None,
+        modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> torch.Tensor:
         """Pass ``cond_RC``, or its :meth:`modulation` when the caller keeps it for the call (same values)."""
         if modulation is None:
             if cond_RC is None:
@@ -417,12 +465,20 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         if not isinstance(apply_spatial_patchify, bool):
             raise ValueError(f"apply_spatial_patchify must be True or False, got {apply_spatial_patchify!r}")
         if apply_spatial_patchify and codebook_dim % (SPATIAL_PATCH * SPATIAL_PATCH):
-            raise ValueError(f"apply_spatial_patchify needs codebook_dim divisible by {SPATIAL_PATCH ** 2} "
-                             f"(a {SPATIAL_PATCH}x{SPATIAL_PATCH} patch of latent bits), got {codebook_dim}")
+            raise ValueError(
+                f"apply_spatial_patchify needs codebook_dim divisible by {SPATIAL_PATCH**2} "
+                f"(a {SPATIAL_PATCH}x{SPATIAL_PATCH} patch of latent bits), got {codebook_dim}"
+            )
         if scale_schedule is not None:
             schedule = [tuple(int(v) for v in s) for s in scale_schedule]
-            if not schedule or any(len(s) != 3 or s[0] != 1 or min(s) < 1 for s in schedule) or len(schedule) > num_levels:
-                raise ValueError(f"scale_schedule must be 1..{num_levels} scales (1, h, w) with h, w >= 1; got {scale_schedule!r}")
+            if (
+                not schedule
+                or any(len(s) != 3 or s[0] != 1 or min(s) < 1 for s in schedule)
+                or len(schedule) > num_levels
+            ):
+                raise ValueError(
+                    f"scale_schedule must be 1..{num_levels} scales (1, h, w) with h, w >= 1; got {scale_schedule!r}"
+                )
             # the stored configuration holds plain lists, so a JSON round trip gives the same config
             self.register_to_config(scale_schedule=[list(s) for s in schedule])
         C = embed_dim
@@ -430,7 +486,9 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         self.cfg_uncond = nn.Parameter(torch.zeros(text_maxlen, text_channels))
         self.text_norm = InfinityRMSNorm(text_channels, eps=norm_eps)
         self.text_proj_for_sos = InfinityTextPool(text_channels, C)
-        self.text_proj_for_ca = nn.Sequential(nn.Linear(text_channels, C), nn.GELU(approximate="tanh"), nn.Linear(C, C))
+        self.text_proj_for_ca = nn.Sequential(
+            nn.Linear(text_channels, C), nn.GELU(approximate="tanh"), nn.Linear(C, C)
+        )
         self.shared_ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
         # 2. inputs
         self.pos_start = nn.Parameter(torch.zeros(1, 1, C))
@@ -453,12 +511,18 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         """The learned unconditional text for prompts padded to ``T`` tokens: ``cfg_uncond[:T]`` per row."""
         B, T = encoder_attention_mask_BT.shape
         if T > self.cfg_uncond.shape[0]:
-            raise ValueError(f"text length {T} exceeds text_maxlen={self.cfg_uncond.shape[0]} of the unconditional embedding")
+            raise ValueError(
+                f"text length {T} exceeds text_maxlen={self.cfg_uncond.shape[0]} of the unconditional embedding"
+            )
         return self.cfg_uncond[:T].unsqueeze(0).expand(B, T, -1)
 
     @apply_forward_hook
-    def encode_condition(self, encoder_hidden_states_RTD: torch.Tensor, encoder_attention_mask_RT: Optional[torch.Tensor],
-                         padded: Optional[bool] = None) -> InfinityCondition:
+    def encode_condition(
+        self,
+        encoder_hidden_states_RTD: torch.Tensor,
+        encoder_attention_mask_RT: Optional[torch.Tensor],
+        padded: Optional[bool] = None,
+    ) -> InfinityCondition:
         """Text norm, attentive pooling, cross-attention projection and the shared AdaLN (once per call).
 
         A mask without padding is dropped (unmasked attention kernels). ``padded`` says whether any row of the mask
@@ -507,16 +571,24 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
         Hf, Wf = grid_hw
         rows = (torch.arange(height, device=device) * (Hf / height)).round().int()
         cols = (torch.arange(width, device=device) * (Wf / width)).round().int()
-        return torch.stack((rows[:, None].expand(height, width), cols[None, :].expand(height, width)), dim=-1).reshape(-1, 2)
+        return torch.stack((rows[:, None].expand(height, width), cols[None, :].expand(height, width)), dim=-1).reshape(
+            -1, 2
+        )
 
     # -- trunk and head ----------------------------------------------------------------------------------------------
-    def forward(self, hidden_states_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
+    def forward(
+        self, hidden_states_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext
+    ) -> torch.Tensor:
         """Run every block over this pass's tokens; the context carries the KV cache, RoPE and any token routing."""
         return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
 
     @apply_forward_hook
-    def head_logits(self, hidden_states_RLC: torch.Tensor, cond_RC: Optional[torch.Tensor] = None,
-                    head_modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    def head_logits(
+        self,
+        hidden_states_RLC: torch.Tensor,
+        cond_RC: Optional[torch.Tensor] = None,
+        head_modulation: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> torch.Tensor:
         """Raw bit logits ``(R, L, 2d)``: channel ``2k`` / ``2k+1`` is the logit of bit ``k`` being 0 / 1.
 
         ``head_modulation`` (from :meth:`head_modulation` of the same rows) replaces ``cond_RC``: a caller that runs
@@ -535,8 +607,11 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
     # -- official checkpoints ----------------------------------------------------------------------------------------
     @classmethod
     def from_original_checkpoint(
-        cls, path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]], config: Optional[Union[str, Dict]] = None,
-        torch_dtype: Optional[torch.dtype] = None, apply_spatial_patchify: Optional[bool] = None,
+        cls,
+        path_or_state_dict: Union[str, os.PathLike, Dict[str, torch.Tensor]],
+        config: Optional[Union[str, Dict]] = None,
+        torch_dtype: Optional[torch.dtype] = None,
+        apply_spatial_patchify: Optional[bool] = None,
     ) -> "InfinityTransformer":
         """Load an official Infinity checkpoint, strictly.
 
@@ -564,7 +639,11 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
             if config not in INFINITY_CONFIGS:
                 raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)}")
             config = INFINITY_CONFIGS[config]
-        config = {k: v for k, v in dict(config).items() if not k.startswith("_")} if config is not None else infer_infinity_config(shapes)
+        config = (
+            {k: v for k, v in dict(config).items() if not k.startswith("_")}
+            if config is not None
+            else infer_infinity_config(shapes)
+        )
         if apply_spatial_patchify is not None:
             config["apply_spatial_patchify"] = apply_spatial_patchify
         what = "Infinity transformer checkpoint"
@@ -594,7 +673,14 @@ def convert_infinity_checkpoint(state_dict: Dict[str, torch.Tensor]) -> Dict[str
 def infer_infinity_config(state_dict: Dict[str, torch.Tensor]) -> Dict:
     """Architecture numbers read from an official (or converted) state dict's shapes."""
     sd = convert_infinity_checkpoint(state_dict)
-    required = ["pos_start", "cfg_uncond", "word_embed.weight", "lvl_embed.weight", "blocks.0.sa.scale_mul_1H11", "blocks.0.ffn.fc1.weight"]
+    required = [
+        "pos_start",
+        "cfg_uncond",
+        "word_embed.weight",
+        "lvl_embed.weight",
+        "blocks.0.sa.scale_mul_1H11",
+        "blocks.0.ffn.fc1.weight",
+    ]
     missing = [k for k in required if k not in sd]
     if missing:
         raise ValueError(f"cannot infer the Infinity config: the checkpoint lacks {missing}")

@@ -29,7 +29,9 @@ def _ramp(length: int, overlap: int, device, dtype) -> torch.Tensor:
     return torch.minimum(x, length - x).div(max(overlap, 1)).clamp(max=1.0)
 
 
-def decode_tiled(decode: Callable[[torch.Tensor], torch.Tensor], z_BChw: torch.Tensor, tile: int, overlap: int) -> torch.Tensor:
+def decode_tiled(
+    decode: Callable[[torch.Tensor], torch.Tensor], z_BChw: torch.Tensor, tile: int, overlap: int
+) -> torch.Tensor:
     """``decode`` over overlapping ``tile x tile`` latent tiles (``overlap`` latent pixels shared), blended."""
     B, _, h, w = z_BChw.shape
     stride = tile - overlap
@@ -37,15 +39,18 @@ def decode_tiled(decode: Callable[[torch.Tensor], torch.Tensor], z_BChw: torch.T
     out = weight = None
     for r in rows:
         for c in cols:
-            pixels = decode(z_BChw[:, :, r:r + tile, c:c + tile])
+            pixels = decode(z_BChw[:, :, r : r + tile, c : c + tile])
             if out is None:
                 factor = pixels.shape[-1] // min(tile, w)
                 out = pixels.new_zeros(B, pixels.shape[1], h * factor, w * factor)
                 weight = pixels.new_zeros(1, 1, h * factor, w * factor)
             th, tw = pixels.shape[-2:]
-            wmap = _ramp(th, overlap * factor, pixels.device, pixels.dtype)[:, None] * _ramp(tw, overlap * factor, pixels.device, pixels.dtype)[None]
-            out[:, :, r * factor:r * factor + th, c * factor:c * factor + tw] += pixels * wmap
-            weight[:, :, r * factor:r * factor + th, c * factor:c * factor + tw] += wmap
+            wmap = (
+                _ramp(th, overlap * factor, pixels.device, pixels.dtype)[:, None]
+                * _ramp(tw, overlap * factor, pixels.device, pixels.dtype)[None]
+            )
+            out[:, :, r * factor : r * factor + th, c * factor : c * factor + tw] += pixels * wmap
+            weight[:, :, r * factor : r * factor + th, c * factor : c * factor + tw] += wmap
     return out / weight
 
 
@@ -80,18 +85,22 @@ class SlicedTiledDecodeMixin:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int, got {value!r}")
         if size < 1 or not 0 <= overlap < size:
-            raise ValueError(f"need tile_latent_size >= 1 and 0 <= tile_latent_overlap < tile_latent_size; got {size} and {overlap}")
+            raise ValueError(
+                f"need tile_latent_size >= 1 and 0 <= tile_latent_overlap < tile_latent_size; got {size} and {overlap}"
+            )
         self.use_tiling, self.tile_latent_size, self.tile_latent_overlap = True, size, overlap
 
     def disable_tiling(self) -> None:
         self.use_tiling = False
 
-    def _decode_sliced_tiled(self, decode: Callable[[torch.Tensor], torch.Tensor], z_BChw: torch.Tensor) -> torch.Tensor:
+    def _decode_sliced_tiled(
+        self, decode: Callable[[torch.Tensor], torch.Tensor], z_BChw: torch.Tensor
+    ) -> torch.Tensor:
         def one(z):
             if self.use_tiling and max(z.shape[-2:]) > self.tile_latent_size:
                 return decode_tiled(decode, z, self.tile_latent_size, self.tile_latent_overlap)
             return decode(z)
 
         if self.use_slicing and z_BChw.shape[0] > 1:
-            return torch.cat([one(z_BChw[b:b + 1]) for b in range(z_BChw.shape[0])])
+            return torch.cat([one(z_BChw[b : b + 1]) for b in range(z_BChw.shape[0])])
         return one(z_BChw)

@@ -33,7 +33,9 @@ class ScaleKVCache:
     def __init__(self, num_layers: int, max_length: Optional[int] = None):
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
             raise ValueError(f"max_length must be a positive int (positions per layer) or None, got {max_length!r}")
         self.num_layers = num_layers
         self.max_length = max_length
@@ -52,8 +54,14 @@ class ScaleKVCache:
         """Whether keys and values are written into fixed buffers (``max_length`` given)."""
         return self.max_length is not None
 
-    def update(self, key_RHLc: torch.Tensor, value_RHLc: torch.Tensor, layer_idx: int,
-               cache_rows: Optional[int] = None, row_start: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self,
+        key_RHLc: torch.Tensor,
+        value_RHLc: torch.Tensor,
+        layer_idx: int,
+        cache_rows: Optional[int] = None,
+        row_start: int = 0,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Append this scale's keys/values of layer ``layer_idx`` and return everything cached for its rows (while
         :attr:`stores` is False: return the cached positions and the given ones, keeping nothing).
 
@@ -71,7 +79,9 @@ class ScaleKVCache:
             if cache_rows % rows:
                 raise ValueError(f"{rows} rows of keys cannot fill a cache of {cache_rows} rows (not a multiple)")
         if row_start and (cache_rows is None or row_start % rows or row_start + rows > cache_rows):
-            raise ValueError(f"row_start {row_start} does not start a block of {rows} rows of a cache of {cache_rows} rows")
+            raise ValueError(
+                f"row_start {row_start} does not start a block of {rows} rows of a cache of {cache_rows} rows"
+            )
         keys, values = self._update(key_RHLc, value_RHLc, layer_idx, cache_rows, row_start)
         self._attended[layer_idx] = keys.shape[2]
         return keys, values
@@ -122,7 +132,7 @@ class ScaleKVCache:
             keys.view(repeats, R, *keys.shape[1:])[:, :, :, start:end].copy_(key_RHLc)
             values.view(repeats, R, *values.shape[1:])[:, :, :, start:end].copy_(value_RHLc)
         self._lengths[layer_idx] = end
-        return keys[row_start:row_start + R, :, :end], values[row_start:row_start + R, :, :end]
+        return keys[row_start : row_start + R, :, :end], values[row_start : row_start + R, :, :end]
 
     def _with_cached(self, key_RHLc, value_RHLc, layer_idx: int, row_start: int = 0):
         """The cached positions of the given rows followed by the given keys/values, which are not kept."""
@@ -141,7 +151,9 @@ class ScaleKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes the cache holds now (the preallocated buffers, or the grown entries)."""
-        tensors = (self._key_buffers + self._value_buffers) if self.preallocated else (self.key_cache + self.value_cache)
+        tensors = (
+            (self._key_buffers + self._value_buffers) if self.preallocated else (self.key_cache + self.value_cache)
+        )
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def get(self, layer_idx: int) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:

@@ -20,6 +20,7 @@ import torch
 from .cache import ScaleKVCache
 from .plan import PassRoutes
 
+
 @dataclass
 class VARForwardContext:
     """Per-pass inputs of the transformer blocks.
@@ -79,8 +80,9 @@ class VARForwardContext:
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
     rope_source: Optional[Tuple["VARForwardContext", torch.Tensor]] = field(default=None, repr=False, compare=False)
 
-    def for_tokens(self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None,
-                   self_attention: bool = True) -> "VARForwardContext":
+    def for_tokens(
+        self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None, self_attention: bool = True
+    ) -> "VARForwardContext":
         """The context of the tokens ``index`` selects among this context's tokens: their RoPE table, scale ids and
         pass positions (and, when the caller knows them, ``scale_lengths``); the KV cache, recorded maps, records and
         call cache are shared. ``self_attention=False`` (a cross-attention or FFN sublayer's tokens): no
@@ -89,11 +91,24 @@ class VARForwardContext:
         gather their processed tables from this context's (``rope_source``), when self-attention asks for them."""
         positions = index_RK if self.positions is None else torch.gather(self.positions, 1, index_RK)
         if not self_attention:
-            return replace(self, rope_cos_sin=None, token_scale_ids=None, positions=positions,
-                           scale_lengths=scale_lengths, pass_cache={}, rope_source=None)
-        return replace(self, rope_cos_sin=None, rope_source=(self, index_RK),
-                       token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK), positions=positions,
-                       scale_lengths=scale_lengths, pass_cache={})
+            return replace(
+                self,
+                rope_cos_sin=None,
+                token_scale_ids=None,
+                positions=positions,
+                scale_lengths=scale_lengths,
+                pass_cache={},
+                rope_source=None,
+            )
+        return replace(
+            self,
+            rope_cos_sin=None,
+            rope_source=(self, index_RK),
+            token_scale_ids=gather_scale_ids(self.token_scale_ids, index_RK),
+            positions=positions,
+            scale_lengths=scale_lengths,
+            pass_cache={},
+        )
 
     def rope_table_like(self) -> Optional[torch.Tensor]:
         """The raw RoPE table of the pass this context's tokens come from (for its dtype, device and width; its
@@ -154,7 +169,9 @@ class PassRecords:
     #: all layers in a few kernels instead of a few per layer.
     block_delta_stack: Optional[torch.Tensor] = None
 
-    def record_block_delta(self, layers: FrozenSet[int], layer: int, out_RLC: torch.Tensor, x_RLC: torch.Tensor) -> None:
+    def record_block_delta(
+        self, layers: FrozenSet[int], layer: int, out_RLC: torch.Tensor, x_RLC: torch.Tensor
+    ) -> None:
         """Keep ``out - x`` of ``layer``, one of the recorded ``layers``: into :attr:`block_delta_stack` (allocated
         at the first recorded layer for all of them; the same values as ``out - x``, one kernel)."""
         order = sorted(layers)
@@ -176,7 +193,9 @@ def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
 
 def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
     """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
-    return canvas_RLC.scatter(1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype))
+    return canvas_RLC.scatter(
+        1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype)
+    )
 
 
 def gather_rope_tables(tables_2RL11c: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from .context import VARForwardContext, gather_tokens, scatter_tokens
 from .plan import FILL_MODES, SUBLAYER_KINDS, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
 from .rows import match_rows
 
+
 class GatedUpdate(NamedTuple):
     """A residual update ``value * gate`` left unmultiplied, so that the dense path adds it to the stream in one
     kernel (``addcmul``: ``x + value * gate``) instead of two; every other use materialises it (:meth:`resolve`).
@@ -64,8 +65,9 @@ def resolve_update(update: Union[torch.Tensor, GatedUpdate]) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------------
 # token maps
 # ---------------------------------------------------------------------------------------------------------------------
-def interpolate_tokens(x_RlC: torch.Tensor, source_hw: Tuple[int, int], hw: Tuple[int, int], mode: str,
-                       in_float32: bool = False) -> torch.Tensor:
+def interpolate_tokens(
+    x_RlC: torch.Tensor, source_hw: Tuple[int, int], hw: Tuple[int, int], mode: str, in_float32: bool = False
+) -> torch.Tensor:
     """The tokens of an ``h x w`` map interpolated to ``hw``: ``(R, h_out * w_out, C)`` in ``x``'s dtype."""
     if mode not in FILL_MODES:
         raise ValueError(f"interpolation mode must be one of {list(FILL_MODES)}, got {mode!r}")
@@ -80,8 +82,10 @@ def _layer_proxy(fill: LayerProxy, rows: int, dtype: torch.dtype) -> torch.Tenso
     delta = match_rows(fill.delta, rows)
     R, _, C = delta.shape
     grid = delta.transpose(1, 2).reshape(R, C, *fill.source_hw).float()
-    parts = [F.interpolate(grid, size=tuple(hw), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
-             for hw in fill.scale_hws]
+    parts = [
+        F.interpolate(grid, size=tuple(hw), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
+        for hw in fill.scale_hws
+    ]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).to(dtype)
 
 
@@ -90,12 +94,18 @@ def _at_positions(full_RLC: torch.Tensor, context: VARForwardContext) -> torch.T
     return full_RLC if context.positions is None else gather_tokens(full_RLC, context.positions)
 
 
-def _earlier_scale(fill: EarlierScale, rows: int, context: VARForwardContext, dtype: Optional[torch.dtype]) -> torch.Tensor:
+def _earlier_scale(
+    fill: EarlierScale, rows: int, context: VARForwardContext, dtype: Optional[torch.dtype]
+) -> torch.Tensor:
     if len(context.scale_hws) != 1:
-        raise ValueError(f"an earlier scale's tokens fill single-scale passes only; this pass decodes {len(context.scale_hws)} scales")
+        raise ValueError(
+            f"an earlier scale's tokens fill single-scale passes only; this pass decodes {len(context.scale_hws)} scales"
+        )
     source = match_rows(fill.source, rows)
     source = source if dtype is None else source.to(dtype)
-    return _at_positions(interpolate_tokens(source, fill.source_hw, context.scale_hws[0], fill.mode, fill.in_float32), context)
+    return _at_positions(
+        interpolate_tokens(source, fill.source_hw, context.scale_hws[0], fill.mode, fill.in_float32), context
+    )
 
 
 def _block_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: torch.dtype) -> torch.Tensor:
@@ -111,30 +121,43 @@ def _block_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: 
     raise TypeError(f"unknown fill {fill!r} of a block route")
 
 
-def _update_canvas(fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def _update_canvas(
+    fill, x_RLC: torch.Tensor, context: VARForwardContext, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
     """A sublayer's update at the positions its route does not compute (a zero update in ``dtype``, default
     ``x``'s)."""
     if isinstance(fill, PassThrough):
         return torch.zeros_like(x_RLC, dtype=dtype)
     if isinstance(fill, EarlierScale):
-        return _earlier_scale(fill, x_RLC.shape[0], context,
-                              None if dtype is None else torch.promote_types(fill.source.dtype, dtype))
+        return _earlier_scale(
+            fill, x_RLC.shape[0], context, None if dtype is None else torch.promote_types(fill.source.dtype, dtype)
+        )
     raise TypeError(f"a sublayer route fills with PassThrough or EarlierScale, got {fill!r}")
 
 
-def _select(route: TokenRoute, x_RLC: torch.Tensor, context: Optional[VARForwardContext] = None,
-            key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
+def _select(
+    route: TokenRoute,
+    x_RLC: torch.Tensor,
+    context: Optional[VARForwardContext] = None,
+    key: Optional[Tuple[int, str]] = None,
+) -> torch.Tensor:
     """The route's ``(R, K)`` positions for these rows (a selector reads the residual stream). When the pass asks to
     keep the selection of the route at ``key`` (``RecordRequest.selections``), it goes into the pass's records: a
     selector returns its choice and writes nothing, and whoever needs it after the pass reads it there."""
     index_RK = route.selector(x_RLC) if route.selector is not None else match_rows(route.index, x_RLC.shape[0])
-    if key is not None and context is not None and context.routes is not None and key in context.routes.record.selections:
+    if (
+        key is not None
+        and context is not None
+        and context.routes is not None
+        and key in context.routes.record.selections
+    ):
         context.records.selections[key] = index_RK
     return index_RK
 
 
-def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute,
-                    self_attention: bool = True) -> VARForwardContext:
+def _tokens_context(
+    context: VARForwardContext, index_RK: torch.Tensor, route: TokenRoute, self_attention: bool = True
+) -> VARForwardContext:
     """The context of gathered tokens; their sublayers run dense (routes act at the level they were declared).
 
     A route that keeps a fixed number of tokens per scale (``route.scale_counts``) says so, and a grouped pass then
@@ -146,8 +169,14 @@ def _tokens_context(context: VARForwardContext, index_RK: torch.Tensor, route: T
 # ---------------------------------------------------------------------------------------------------------------------
 # blocks
 # ---------------------------------------------------------------------------------------------------------------------
-def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: Optional[TokenRoute],
-                  key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
+def _routed_block(
+    block,
+    x_RLC: torch.Tensor,
+    condition,
+    context: VARForwardContext,
+    route: Optional[TokenRoute],
+    key: Optional[Tuple[int, str]] = None,
+) -> torch.Tensor:
     if route is None:
         return block(x_RLC, condition, context)
     index_RK = _select(route, x_RLC, context, key)
@@ -161,11 +190,17 @@ def _routed_block(block, x_RLC: torch.Tensor, condition, context: VARForwardCont
 
 def _spans(route: Optional[TokenRoute], other: Optional[TokenRoute]) -> bool:
     """Whether ``other`` continues the span of ``route`` (same tokens, both passing the others through)."""
-    return (other is not None and isinstance(other.fill, PassThrough) and other.index is route.index
-            and other.selector is route.selector)
+    return (
+        other is not None
+        and isinstance(other.fill, PassThrough)
+        and other.index is route.index
+        and other.selector is route.selector
+    )
 
 
-def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+def execute_blocks(
+    blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condition, context: VARForwardContext
+) -> torch.Tensor:
     """Run ``blocks`` over the pass's tokens as ``context.routes`` says (every token, every block without routes)."""
     routes = context.routes
     if routes is None or not (routes.routes or routes.record or routes.mixing):
@@ -179,13 +214,22 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
         if mixing is not None:
             span = range(layer, mixing.end_layer)
             if mixing.end_layer <= layer or mixing.end_layer > num_layers:
-                raise ValueError(f"the mixing span from layer {layer} ends at {mixing.end_layer}; allowed: {layer + 1}..{num_layers}")
-            clash = [l for l in span if any((l, kind) in routes.routes for kind in SUBLAYER_KINDS)
-                     or l in record.block_deltas or (l != span[-1] and l in record.block_outputs)]
+                raise ValueError(
+                    f"the mixing span from layer {layer} ends at {mixing.end_layer}; allowed: {layer + 1}..{num_layers}"
+                )
+            clash = [
+                l
+                for l in span
+                if any((l, kind) in routes.routes for kind in SUBLAYER_KINDS)
+                or l in record.block_deltas
+                or (l != span[-1] and l in record.block_outputs)
+            ]
             if clash:
-                raise ValueError(f"layers {clash} are in the mixing span {layer}..{mixing.end_layer - 1} and also routed or "
-                                 "recorded inside it; a span's blocks run on mixtures, not tokens")
-            x_RLC = _run_mixing(blocks[layer:mixing.end_layer], x_RLC, condition, context, mixing)
+                raise ValueError(
+                    f"layers {clash} are in the mixing span {layer}..{mixing.end_layer - 1} and also routed or "
+                    "recorded inside it; a span's blocks run on mixtures, not tokens"
+                )
+            x_RLC = _run_mixing(blocks[layer : mixing.end_layer], x_RLC, condition, context, mixing)
             if span[-1] in record.block_outputs:
                 context.records.block_outputs[span[-1]] = x_RLC
             layer = mixing.end_layer
@@ -196,11 +240,22 @@ def execute_blocks(blocks: Sequence[torch.nn.Module], x_RLC: torch.Tensor, condi
         recorded = layer in record.block_outputs or layer in record.block_deltas
         if route is not None and isinstance(route.fill, PassThrough) and not recorded:
             end = layer + 1
-            while (end < num_layers and _spans(route, routes.routes.get((end, "block")))
-                   and end not in record.block_outputs and end not in record.block_deltas):
+            while (
+                end < num_layers
+                and _spans(route, routes.routes.get((end, "block")))
+                and end not in record.block_outputs
+                and end not in record.block_deltas
+            ):
                 end += 1
-            x_RLC = _run_span(blocks[layer:end], x_RLC, condition, context,
-                              [routes.routes[(j, "block")].inner for j in range(layer, end)], route, (layer, "block"))
+            x_RLC = _run_span(
+                blocks[layer:end],
+                x_RLC,
+                condition,
+                context,
+                [routes.routes[(j, "block")].inner for j in range(layer, end)],
+                route,
+                (layer, "block"),
+            )
             layer = end
             continue
         out_RLC = _routed_block(blocks[layer], x_RLC, condition, context, route, (layer, "block"))
@@ -218,14 +273,18 @@ def _without_autocast(device: torch.device):
     return contextlib.nullcontext() if device.type == "meta" else torch.autocast(device.type, enabled=False)
 
 
-def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: MixingRoute) -> torch.Tensor:
+def _run_mixing(
+    blocks, x_RLC: torch.Tensor, condition, context: VARForwardContext, route: MixingRoute
+) -> torch.Tensor:
     """A span of blocks on ``r`` mixtures ``P^T X`` of the tokens, written back at the mixer's positions onto the
     fill's canvas (:class:`~.plan.MixingRoute`)."""
     positions_Rr, projection_RLr = route.mixer(x_RLC)
     R, L, _ = x_RLC.shape
     r = positions_Rr.shape[1]
     if projection_RLr.shape != (R, L, r):
-        raise ValueError(f"a mixer's projection must be (rows, tokens, r) = {(R, L, r)}, got {tuple(projection_RLr.shape)}")
+        raise ValueError(
+            f"a mixer's projection must be (rows, tokens, r) = {(R, L, r)}, got {tuple(projection_RLr.shape)}"
+        )
     with _without_autocast(x_RLC.device):  # the projection in fp32, as StageVAR's code
         y_RrC = torch.bmm(projection_RLr.float().transpose(1, 2), x_RLC.float()).to(x_RLC.dtype)
     if route.rope_positions == "first":  # the mixtures take the first r positions' RoPE
@@ -239,8 +298,15 @@ def _run_mixing(blocks, x_RLC: torch.Tensor, condition, context: VARForwardConte
     return scatter_tokens(canvas, positions_Rr, y_RrC)
 
 
-def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes, route: TokenRoute,
-              key: Optional[Tuple[int, str]] = None) -> torch.Tensor:
+def _run_span(
+    blocks,
+    x_RLC,
+    condition,
+    context: VARForwardContext,
+    inner_routes,
+    route: TokenRoute,
+    key: Optional[Tuple[int, str]] = None,
+) -> torch.Tensor:
     """Consecutive blocks on the same kept tokens: one gather before, one scatter after (the selection is the first
     block's, ``key``)."""
     index_RK = _select(route, x_RLC, context, key)
@@ -257,7 +323,9 @@ def _run_span(blocks, x_RLC, condition, context: VARForwardContext, inner_routes
 # ---------------------------------------------------------------------------------------------------------------------
 # sublayers
 # ---------------------------------------------------------------------------------------------------------------------
-def run_sublayer(layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: SublayerFn, context: VARForwardContext) -> torch.Tensor:
+def run_sublayer(
+    layer_idx: int, kind: str, x_RLC: torch.Tensor, compute: SublayerFn, context: VARForwardContext
+) -> torch.Tensor:
     """``x + compute(x)``, or, under a route for ``(layer_idx, kind)``, ``x`` plus the update of the route's tokens
     filled in with the route's fill; the full update is recorded when the pass asks for it.
 
@@ -321,8 +389,13 @@ def weight_codes(codes_Bdhw: torch.Tensor, weights_Bhw: torch.Tensor) -> torch.T
     return codes_Bdhw * weights_Bhw.unsqueeze(1).to(codes_Bdhw.dtype)
 
 
-def on_computed_tokens(refine: Callable[..., torch.Tensor], residual_tokens: Optional[torch.Tensor], hidden_RLC: torch.Tensor,
-                       values_BLd: torch.Tensor, like_BLc: torch.Tensor) -> torch.Tensor:
+def on_computed_tokens(
+    refine: Callable[..., torch.Tensor],
+    residual_tokens: Optional[torch.Tensor],
+    hidden_RLC: torch.Tensor,
+    values_BLd: torch.Tensor,
+    like_BLc: torch.Tensor,
+) -> torch.Tensor:
     """A family's per-token refinement of one scale's codes (HART's residual diffusion head), computed only where the
     plan keeps a residual.
 

@@ -123,7 +123,9 @@ class _Effects:
     call_cache: Dict[Hashable, Any]
     cache_lengths: List[int]
     cache_attended: List[int]
-    delta_stack: Optional[torch.Tensor] = None  # the records' one buffer of block deltas (PassRecords.block_delta_stack)
+    delta_stack: Optional[torch.Tensor] = (
+        None  # the records' one buffer of block deltas (PassRecords.block_delta_stack)
+    )
 
     def tensors(self) -> List[torch.Tensor]:
         out = [t for _, _, t in self.records] + list(self.attention_maps.values())
@@ -151,8 +153,14 @@ def _collect_effects(context, call_cache_before: set) -> _Effects:
     call_cache = context.call_cache or {}
     new_entries = {k: v for k, v in call_cache.items() if k not in call_cache_before}
     cache = context.kv_cache
-    return _Effects(records, dict(context.attention_maps), new_entries, list(cache._lengths), list(cache._attended),
-                    context.records.block_delta_stack)
+    return _Effects(
+        records,
+        dict(context.attention_maps),
+        new_entries,
+        list(cache._lengths),
+        list(cache._attended),
+        context.records.block_delta_stack,
+    )
 
 
 def _restore_effects(effects: _Effects, context) -> None:
@@ -207,8 +215,10 @@ def refuse_drawing_passes(context, runner: str) -> None:
     rather than run eagerly, so that a measured graph run is a graph run."""
     routes = context.routes
     if routes is not None and routes.mixing:
-        raise ValueError(f"{runner}: this pass runs layers {sorted(routes.mixing)} on random token mixtures drawn inside "
-                         f"the pass from the call's generators, {DRAWING_PASSES_WAY_OUT}")
+        raise ValueError(
+            f"{runner}: this pass runs layers {sorted(routes.mixing)} on random token mixtures drawn inside "
+            f"the pass from the call's generators, {DRAWING_PASSES_WAY_OUT}"
+        )
 
 
 class PassGraphs:
@@ -257,7 +267,9 @@ class PassGraphs:
         refuse_drawing_passes(context, "enable_cuda_graphs()")
         workspace = self._current
         if workspace is None or context.kv_cache is not workspace.cache:
-            raise RuntimeError("PassGraphs runs passes of a call whose KV cache it made (the loop asks kv_cache() first)")
+            raise RuntimeError(
+                "PassGraphs runs passes of a call whose KV cache it made (the loop asks kv_cache() first)"
+            )
         index, self._pass_index = self._pass_index, self._pass_index + 1
         walk = _Walk(workspace.owned)
         # the family's own per-call state is not walked: ``run_blocks`` reads the call's tensors from its arguments only
@@ -295,8 +307,13 @@ class PassGraphs:
         # warm-up, eager (cuBLAS / cuDNN initialise outside the capture; the first cache writes allocate its buffers
         # here, so that no graph owns them), on a copy of the context: what it computes and keeps (per-call and
         # per-pass constants, records) must be computed again inside the capture, not read from the warm-up
-        warm = dataclasses.replace(context, records=type(context.records)(), attention_maps={}, pass_cache={},
-                                   call_cache=None if context.call_cache is None else dict(call_cache))
+        warm = dataclasses.replace(
+            context,
+            records=type(context.records)(),
+            attention_maps={},
+            pass_cache={},
+            call_cache=None if context.call_cache is None else dict(call_cache),
+        )
         if self.mode == "cuda":
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -314,7 +331,9 @@ class PassGraphs:
         with _uncached_autocast(), torch.cuda.graph(graph, pool=workspace.pool):
             output = body()
         graph.replay()  # the capture recorded the kernels without running them
-        return _PassGraph(signature, list(inputs), output, _collect_effects(context, before), torch.no_grad()(graph.replay))
+        return _PassGraph(
+            signature, list(inputs), output, _collect_effects(context, before), torch.no_grad()(graph.replay)
+        )
 
     def _capture_trace(self, body, context, signature, inputs, before) -> _PassGraph:
         from torch.fx.experimental.proxy_tensor import make_fx

@@ -81,10 +81,14 @@ def run_next_scale_loop(
         scheduler.check_model_family(family.family)
         if pass_runner is not None and getattr(scheduler, "draws_inside_passes", False):
             # refused before any pass runs (the runners refuse such a pass too, for schedulers that do not say so)
-            raise ValueError(f"{type(scheduler).__name__} draws random numbers inside its passes, {DRAWING_PASSES_WAY_OUT}")
+            raise ValueError(
+                f"{type(scheduler).__name__} draws random numbers inside its passes, {DRAWING_PASSES_WAY_OUT}"
+            )
     num_scales = len(scale_schedule)
     if len(guidance_scales) != num_scales or len(temperatures) != num_scales:
-        raise ValueError(f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}")
+        raise ValueError(
+            f"need one guidance scale and temperature per scale ({num_scales}); got {len(guidance_scales)} and {len(temperatures)}"
+        )
     no_guidance = get_model_family(family.family).no_guidance
     layout = RowLayout(batch_size, guided=any(g != no_guidance for g in guidance_scales))
     scale_schedule = tuple(tuple(s) for s in scale_schedule)
@@ -94,8 +98,9 @@ def run_next_scale_loop(
     max_length = cached_positions(family.num_start_tokens, scale_schedule, plans)
     workspace_cache = getattr(pass_runner, "kv_cache", None)
     if workspace_cache is not None:  # a runner replaying captured passes keeps one cache per plan (fixed addresses)
-        kv_cache = workspace_cache((family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans)),
-                                   family.num_layers, max_length)
+        kv_cache = workspace_cache(
+            (family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans)), family.num_layers, max_length
+        )
     else:
         kv_cache = ScaleKVCache(family.num_layers, max_length=max_length)
     state = NextScaleState(scale_schedule, batch_size, layout.cache_rows, kv_cache)
@@ -120,19 +125,29 @@ def run_next_scale_loop(
             continue
         routes = scheduler.route_pass(state, plan) if scheduler is not None else None
         pass_layout = layout.for_plan(plan)
-        hidden_RLC, lengths, pass_condition = _run_pass(family, condition, state, plan, routes, pass_layout, pass_runner)
+        hidden_RLC, lengths, pass_condition = _run_pass(
+            family, condition, state, plan, routes, pass_layout, pass_runner
+        )
         offset = 0
         for si, length in zip(plan.scale_indices, lengths):
-            h_scale = hidden_RLC[:, offset:offset + length]
+            h_scale = hidden_RLC[:, offset : offset + length]
             offset += length
             # A halved pass runs one half: its logits are that half's (CFG halving: the conditional rows stand in for
             # both, guidance has no effect; unconditional-only: the unconditional model's logits).
             guidance = no_guidance if pass_layout.halved else guidance_scales[si]
             teacher = teacher_tokens[si] if teacher_tokens is not None and si < len(teacher_tokens) else None
             residual = routes.residual_tokens.get(si) if routes is not None else None
-            prediction = family.predict(h_scale, pass_condition, si, batch_size=batch_size, guidance=guidance,
-                                        temperature=temperatures[si], generator=generator, residual_tokens=residual,
-                                        tokens=teacher)
+            prediction = family.predict(
+                h_scale,
+                pass_condition,
+                si,
+                batch_size=batch_size,
+                guidance=guidance,
+                temperature=temperatures[si],
+                generator=generator,
+                residual_tokens=residual,
+                tokens=teacher,
+            )
             state.tokens[si], state.logits[si] = prediction.tokens, prediction.logits
             codes = prediction.codes
             if residual is not None:
@@ -149,13 +164,22 @@ def run_next_scale_loop(
     return state
 
 
-def run_family_blocks(family: ScaleModelFamily, hidden_RLC: torch.Tensor, condition, context: VARForwardContext) -> torch.Tensor:
+def run_family_blocks(
+    family: ScaleModelFamily, hidden_RLC: torch.Tensor, condition, context: VARForwardContext
+) -> torch.Tensor:
     """The transformer blocks of one pass (what a compiled pass runs: ``torch.compile(run_family_blocks)``)."""
     return family.run_blocks(hidden_RLC, condition, context)
 
 
-def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes: Optional[PassRoutes], layout: RowLayout,
-              pass_runner: Optional[Callable] = None):
+def _run_pass(
+    family,
+    condition,
+    state: NextScaleState,
+    plan: ScalePlan,
+    routes: Optional[PassRoutes],
+    layout: RowLayout,
+    pass_runner: Optional[Callable] = None,
+):
     """Embed the inputs of the plan's scales and run the blocks once.
 
     Returns the hidden states (scale 0's from the last of the start tokens' outputs), the token count of each scale
@@ -196,7 +220,7 @@ def _run_pass(family, condition, state: NextScaleState, plan: ScalePlan, routes:
     )
     hidden_RLC = (pass_runner or run_family_blocks)(family, x_RLC, cond_rows, context)
     if starts and num_start != lengths[0]:  # scale 0 is predicted from the last of the start tokens
-        hidden_RLC = torch.cat((hidden_RLC[:, num_start - lengths[0]:num_start], hidden_RLC[:, num_start:]), dim=1)
+        hidden_RLC = torch.cat((hidden_RLC[:, num_start - lengths[0] : num_start], hidden_RLC[:, num_start:]), dim=1)
     records.attention = context.attention_maps
     state.records = records
     return hidden_RLC, lengths, cond_rows
@@ -208,7 +232,9 @@ def last_block_pass(plans: Sequence[ScalePlan]) -> Optional[int]:
     return run[-1] if run else None
 
 
-def cached_positions(num_start_tokens: int, scale_schedule: Sequence[Tuple[int, ...]], plans: Sequence[ScalePlan]) -> int:
+def cached_positions(
+    num_start_tokens: int, scale_schedule: Sequence[Tuple[int, ...]], plans: Sequence[ScalePlan]
+) -> int:
     """Positions per layer the call's KV cache is allocated for: the input tokens (``num_start_tokens`` for scale 0)
     of every pass that runs the blocks and is read by a later one, i.e. all but skipped passes and the last pass that
     runs (at least 1).
@@ -236,7 +262,9 @@ def _schedule_scale_ids(state: NextScaleState, device: torch.device, scale_indic
     of the whole schedule, filled on the device (no host data is uploaded) and kept in the call's
     :class:`~.state.ScheduleTables` (it depends only on the token counts and the device, and is never written to)."""
     scale_hws = tuple((int(s[-2]), int(s[-1])) for s in state.scale_schedule)
-    table, offsets = state.tables.get(("loop.scale_ids", scale_hws, str(device)), lambda: _scale_id_table(scale_hws, device))
+    table, offsets = state.tables.get(
+        ("loop.scale_ids", scale_hws, str(device)), lambda: _scale_id_table(scale_hws, device)
+    )
     return schedule_slice(table, offsets, scale_indices, dim=0)
 
 

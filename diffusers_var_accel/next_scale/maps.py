@@ -24,7 +24,9 @@ def resize_map(map_BHW: torch.Tensor, hw: Tuple[int, int], mode: str) -> torch.T
     return F.interpolate(map_BHW.unsqueeze(1).float(), size=tuple(hw), mode=mode, align_corners=align).flatten(1)
 
 
-def resize_token_map(values_Bl: torch.Tensor, source_hw: Tuple[int, int], hw: Tuple[int, int], mode: str) -> torch.Tensor:
+def resize_token_map(
+    values_Bl: torch.Tensor, source_hw: Tuple[int, int], hw: Tuple[int, int], mode: str
+) -> torch.Tensor:
     """One value per token of an ``h x w`` map, interpolated (in fp32) to ``hw``: ``(B, h_out * w_out)``."""
     return interpolate_tokens(values_Bl.unsqueeze(-1), source_hw, hw, mode, in_float32=True)[..., 0]
 

@@ -69,8 +69,10 @@ class ScalePlan:
         if self.attention_map not in ATTENTION_MAP_KINDS:
             raise ValueError(f"attention_map must be one of {ATTENTION_MAP_KINDS}, got {self.attention_map!r}")
         if self.cfg_halve and self.cfg_uncond_only:
-            raise ValueError(f"scales {tuple(self.scale_indices)}: cfg_halve (conditional rows only) and cfg_uncond_only "
-                             "(unconditional rows only) are two branch rules; a pass takes one")
+            raise ValueError(
+                f"scales {tuple(self.scale_indices)}: cfg_halve (conditional rows only) and cfg_uncond_only "
+                "(unconditional rows only) are two branch rules; a pass takes one"
+            )
 
 
 def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
@@ -87,16 +89,20 @@ def validate_plans(plans: Sequence[ScalePlan], num_scales: int) -> None:
         if idx[-1] >= num_scales:
             raise ValueError(f"plan {idx} crosses the last scale: scale indices must be < {num_scales}")
         if idx != tuple(range(expected, expected + len(idx))):
-            raise ValueError(f"plan {idx} is out of order: the next plan must start at scale {expected} and be consecutive")
+            raise ValueError(
+                f"plan {idx} is out of order: the next plan must start at scale {expected} and be consecutive"
+            )
         if 0 in idx and len(idx) > 1:
             raise ValueError(f"plan {idx} groups scale 0 with later scales; scale 0 (the start token) runs alone")
         expected += len(idx)
     running = [plan for plan in plans if not plan.skip]
     for earlier, later in zip(running, running[1:]):
         if earlier.cfg_uncond_only and not later.cfg_uncond_only:
-            raise ValueError(f"plan {tuple(later.scale_indices)} runs both CFG rows after the unconditional-only plan "
-                             f"{tuple(earlier.scale_indices)}; unconditional-only passes must end the passes that run "
-                             "(their keys stand in for the conditional rows')")
+            raise ValueError(
+                f"plan {tuple(later.scale_indices)} runs both CFG rows after the unconditional-only plan "
+                f"{tuple(earlier.scale_indices)}; unconditional-only passes must end the passes that run "
+                "(their keys stand in for the conditional rows')"
+            )
     if expected != num_scales:
         raise ValueError(f"plans cover scales 0..{expected - 1} but the schedule has {num_scales} scales")
 
@@ -108,7 +114,9 @@ def resolve_scale_index(index: int, num_scales: int, what: str = "scale index") 
         ValueError: the index is outside ``[-num_scales, num_scales)``.
     """
     if not -num_scales <= int(index) < num_scales:
-        raise ValueError(f"{what} {index} is outside the schedule's {num_scales} scales (allowed: {-num_scales}..{num_scales - 1})")
+        raise ValueError(
+            f"{what} {index} is outside the schedule's {num_scales} scales (allowed: {-num_scales}..{num_scales - 1})"
+        )
     return int(index) % num_scales
 
 
@@ -208,7 +216,9 @@ class TokenRoute:
             raise ValueError("a TokenRoute takes exactly one of index and selector")
 
     @classmethod
-    def none(cls, rows: int, device: Optional[Union[str, torch.device]] = None, fill: "Fill" = PASS_THROUGH) -> "TokenRoute":
+    def none(
+        cls, rows: int, device: Optional[Union[str, torch.device]] = None, fill: "Fill" = PASS_THROUGH
+    ) -> "TokenRoute":
         """A route that computes no token: every position takes ``fill`` (with the default :class:`PassThrough`, a
         block keeps its input and a sublayer adds a zero update).
 
@@ -277,7 +287,9 @@ class MixingRoute:
 
     def __post_init__(self):
         if self.rope_positions not in MIXTURE_ROPE_POSITIONS:
-            raise ValueError(f"rope_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {self.rope_positions!r}")
+            raise ValueError(
+                f"rope_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {self.rope_positions!r}"
+            )
 
 
 #: The values of :attr:`MixingRoute.rope_positions`.
@@ -285,9 +297,11 @@ MIXTURE_ROPE_POSITIONS = ("first", "drawn")
 
 #: What to do about a pass that draws random numbers inside it (a mixer): the end of the loop's and the pass
 #: runners' errors.
-DRAWING_PASSES_WAY_OUT = ("which captured and compiled passes do not support yet; call pipe.disable_cuda_graphs() to run "
-                          "the passes eagerly, or configure the method without its in-pass draws (StageVAR: "
-                          "projected_scales=())")
+DRAWING_PASSES_WAY_OUT = (
+    "which captured and compiled passes do not support yet; call pipe.disable_cuda_graphs() to run "
+    "the passes eagerly, or configure the method without its in-pass draws (StageVAR: "
+    "projected_scales=())"
+)
 
 
 @dataclass(frozen=True)
@@ -309,8 +323,12 @@ class RecordRequest:
     selections: FrozenSet[Tuple[int, str]] = frozenset()
 
     def __or__(self, other: "RecordRequest") -> "RecordRequest":
-        return RecordRequest(self.block_outputs | other.block_outputs, self.block_deltas | other.block_deltas,
-                             self.sublayer_updates | other.sublayer_updates, self.selections | other.selections)
+        return RecordRequest(
+            self.block_outputs | other.block_outputs,
+            self.block_deltas | other.block_deltas,
+            self.sublayer_updates | other.sublayer_updates,
+            self.selections | other.selections,
+        )
 
     def __bool__(self) -> bool:
         return bool(self.block_outputs or self.block_deltas or self.sublayer_updates or self.selections)
@@ -331,8 +349,12 @@ class SelectedTokens(Mapping):
         split: ``(R, K)`` selection -> ``{scale: (B, n)}`` positions.
     """
 
-    def __init__(self, records: Callable[[], Any], key: Tuple[int, str],
-                 split: Callable[[torch.Tensor], Dict[int, torch.Tensor]]):
+    def __init__(
+        self,
+        records: Callable[[], Any],
+        key: Tuple[int, str],
+        split: Callable[[torch.Tensor], Dict[int, torch.Tensor]],
+    ):
         self._records, self.key, self._split = records, key, split
         self._chosen: Optional[Dict[int, torch.Tensor]] = None
 
@@ -376,7 +398,9 @@ class PassRoutes:
     mixing: Dict[int, MixingRoute] = field(default_factory=dict)
 
     @classmethod
-    def for_layers(cls, route: TokenRoute, layers: Iterable[int], sublayer: str = "block", **fields: Any) -> "PassRoutes":
+    def for_layers(
+        cls, route: TokenRoute, layers: Iterable[int], sublayer: str = "block", **fields: Any
+    ) -> "PassRoutes":
         """The same ``route`` on the ``sublayer`` of every layer of ``layers`` (one route object: the executor runs
         consecutive blocks of one block route as a span, gathering once and scattering once), with the other fields
         (``record``, ``residual_tokens``, ...) as given.

@@ -43,8 +43,13 @@ class ScaleModelFamily:
         """The embedded start tokens ``(R, num_start_tokens, C)`` for the rows of ``condition``."""
         raise NotImplementedError
 
-    def embed(self, f_hat: Optional[torch.Tensor], scale_indices: Sequence[int], condition,
-              scale_index_L: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    def embed(
+        self,
+        f_hat: Optional[torch.Tensor],
+        scale_indices: Sequence[int],
+        condition,
+        scale_index_L: Optional[torch.Tensor],
+    ) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
         """The inputs of one pass with their positions.
 
         Returns ``(x_BLC, rope)``: the embedded inputs ``(B, L, C)`` of the scales of ``scale_indices`` other than 0,
@@ -60,9 +65,19 @@ class ScaleModelFamily:
         as its inputs."""
         raise NotImplementedError
 
-    def predict(self, hidden_RLC: torch.Tensor, condition, scale_index: int, *, batch_size: int, guidance: float,
-                temperature: float, generator, residual_tokens: Optional[torch.Tensor] = None,
-                tokens: Optional[torch.Tensor] = None) -> "ScalePrediction":
+    def predict(
+        self,
+        hidden_RLC: torch.Tensor,
+        condition,
+        scale_index: int,
+        *,
+        batch_size: int,
+        guidance: float,
+        temperature: float,
+        generator,
+        residual_tokens: Optional[torch.Tensor] = None,
+        tokens: Optional[torch.Tensor] = None,
+    ) -> "ScalePrediction":
         """One scale's tokens and codes from the last block's output ``hidden_RLC`` (every row of the pass).
 
         Guidance (``guidance`` in the family's own convention; the registry's ``no_guidance`` value means none, and
@@ -103,7 +118,9 @@ def concat_scale_inputs(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     return inputs[0] if len(inputs) == 1 and inputs[0].is_contiguous() else torch.cat(list(inputs), dim=1)
 
 
-def schedule_slice(table: torch.Tensor, offsets: Sequence[int], scale_indices: Sequence[int], dim: int) -> torch.Tensor:
+def schedule_slice(
+    table: torch.Tensor, offsets: Sequence[int], scale_indices: Sequence[int], dim: int
+) -> torch.Tensor:
     """The entries of ``scale_indices`` in a per-call table over every token of the schedule (scale ``k`` holds
     positions ``offsets[k]:offsets[k + 1]`` along ``dim``): a view for consecutive scales, a concatenation otherwise."""
     scale_indices = list(scale_indices)

@@ -59,11 +59,15 @@ class VARAccelerationMixin:
         if isinstance(scheduler, str):
             scheduler = build_acceleration(scheduler, self.model_family, preset_model=self.preset_model, **overrides)
         elif overrides:
-            raise ValueError(f"overrides {sorted(overrides)} apply to a method name (enable_acceleration('lazyvar', ...)); "
-                             f"a {type(scheduler).__name__} instance is attached as it is: configure it when building it")
+            raise ValueError(
+                f"overrides {sorted(overrides)} apply to a method name (enable_acceleration('lazyvar', ...)); "
+                f"a {type(scheduler).__name__} instance is attached as it is: configure it when building it"
+            )
         if not isinstance(scheduler, VARAccelScheduler):
-            raise ValueError(f"acceleration must be a VARAccelScheduler or a method name ({method_names()}, joined with "
-                             f"{COMPOSE_SEPARATOR!r} to compose), got {type(scheduler).__name__}")
+            raise ValueError(
+                f"acceleration must be a VARAccelScheduler or a method name ({method_names()}, joined with "
+                f"{COMPOSE_SEPARATOR!r} to compose), got {type(scheduler).__name__}"
+            )
         scheduler.check_model_family(self.model_family)
         self.register_modules(acceleration=scheduler)
         return scheduler
@@ -72,20 +76,31 @@ class VARAccelerationMixin:
         """Detach the acceleration scheduler: calls run the baseline again, bit for bit."""
         self.register_modules(acceleration=None)
 
-    def _acceleration_for_call(self, acceleration: Optional[Union[VARAccelScheduler, str]]) -> Optional[VARAccelScheduler]:
+    def _acceleration_for_call(
+        self, acceleration: Optional[Union[VARAccelScheduler, str]]
+    ) -> Optional[VARAccelScheduler]:
         if acceleration is None:
             return getattr(self, "acceleration", None)
         if isinstance(acceleration, str):  # a method name or a composition of names, as in enable_acceleration
             acceleration = build_acceleration(acceleration, self.model_family, preset_model=self.preset_model)
         if not isinstance(acceleration, VARAccelScheduler):
-            raise ValueError(f"acceleration must be a VARAccelScheduler or a method name ({method_names()}), got "
-                             f"{type(acceleration).__name__}")
+            raise ValueError(
+                f"acceleration must be a VARAccelScheduler or a method name ({method_names()}), got "
+                f"{type(acceleration).__name__}"
+            )
         acceleration.check_model_family(self.model_family)
         return acceleration
 
-    def kv_cache_bytes(self, acceleration: Optional[Union[VARAccelScheduler, str]] = None, height: Optional[int] = None,
-                       width: Optional[int] = None, batch_size: int = 1, cfg: bool = True,
-                       kv_channels: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> int:
+    def kv_cache_bytes(
+        self,
+        acceleration: Optional[Union[VARAccelScheduler, str]] = None,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        batch_size: int = 1,
+        cfg: bool = True,
+        kv_channels: Optional[int] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> int:
         """Bytes the self-attention KV cache of one call allocates (counted from the plan, nothing is run).
 
         The cache holds the positions of every pass that a later pass reads (not the last pass that runs, nor skipped
@@ -352,4 +367,3 @@ def _follow_registry(name: str, scheduler_class: Optional[type]) -> None:
 
 
 add_registry_listener(_follow_registry)
-

@@ -16,7 +16,10 @@ PASS_GRAPH_CACHE_LIMIT = 256
 
 #: dynamo's process-wide cache limits before the first pipeline compiled its passes, and how many pipelines do now
 _GRAPH_CACHE_STATE: Dict[str, Any] = {"pipelines": 0, "saved": None}
-_GRAPH_CACHE_LIMITS = (("cache_size_limit", PASS_GRAPH_CACHE_LIMIT), ("accumulated_cache_size_limit", 4 * PASS_GRAPH_CACHE_LIMIT))
+_GRAPH_CACHE_LIMITS = (
+    ("cache_size_limit", PASS_GRAPH_CACHE_LIMIT),
+    ("accumulated_cache_size_limit", 4 * PASS_GRAPH_CACHE_LIMIT),
+)
 
 
 def raise_graph_cache_limits() -> None:
@@ -26,7 +29,9 @@ def raise_graph_cache_limits() -> None:
 
     config = torch._dynamo.config
     if _GRAPH_CACHE_STATE["pipelines"] == 0:
-        _GRAPH_CACHE_STATE["saved"] = {name: getattr(config, name) for name, _ in _GRAPH_CACHE_LIMITS if hasattr(config, name)}
+        _GRAPH_CACHE_STATE["saved"] = {
+            name: getattr(config, name) for name, _ in _GRAPH_CACHE_LIMITS if hasattr(config, name)
+        }
         if hasattr(config, "fail_on_recompile_limit_hit"):
             _GRAPH_CACHE_STATE["saved"]["fail_on_recompile_limit_hit"] = config.fail_on_recompile_limit_hit
     _GRAPH_CACHE_STATE["pipelines"] += 1
@@ -106,10 +111,14 @@ class CompiledPassRunner:
             self.skipped_passes += 1
             if not self._warned:
                 self._warned = True
-                warnings.warn("enable_cuda_graphs(): CUDA-graph trees skipped a pass, which then ran without graphs (its "
-                              "time is not a graph replay's); TORCH_LOGS=cudagraphs prints why, and "
-                              "enable_cuda_graphs(strict=True) raises at the first skip. pipe.passes_without_graphs counts "
-                              "them", UserWarning, stacklevel=2)
+                warnings.warn(
+                    "enable_cuda_graphs(): CUDA-graph trees skipped a pass, which then ran without graphs (its "
+                    "time is not a graph replay's); TORCH_LOGS=cudagraphs prints why, and "
+                    "enable_cuda_graphs(strict=True) raises at the first skip. pipe.passes_without_graphs counts "
+                    "them",
+                    UserWarning,
+                    stacklevel=2,
+                )
         return out
 
 

@@ -34,8 +34,9 @@ _AUTO_PIPELINE_MODULE = "diffusers.pipelines.auto_pipeline"
 
 #: Keys of our pipelines in ``AUTO_TEXT2IMAGE_PIPELINES_MAPPING`` (diffusers keys it by model name):
 #: ``{pipeline class name: "<family>-var-accel"}`` of every registered family.
-AUTO_TEXT2IMAGE_KEYS: Dict[str, str] = {family.pipeline_class_name: f"{name}-var-accel"
-                                        for name, family in MODEL_FAMILIES.items()}
+AUTO_TEXT2IMAGE_KEYS: Dict[str, str] = {
+    family.pipeline_class_name: f"{name}-var-accel" for name, family in MODEL_FAMILIES.items()
+}
 
 _registered: Dict[str, Type] = {}
 
@@ -84,7 +85,9 @@ def register_pipelines_with_diffusers(*pipeline_classes: Type) -> None:
         except AttributeError:
             existing = None
         if existing is not None and existing is not cls:
-            logger.warning(f"diffusers already defines {name}; DiffusionPipeline.from_pretrained keeps resolving it to diffusers' class")
+            logger.warning(
+                f"diffusers already defines {name}; DiffusionPipeline.from_pretrained keeps resolving it to diffusers' class"
+            )
             continue
         setattr(diffusers, name, cls)
         # diffusers.pipelines too: diffusers' own tools look pipeline classes up there by name (the source parser

@@ -81,8 +81,9 @@ class FlopMeter:
         return sum(ops.values()), sum(v for op, v in ops.items() if is_attention_op(op))
 
 
-def sublayer_flops(flop_counts: Dict[str, Dict[Any, int]],
-                   pattern: Pattern) -> Dict[Tuple[str, Optional[str]], Dict[str, int]]:
+def sublayer_flops(
+    flop_counts: Dict[str, Dict[Any, int]], pattern: Pattern
+) -> Dict[Tuple[str, Optional[str]], Dict[str, int]]:
     """FLOPs of the blocks' sublayers, summed over blocks, from the counter's per-module table.
 
     ``pattern`` matches a block sublayer's module name with group 1 the sublayer (``"sa"``) and group 2 an optional
@@ -115,8 +116,10 @@ class CurrentPassKV:
         keep = min(self.prefix, k_all.shape[-2] - key_RHLc.shape[-2])  # of the keys cached by earlier passes
         if keep == 0:
             return key_RHLc, value_RHLc
-        return (torch.cat((k_all[..., :keep, :], key_RHLc), dim=-2),
-                torch.cat((v_all[..., :keep, :], value_RHLc), dim=-2))
+        return (
+            torch.cat((k_all[..., :keep, :], key_RHLc), dim=-2),
+            torch.cat((v_all[..., :keep, :], value_RHLc), dim=-2),
+        )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return min(self.prefix, self.cache.get_seq_length(layer_idx)) if self.prefix else 0
@@ -261,8 +264,10 @@ def _family_of(transformer) -> FamilyFlops:
     for spec in _family_flops().values():
         if isinstance(transformer, spec.transformer_class):
             return spec
-    raise ValueError(f"{type(transformer).__name__} is the transformer of no registered family's FLOP breakdown; "
-                     f"known: {[spec.transformer_class.__name__ for spec in _family_flops().values()]}")
+    raise ValueError(
+        f"{type(transformer).__name__} is the transformer of no registered family's FLOP breakdown; "
+        f"known: {[spec.transformer_class.__name__ for spec in _family_flops().values()]}"
+    )
 
 
 @torch.no_grad()
@@ -360,15 +365,33 @@ def compare_methods(baseline: Dict[str, Any], accelerated: Dict[str, Dict[str, A
     paper_base = (baseline.get("reference") or {}).get("total_tflops")
 
     def row(method, r, p):
-        return {"method": method, **spec.summary(r), "ratio": baseline["total_tflops"] / r["total_tflops"],
-                "paper_tflops": p, "paper_ratio": (paper_base / p) if (p and paper_base) else None}
+        return {
+            "method": method,
+            **spec.summary(r),
+            "ratio": baseline["total_tflops"] / r["total_tflops"],
+            "paper_tflops": p,
+            "paper_ratio": (paper_base / p) if (p and paper_base) else None,
+        }
 
     summary = [dict(row("baseline", baseline, paper_base), ratio=1.0, paper_ratio=1.0 if paper_base else None)]
     for name, r in accelerated.items():
         base_name = name.split(":")[0].lower()
         summary.append(row(name, r, paper.get(base_name) if base_name == name.lower() else None))
-    per_scale = [{"scale_index": s["scale_index"], "h": s["h"], "w": s["w"], "baseline": s["tflops"],
-                  **{name: r["per_scale"][i]["tflops"] for name, r in accelerated.items()}}
-                 for i, s in enumerate(baseline["per_scale"])]
-    return {"model": baseline["model"], "height": baseline["height"], "width": baseline["width"],
-            "cfg": baseline["cfg"], "summary": summary, "per_scale": per_scale}
+    per_scale = [
+        {
+            "scale_index": s["scale_index"],
+            "h": s["h"],
+            "w": s["w"],
+            "baseline": s["tflops"],
+            **{name: r["per_scale"][i]["tflops"] for name, r in accelerated.items()},
+        }
+        for i, s in enumerate(baseline["per_scale"])
+    ]
+    return {
+        "model": baseline["model"],
+        "height": baseline["height"],
+        "width": baseline["width"],
+        "cfg": baseline["cfg"],
+        "summary": summary,
+        "per_scale": per_scale,
+    }

@@ -7,7 +7,6 @@ import numbers
 from typing import Callable, List, Sequence
 
 
-
 class LiveGuidance(Sequence):
     """The loop's per-scale guidance, read from the pipeline's ``_guidance_scale`` when the loop reaches each scale.
 
@@ -30,11 +29,15 @@ class LiveGuidance(Sequence):
         value = self._pipeline._guidance_scale
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(self._per_scale(float(value), self._num_scales)[si])
-        if isinstance(value, (list, tuple)) and len(value) == self._num_scales and all(
-                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+        if (
+            isinstance(value, (list, tuple))
+            and len(value) == self._num_scales
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+        ):
             return float(value[si])
-        raise ValueError(f"_guidance_scale must be a number or a list of {self._num_scales} numbers (one per scale); "
-                         f"got {value!r}")
+        raise ValueError(
+            f"_guidance_scale must be a number or a list of {self._num_scales} numbers (one per scale); got {value!r}"
+        )
 
     def __len__(self) -> int:
         return self._num_scales
@@ -44,6 +47,8 @@ class LiveGuidance(Sequence):
             return [self[i] for i in range(*si.indices(self._num_scales))]
         value = self._resolve(si)
         if value != self._no_guidance and not self._with_cfg:
-            raise ValueError(f"guidance at scale {si} was changed to {self._pipeline._guidance_scale!r}, but this call "
-                             "started without guidance, so no unconditional rows ran; start the call with guidance on")
+            raise ValueError(
+                f"guidance at scale {si} was changed to {self._pipeline._guidance_scale!r}, but this call "
+                "started without guidance, so no unconditional rows ran; start the call with guidance on"
+            )
         return value

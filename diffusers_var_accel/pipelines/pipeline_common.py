@@ -14,7 +14,6 @@ from .compiled_passes import CompiledPassRunner, raise_graph_cache_limits, resto
 from .sampling import check_sampling_mode
 
 
-
 class NextScalePipelineMixin:
     """Properties and steps common to the next-scale pipelines (mixed into ``DiffusionPipeline`` subclasses)."""
 
@@ -23,8 +22,13 @@ class NextScalePipelineMixin:
     _pass_runner: Optional[Callable] = None
 
     # -- compiled passes and CUDA graphs ------------------------------------------------------------------------------
-    def compile_passes(self, backend: Union[str, Callable] = "inductor", fullgraph: bool = True, mode: Optional[str] = None,
-                       **options: Any) -> None:
+    def compile_passes(
+        self,
+        backend: Union[str, Callable] = "inductor",
+        fullgraph: bool = True,
+        mode: Optional[str] = None,
+        **options: Any,
+    ) -> None:
         """Run the transformer blocks of every pass through ``torch.compile`` from the next call on.
 
         Each pass (the blocks over its scales' tokens, with its acceleration routes) becomes one graph, compiled on
@@ -54,8 +58,13 @@ class NextScalePipelineMixin:
         compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
         self._pass_runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
 
-    def compile_repeated_blocks(self, backend: Union[str, Callable] = "inductor", fullgraph: bool = True,
-                                mode: Optional[str] = None, **options: Any) -> None:
+    def compile_repeated_blocks(
+        self,
+        backend: Union[str, Callable] = "inductor",
+        fullgraph: bool = True,
+        mode: Optional[str] = None,
+        **options: Any,
+    ) -> None:
         """Regional compilation (diffusers' ``compile_repeated_blocks``): compile the transformer's repeated,
         shape-only regions (``transformer._repeated_blocks``: the feed-forward networks, about two thirds of a
         block's FLOPs) once per token count, one compiled graph shared by every block, instead of one graph per pass.
@@ -124,9 +133,12 @@ class NextScalePipelineMixin:
             return True
         device = self._pass_device()
         if device.type != "cuda":
-            warnings.warn(f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
-                          "on a CUDA GPU (move the pipeline with .to('cuda') first); passes stay eager", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
+                "on a CUDA GPU (move the pipeline with .to('cuda') first); passes stay eager",
+                UserWarning,
+                stacklevel=2,
+            )
             return False
         if capture == "cuda":
             self.disable_cuda_graphs()
@@ -235,7 +247,9 @@ class NextScalePipelineMixin:
     def interrupt(self):
         return self._interrupt
 
-    def _scale_callback(self, callback: Optional[Callable], tensor_inputs: Sequence[str], scale_schedule, prompt_embeds, progress):
+    def _scale_callback(
+        self, callback: Optional[Callable], tensor_inputs: Sequence[str], scale_schedule, prompt_embeds, progress
+    ):
         """The loop's ``on_scale_end``: the user's ``callback_on_step_end`` (which may replace ``latents``) and the
         progress bar. A diffusers ``PipelineCallback`` / ``MultiPipelineCallbacks`` brings its own ``tensor_inputs``
         (as diffusers' pipelines take them), checked against ``_callback_tensor_inputs`` here."""
@@ -245,12 +259,18 @@ class NextScalePipelineMixin:
             tensor_inputs = list(callback.tensor_inputs)
             bad = [k for k in tensor_inputs if k not in self._callback_tensor_inputs]
             if bad:
-                raise ValueError(f"{type(callback).__name__}.tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
+                raise ValueError(
+                    f"{type(callback).__name__}.tensor_inputs {bad} are not in {self._callback_tensor_inputs}"
+                )
 
         def on_scale_end(si: int, state) -> None:
             if callback is not None:
-                values: Dict[str, Any] = {"latents": state.f_hat, "tokens": state.tokens.get(si), "logits": state.logits.get(si),
-                                          "prompt_embeds": prompt_embeds}
+                values: Dict[str, Any] = {
+                    "latents": state.f_hat,
+                    "tokens": state.tokens.get(si),
+                    "logits": state.logits.get(si),
+                    "prompt_embeds": prompt_embeds,
+                }
                 out = callback(self, si, tuple(scale_schedule[si]), {k: values[k] for k in tensor_inputs}) or {}
                 if "latents" in out:
                     state.f_hat = out["latents"]
@@ -270,7 +290,7 @@ class NextScalePipelineMixin:
         else:
             latents = latents.to(self.vae.dtype)
             if per_image and latents.shape[0] > 1:
-                image = torch.cat([self.vae.decode(latents[b:b + 1]) for b in range(latents.shape[0])])
+                image = torch.cat([self.vae.decode(latents[b : b + 1]) for b in range(latents.shape[0])])
             else:
                 image = self.vae.decode(latents)
             image = self.image_processor.postprocess(image, output_type=output_type)

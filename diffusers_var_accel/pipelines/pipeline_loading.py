@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from ..families import MODEL_FAMILIES
 from ..schedulers.presets import close_names
 
+
 # loading
 # ---------------------------------------------------------------------------------------------------------------------
 def pipeline_class_names() -> Tuple[str, ...]:
@@ -20,8 +21,9 @@ def pipeline_class_names() -> Tuple[str, ...]:
     return tuple(sorted(family.pipeline_class_name for family in MODEL_FAMILIES.values()))
 
 
-def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[str, Any],
-                             packaged: Optional[Dict[str, Callable[[], Any]]] = None):
+def prepare_pipeline_loading(
+    cls, pretrained_model_name_or_path, kwargs: Dict[str, Any], packaged: Optional[Dict[str, Callable[[], Any]]] = None
+):
     """What ``from_pretrained`` of a VAR pipeline passes on to diffusers: ``(path, kwargs)``.
 
     * a packaged name (``packaged``: name -> function returning its folder) becomes its folder; a name close to one
@@ -47,20 +49,27 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
             kwargs["dtype"] = torch_dtype
     if "dtype" in kwargs:
         value = kwargs["dtype"]
-        kwargs["dtype"] = ({k: resolve_torch_dtype(v, f"dtype[{k!r}]") for k, v in value.items()} if isinstance(value, dict)
-                           else resolve_torch_dtype(value, "dtype"))
+        kwargs["dtype"] = (
+            {k: resolve_torch_dtype(v, f"dtype[{k!r}]") for k, v in value.items()}
+            if isinstance(value, dict)
+            else resolve_torch_dtype(value, "dtype")
+        )
     path = pretrained_model_name_or_path
     if isinstance(path, str) and path in packaged:
         return packaged[path](), kwargs
     if isinstance(path, str) and not os.path.exists(path) and "/" not in path and os.sep not in path:
         hint = close_names(path, list(packaged))
         if hint:
-            raise FileNotFoundError(f"{path!r} is not a folder, a Hub repo id ('org/name') or a packaged model name{hint}; "
-                                    f"packaged: {sorted(packaged)}")
+            raise FileNotFoundError(
+                f"{path!r} is not a folder, a Hub repo id ('org/name') or a packaged model name{hint}; "
+                f"packaged: {sorted(packaged)}"
+            )
     if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
         index_file = os.path.join(os.fspath(path), "model_index.json")
         if not os.path.isfile(index_file):
-            raise FileNotFoundError(f"{path} has no model_index.json: not a folder written by {cls.__name__}.save_pretrained")
+            raise FileNotFoundError(
+                f"{path} has no model_index.json: not a folder written by {cls.__name__}.save_pretrained"
+            )
         try:
             with open(index_file, encoding="utf-8") as f:
                 index = json.load(f)
@@ -71,24 +80,40 @@ def prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs: Dict[st
         if name not in [c.__name__ for c in cls.__mro__]:  # the class itself or a pipeline class it extends
             allowed = pipeline_class_names()
             if name in allowed:
-                raise ValueError(f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained")
+                raise ValueError(
+                    f"{index_file} holds a {name}, not a {cls.__name__}: load it with {name}.from_pretrained"
+                )
             hint = close_names(name, allowed) if isinstance(name, str) else ""
-            raise ValueError(f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
-                             f"allowed: {list(allowed)}")
+            raise ValueError(
+                f"{index_file} names the pipeline class {stored!r}, which does not exist{hint}; "
+                f"allowed: {list(allowed)}"
+            )
         # components passed to from_pretrained are not read from the folder
-        stored_components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v[0] is not None
-                             and k not in kwargs]
+        stored_components = [
+            k
+            for k, v in index.items()
+            if not k.startswith("_") and isinstance(v, list) and v[0] is not None and k not in kwargs
+        ]
         missing = [k for k in stored_components if not os.path.isdir(os.path.join(os.fspath(path), k))]
         if missing:
-            raise FileNotFoundError(f"{path}: model_index.json lists the component(s) {missing} but their folders are missing")
+            raise FileNotFoundError(
+                f"{path}: model_index.json lists the component(s) {missing} but their folders are missing"
+            )
         for component in stored_components:
             check_folder_files(os.path.join(os.fspath(path), component))
         # a component the folder was saved without (``[null, null]``: a pipeline built with text_encoder=None) stays
         # None: diffusers loads only optional components that way, and the text encoder and tokenizer are required
         # arguments (as in diffusers' text-to-image pipelines) that a pipeline may still set to None
         for name, value in index.items():
-            if (not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[0] is None
-                    and value[1] is None and name not in kwargs and name not in cls._optional_components):
+            if (
+                not name.startswith("_")
+                and isinstance(value, list)
+                and len(value) == 2
+                and value[0] is None
+                and value[1] is None
+                and name not in kwargs
+                and name not in cls._optional_components
+            ):
                 kwargs[name] = None
     return path, kwargs
 

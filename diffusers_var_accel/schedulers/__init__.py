@@ -10,4 +10,14 @@ from .composition import ComposedScheduler
 from .identity import IdentityScheduler
 from .scheduling_var_base import ScalePlan, VARAccelScheduler
 
-__all__ = ["ARVARScheduler", "ComposedScheduler", "DepthVARScheduler", "FastVARScheduler", "IdentityScheduler", "LazyVARScheduler", "ScalePlan", "StageVARScheduler", "VARAccelScheduler"]
+__all__ = [
+    "ARVARScheduler",
+    "ComposedScheduler",
+    "DepthVARScheduler",
+    "FastVARScheduler",
+    "IdentityScheduler",
+    "LazyVARScheduler",
+    "ScalePlan",
+    "StageVARScheduler",
+    "VARAccelScheduler",
+]

@@ -40,7 +40,9 @@ class ComposedScheduler(VARAccelScheduler):
     """
 
     @register_to_config
-    def __init__(self, schedulers: Sequence[Union[Dict[str, Any], VARAccelScheduler]] = (), model_family: Optional[str] = None):
+    def __init__(
+        self, schedulers: Sequence[Union[Dict[str, Any], VARAccelScheduler]] = (), model_family: Optional[str] = None
+    ):
         super().__init__()
         self._check_family_name(model_family)
         members = [s if isinstance(s, VARAccelScheduler) else scheduler_from_dict(dict(s)) for s in schedulers]
@@ -48,7 +50,9 @@ class ComposedScheduler(VARAccelScheduler):
             raise ValueError("ComposedScheduler needs at least one member scheduler")
         for m in members:
             if model_family is not None and m.model_family not in (None, model_family):
-                raise ValueError(f"member {type(m).__name__} is for {m.model_family!r}, the composition for {model_family!r}")
+                raise ValueError(
+                    f"member {type(m).__name__} is for {m.model_family!r}, the composition for {model_family!r}"
+                )
         self.members = members
         # the stored configuration holds plain dicts, so JSON round-trips it
         self.register_to_config(schedulers=[m.to_dict() for m in members])
@@ -84,27 +88,33 @@ class ComposedScheduler(VARAccelScheduler):
             validate_plans(plans, num_scales)
         groupers = [i for i, p in enumerate(member_plans) if any(len(x.scale_indices) > 1 for x in p)]
         if len(groupers) > 1:
-            raise ValueError(f"{names[groupers[0]]} and {names[groupers[1]]} both group scales; a composition allows one grouping")
+            raise ValueError(
+                f"{names[groupers[0]]} and {names[groupers[1]]} both group scales; a composition allows one grouping"
+            )
         acted = [m.acted_scales(scale_schedule) for m in self.members]
         for i, plans in enumerate(member_plans):
             for si in sorted({k for x in plans if x.skip for k in x.scale_indices}):
                 for j, scales in enumerate(acted):
                     if j != i and si in scales:
-                        raise ValueError(f"{names[i]} skips scale {si}, which {names[j]} acts on; compose them on other scales "
-                                         f"(or drop the skip)")
+                        raise ValueError(
+                            f"{names[i]} skips scale {si}, which {names[j]} acts on; compose them on other scales "
+                            f"(or drop the skip)"
+                        )
         base = member_plans[groupers[0]] if groupers else member_plans[0]
         merged = []
         for plan in base:
             scales = set(plan.scale_indices)
             overlapping = [x for plans in member_plans for x in plans if scales & set(x.scale_indices)]
-            merged.append(replace(
-                plan,
-                skip=any(x.skip for x in overlapping),
-                cfg_halve=any(x.cfg_halve for x in overlapping),
-                cfg_uncond_only=any(x.cfg_uncond_only for x in overlapping),
-                record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
-                attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
-            ))
+            merged.append(
+                replace(
+                    plan,
+                    skip=any(x.skip for x in overlapping),
+                    cfg_halve=any(x.cfg_halve for x in overlapping),
+                    cfg_uncond_only=any(x.cfg_uncond_only for x in overlapping),
+                    record_attention_layers=frozenset().union(*(x.record_attention_layers for x in overlapping)),
+                    attention_map="full" if any(x.attention_map == "full" for x in overlapping) else "key_mean",
+                )
+            )
         return merged
 
     def before_scale(self, state, plan):
@@ -121,8 +131,13 @@ class ComposedScheduler(VARAccelScheduler):
         order = sorted(range(len(self.members)), key=lambda i: not self.members[i].selects_tokens)
         for i in order:
             m = self.members[i]
-            recorded = frozenset().union(*(x.record_attention_layers for x in m.plan_scales(state.scale_schedule, state.model)
-                                           if scales & set(x.scale_indices)))
+            recorded = frozenset().union(
+                *(
+                    x.record_attention_layers
+                    for x in m.plan_scales(state.scale_schedule, state.model)
+                    if scales & set(x.scale_indices)
+                )
+            )
             if recorded:
                 records.append((i, "attention map", recorded))
             outer = merged.routes.get((0, "block"))
@@ -134,34 +149,48 @@ class ComposedScheduler(VARAccelScheduler):
                 continue
             for key, route in routes.routes.items():
                 if (key[0], "mixing") in owner:
-                    raise ValueError(f"{names[i]} routes {key[1]} of layer {key[0]} at scales {list(plan.scale_indices)}, which "
-                                     f"{names[owner[(key[0], 'mixing')]]} runs on token mixtures there; a mixing span takes its "
-                                     "layers whole")
+                    raise ValueError(
+                        f"{names[i]} routes {key[1]} of layer {key[0]} at scales {list(plan.scale_indices)}, which "
+                        f"{names[owner[(key[0], 'mixing')]]} runs on token mixtures there; a mixing span takes its "
+                        "layers whole"
+                    )
                 if key in merged.routes and not _nests(route, merged.routes[key]):
-                    raise ValueError(f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
-                                     f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
-                                     "in the other")
-                level = [k for k in owner if k[0] == key[0] and (k[1] == "block") != (key[1] == "block") and owner[k] != i]
+                    raise ValueError(
+                        f"{names[owner[key]]} and {names[i]} both route {key[1]} of layer {key[0]} at scales "
+                        f"{list(plan.scale_indices)}; two methods may share a layer only by nesting one selection "
+                        "in the other"
+                    )
+                level = [
+                    k for k in owner if k[0] == key[0] and (k[1] == "block") != (key[1] == "block") and owner[k] != i
+                ]
                 if level:
-                    raise ValueError(f"{names[owner[level[0]]]} routes {level[0][1]} of layer {key[0]} and {names[i]} routes its "
-                                     f"{key[1]} at scales {list(plan.scale_indices)}; a layer is routed as a whole block or per "
-                                     "sublayer, not both")
+                    raise ValueError(
+                        f"{names[owner[level[0]]]} routes {level[0][1]} of layer {key[0]} and {names[i]} routes its "
+                        f"{key[1]} at scales {list(plan.scale_indices)}; a layer is routed as a whole block or per "
+                        "sublayer, not both"
+                    )
                 merged.routes[key] = route
                 owner[key] = i
             for start, mixing in routes.mixing.items():
                 span = set(range(start, mixing.end_layer))
                 taken = sorted({k[0] for k in owner} & span) or sorted(
-                    l for s0, m0 in merged.mixing.items() for l in range(s0, m0.end_layer) if l in span)
+                    l for s0, m0 in merged.mixing.items() for l in range(s0, m0.end_layer) if l in span
+                )
                 if taken:
-                    raise ValueError(f"{names[i]} runs layers {start}..{mixing.end_layer - 1} on token mixtures at scales "
-                                     f"{list(plan.scale_indices)}, but another member routes layers {taken} there; a "
-                                     "mixing span takes its layers whole")
+                    raise ValueError(
+                        f"{names[i]} runs layers {start}..{mixing.end_layer - 1} on token mixtures at scales "
+                        f"{list(plan.scale_indices)}, but another member routes layers {taken} there; a "
+                        "mixing span takes its layers whole"
+                    )
                 merged.mixing[start] = mixing
                 for layer in span:
                     owner[(layer, "mixing")] = i
             rec = routes.record
-            for what, layers in (("block output", rec.block_outputs), ("block delta", rec.block_deltas),
-                                 ("sublayer update", frozenset(layer for layer, _ in rec.sublayer_updates))):
+            for what, layers in (
+                ("block output", rec.block_outputs),
+                ("block delta", rec.block_deltas),
+                ("sublayer update", frozenset(layer for layer, _ in rec.sublayer_updates)),
+            ):
                 if layers:
                     records.append((i, what, frozenset(layers)))
             merged.record = merged.record | rec
@@ -170,17 +199,21 @@ class ComposedScheduler(VARAccelScheduler):
             else:
                 for si, index in routes.residual_tokens.items():
                     if si in merged.residual_tokens:
-                        raise ValueError(f"two members choose the zero-residual positions of scale {si}; one method may do so "
-                                         "per scale")
+                        raise ValueError(
+                            f"two members choose the zero-residual positions of scale {si}; one method may do so "
+                            "per scale"
+                        )
                     merged.residual_tokens[si] = index
             for si, weights in routes.code_weights.items():
                 merged.code_weights[si] = merged.code_weights[si] * weights if si in merged.code_weights else weights
         for i, what, layers in records:
             for key, j in owner.items():
                 if j != i and key[0] in layers:
-                    raise ValueError(f"{names[i]} records the {what} of layer {key[0]} at scales {list(plan.scale_indices)}, "
-                                     f"but {names[j]} routes that layer there: the recorded tensor would come from routed "
-                                     "tokens; compose them on other scales")
+                    raise ValueError(
+                        f"{names[i]} records the {what} of layer {key[0]} at scales {list(plan.scale_indices)}, "
+                        f"but {names[j]} routes that layer there: the recorded tensor would come from routed "
+                        "tokens; compose them on other scales"
+                    )
         return merged if merged else None
 
     def after_scale(self, state, plan, hidden_states_RLC):
@@ -190,5 +223,9 @@ class ComposedScheduler(VARAccelScheduler):
 
 def _nests(route, outer) -> bool:
     """Whether ``route`` is a selection nested inside ``outer`` (same outer tokens and fill, plus an inner route)."""
-    return (route.inner is not None and route.index is outer.index and route.selector is outer.selector
-            and route.fill is outer.fill)
+    return (
+        route.inner is not None
+        and route.index is outer.index
+        and route.selector is outer.selector
+        and route.fill is outer.fill
+    )

@@ -42,6 +42,7 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 #: The file name of a scheduler configuration (``VARAccelScheduler.config_name``).
 PRESET_CONFIG_NAME = "acceleration_config.json"
 
+
 class _FamilyPresetModels(Mapping):
     """``{model_family: preset model}``, read live from the registry of model families
     (:data:`diffusers_var_accel.families.MODEL_FAMILIES`)."""
@@ -88,7 +89,11 @@ def available_presets(method: Optional[str] = None, model: Optional[str] = None)
     if not PRESETS_DIR.is_dir():
         return []
     names = [f"{path.parent.parent.name}/{path.parent.name}" for path in PRESETS_DIR.glob(f"*/*/{PRESET_CONFIG_NAME}")]
-    return sorted(n for n in names if (method is None or n.split("/")[1] == method) and (model is None or n.split("/")[0] == model))
+    return sorted(
+        n
+        for n in names
+        if (method is None or n.split("/")[1] == method) and (model is None or n.split("/")[0] == model)
+    )
 
 
 def preset_models() -> List[str]:
@@ -109,7 +114,9 @@ def preset_folder(name: str) -> Path:
     """
     if not is_preset_name(name):
         hint = close_preset_names(name) if isinstance(name, str) else ""
-        raise ValueError(f"unknown acceleration preset {name!r}{hint}; available presets: {available_presets() or _missing_files_note()}")
+        raise ValueError(
+            f"unknown acceleration preset {name!r}{hint}; available presets: {available_presets() or _missing_files_note()}"
+        )
     model, method = name.split("/")
     return PRESETS_DIR / model / method
 
@@ -150,8 +157,10 @@ def resolve_preset_reference(name_or_path: Any, subfolder: Optional[str] = None)
     if is_preset_name(candidate):
         return candidate
     if is_preset_like and model in set(preset_models()) | set(FAMILY_PRESET_MODELS.values()):
-        raise ValueError(f"unknown acceleration preset {candidate!r}{close_preset_names(candidate)}; "
-                         f"available presets: {available_presets() or _missing_files_note()}")
+        raise ValueError(
+            f"unknown acceleration preset {candidate!r}{close_preset_names(candidate)}; "
+            f"available presets: {available_presets() or _missing_files_note()}"
+        )
     return None
 
 
@@ -223,9 +232,13 @@ class PackagedPresets(Mapping):
                 config = load_preset_config(name)
                 stored = config.get("_class_name")
                 if self.owner_name is not None and stored != self.owner_name:
-                    raise ValueError(f"the packaged preset {name!r} stores a {stored} configuration, not a {self.owner_name}")
+                    raise ValueError(
+                        f"the packaged preset {name!r} stores a {stored} configuration, not a {self.owner_name}"
+                    )
                 if config.get("model_family") != family:
-                    raise ValueError(f"the packaged preset {name!r} has model_family {config.get('model_family')!r}, not {family!r}")
+                    raise ValueError(
+                        f"the packaged preset {name!r} has model_family {config.get('model_family')!r}, not {family!r}"
+                    )
                 by_family[family] = preset_constructor_kwargs(config)
             self._by_family = by_family
         return self._by_family
@@ -255,5 +268,7 @@ def split_preset_name(name: str) -> Tuple[str, str]:
 
 
 def _missing_files_note() -> str:
-    return (f"the packaged preset files are missing ({PRESETS_DIR} has no */*/{PRESET_CONFIG_NAME}); the installation "
-            "lacks the package data 'presets/*/*/*.json': reinstall diffusers-var-accel")
+    return (
+        f"the packaged preset files are missing ({PRESETS_DIR} has no */*/{PRESET_CONFIG_NAME}); the installation "
+        "lacks the package data 'presets/*/*/*.json': reinstall diffusers-var-accel"
+    )

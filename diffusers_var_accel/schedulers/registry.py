@@ -56,7 +56,9 @@ def register_method(name: str, scheduler_class: Type["VARAccelScheduler"]) -> No
         raise ValueError(f"a method name must be a lowercase identifier other than {BASELINE!r}, got {name!r}")
     held = METHODS.get(name)
     if held is not None and held.__qualname__ != scheduler_class.__qualname__:
-        raise ValueError(f"method {name!r} is already registered by {held.__name__}; unregister_method({name!r}) first")
+        raise ValueError(
+            f"method {name!r} is already registered by {held.__name__}; unregister_method({name!r}) first"
+        )
     METHODS[name] = scheduler_class  # the same class defined again (a reloaded module) replaces itself
     for listener in _LISTENERS:
         listener(name, scheduler_class)
@@ -78,7 +80,10 @@ def method_names() -> List[str]:
 
 def method_titles() -> List[str]:
     """The registered methods as their papers name them (the class names without ``Scheduler``: ``"FastVAR"``)."""
-    return [cls.__name__[:-len("Scheduler")] if cls.__name__.endswith("Scheduler") else cls.__name__ for cls in METHODS.values()]
+    return [
+        cls.__name__[: -len("Scheduler")] if cls.__name__.endswith("Scheduler") else cls.__name__
+        for cls in METHODS.values()
+    ]
 
 
 def default_method_specs() -> Tuple[str, ...]:
@@ -95,6 +100,8 @@ def get_method(name: str) -> Type["VARAccelScheduler"]:
     if not isinstance(name, str) or name not in METHODS:
         hint = difflib.get_close_matches(name, list(METHODS), n=1, cutoff=0.7) if isinstance(name, str) else []
         did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise ValueError(f"unknown acceleration method {name!r}{did_you_mean}; known methods: {method_names()} "
-                         f"(join several with {COMPOSE_SEPARATOR!r}, e.g. 'lazyvar{COMPOSE_SEPARATOR}arvar')")
+        raise ValueError(
+            f"unknown acceleration method {name!r}{did_you_mean}; known methods: {method_names()} "
+            f"(join several with {COMPOSE_SEPARATOR!r}, e.g. 'lazyvar{COMPOSE_SEPARATOR}arvar')"
+        )
     return METHODS[name]

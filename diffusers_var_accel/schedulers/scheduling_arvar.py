@@ -66,8 +66,8 @@ def self_attention_saliency(probs_RHqS: torch.Tensor, source_hw) -> torch.Tensor
     (already averaged over heads and queries: the mean commutes with taking the last ``h*w`` keys)."""
     h, w = source_hw
     if probs_RHqS.dim() == 2:
-        return probs_RHqS[:, -h * w:].float().reshape(-1, h, w)
-    return probs_RHqS[..., -h * w:].mean(dim=(1, 2), dtype=torch.float32).view(-1, h, w)
+        return probs_RHqS[:, -h * w :].float().reshape(-1, h, w)
+    return probs_RHqS[..., -h * w :].mean(dim=(1, 2), dtype=torch.float32).view(-1, h, w)
 
 
 def retrospect_tokens(saliency_Rhw: torch.Tensor, hw, ratio: float, mode: str = "bilinear") -> torch.Tensor:
@@ -156,22 +156,37 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
     ):
         super().__init__()
         self._check_family_name(model_family)
-        halved, pruned = _scale_list(branch_halving_scales, "branch_halving_scales"), _scale_list(pruned_scales, "pruned_scales")
+        halved, pruned = (
+            _scale_list(branch_halving_scales, "branch_halving_scales"),
+            _scale_list(pruned_scales, "pruned_scales"),
+        )
         ratios = [check_ratio(r, f"prune_ratios[{i}]") for i, r in enumerate(prune_ratios)]
         if len(ratios) not in (1, len(pruned)):
-            raise ValueError(f"prune_ratios has {len(ratios)} values for {len(pruned)} pruned_scales; give one per scale or one")
+            raise ValueError(
+                f"prune_ratios has {len(ratios)} values for {len(pruned)} pruned_scales; give one per scale or one"
+            )
         for name, value in (("attention_distance", attention_distance), ("activation_distance", activation_distance)):
             if not _is_index(value) or value < 1 or any(0 <= t < value for t in pruned):
-                raise ValueError(f"{name} must be an integer >= 1 that reaches no further back than scale 0 from the pruned "
-                                 f"scales {pruned}, got {value!r}")
+                raise ValueError(
+                    f"{name} must be an integer >= 1 that reaches no further back than scale 0 from the pruned "
+                    f"scales {pruned}, got {value!r}"
+                )
         if pruned_layers is not None:
             pruned_layers = list(pruned_layers)
-            if len(pruned_layers) != 2 or not all(_is_index(v) for v in pruned_layers) or not 0 <= pruned_layers[0] < pruned_layers[1]:
-                raise ValueError(f"pruned_layers must be a range [start, end) with 0 <= start < end, or None; got {pruned_layers!r}")
+            if (
+                len(pruned_layers) != 2
+                or not all(_is_index(v) for v in pruned_layers)
+                or not 0 <= pruned_layers[0] < pruned_layers[1]
+            ):
+                raise ValueError(
+                    f"pruned_layers must be a range [start, end) with 0 <= start < end, or None; got {pruned_layers!r}"
+                )
         if upsample_mode not in UPSAMPLE_MODES:
             raise ValueError(f"upsample_mode must be one of {list(UPSAMPLE_MODES)}, got {upsample_mode!r}")
         # the stored configuration holds the validated values (ratios as floats, index lists as lists)
-        self.register_to_config(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=ratios, pruned_layers=pruned_layers)
+        self.register_to_config(
+            branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=ratios, pruned_layers=pruned_layers
+        )
 
     # -- the setting on one schedule ------------------------------------------------------------------------------------
     def resolve(self, scale_schedule: Sequence[Tuple[int, ...]]) -> ARVARScales:
@@ -185,23 +200,31 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         ratios = list(cfg.prune_ratios) * (len(cfg.pruned_scales) if len(cfg.prune_ratios) == 1 else 1)
         prune = {resolve_scale_index(s, n, "pruned scale"): float(r) for s, r in zip(cfg.pruned_scales, ratios)}
         if len(set(halved)) != len(halved) or len(prune) != len(cfg.pruned_scales):
-            raise ValueError(f"branch_halving_scales {list(cfg.branch_halving_scales)} or pruned_scales {list(cfg.pruned_scales)} "
-                             f"name one scale twice on {n} scales")
+            raise ValueError(
+                f"branch_halving_scales {list(cfg.branch_halving_scales)} or pruned_scales {list(cfg.pruned_scales)} "
+                f"name one scale twice on {n} scales"
+            )
         sources = {}
         for name, distance in (("attention", cfg.attention_distance), ("activation", cfg.activation_distance)):
             for t in prune:
                 if t - distance < 0:
-                    raise ValueError(f"{name}_distance {distance} reaches before scale 0 from pruned scale {t} of the {n}-scale "
-                                     f"schedule; use a distance <= {t} or a later pruned scale")
+                    raise ValueError(
+                        f"{name}_distance {distance} reaches before scale 0 from pruned scale {t} of the {n}-scale "
+                        f"schedule; use a distance <= {t} or a later pruned scale"
+                    )
                 if t - distance in prune:
-                    raise ValueError(f"the {name} source {t - distance} of pruned scale {t} is pruned too; sources run in full")
+                    raise ValueError(
+                        f"the {name} source {t - distance} of pruned scale {t} is pruned too; sources run in full"
+                    )
             sources[name] = {t: t - distance for t, r in prune.items() if r > 0}
         return ARVARScales(frozenset(halved), prune, sources["attention"], sources["activation"])
 
     def _layers(self, num_layers: int) -> range:
         start, end = self.config.pruned_layers or (0, num_layers)
         if start >= num_layers:
-            raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
+            raise ValueError(
+                f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model"
+            )
         return range(start, min(end, num_layers))
 
     def kept_tokens(self, state) -> Dict[Tuple[int, int], torch.Tensor]:
@@ -218,15 +241,19 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
             for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
                 if not halved and not pruned:
                     continue
-                grid.append(dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75]))
+                grid.append(
+                    dict(branch_halving_scales=halved, pruned_scales=pruned, prune_ratios=[ratio if ratio else 0.75])
+                )
         return grid
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
         """Branch halving only (the last 1, 2, 3 or 5 scales): its attention-retrospect pruning routes the same blocks
         as the other methods' token selections, which a composition refuses."""
-        return [dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
-                for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])]
+        return [
+            dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
+            for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])
+        ]
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(self, scale_schedule, model=None):
@@ -238,28 +265,44 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         else:
             record = frozenset(range(*(self.config.pruned_layers or (0, _LAYERS_WITHOUT_MODEL))))
         recorded = set(scales.attention_sources.values())
-        return [ScalePlan((k,), cfg_halve=k in scales.halved, record_attention_layers=record if k in recorded else frozenset())
-                for k in range(len(scale_schedule))]
+        return [
+            ScalePlan(
+                (k,), cfg_halve=k in scales.halved, record_attention_layers=record if k in recorded else frozenset()
+            )
+            for k in range(len(scale_schedule))
+        ]
 
     def before_scale(self, state, plan):
         halved = self.resolve(state.scale_schedule).halved
         if halved and state.rows == state.batch_size:
-            raise ValueError(f"branch halving at scales {sorted(halved)} needs classifier-free guidance, but this run has none "
-                             f"(no unconditional rows: Infinity guidance_scale 1, HART guidance_scale 0); enable guidance or set "
-                             f"branch_halving_scales=()")
+            raise ValueError(
+                f"branch halving at scales {sorted(halved)} needs classifier-free guidance, but this run has none "
+                f"(no unconditional rows: Infinity guidance_scale 1, HART guidance_scale 0); enable guidance or set "
+                f"branch_halving_scales=()"
+            )
 
     def acted_scales(self, scale_schedule):
         scales = self.resolve(scale_schedule)
-        return (scales.halved | frozenset(k for k, r in scales.prune_ratios.items() if r > 0)
-                | frozenset(scales.attention_sources.values()) | frozenset(scales.activation_sources.values()))
+        return (
+            scales.halved
+            | frozenset(k for k, r in scales.prune_ratios.items() if r > 0)
+            | frozenset(scales.attention_sources.values())
+            | frozenset(scales.activation_sources.values())
+        )
 
     def route_pass(self, state, plan):
         """A canvas source ``T - N`` records its block outputs; a pruned scale ``T`` routes every pruned block to its
         retrospect tokens (Eq. 2) and fills the others with the upsampled canvas (Eq. 3)."""
         scales, scale_set = self.resolve(state.scale_schedule), set(plan.scale_indices)
-        ours = scale_set & {*scales.attention_sources, *scales.attention_sources.values(), *scales.activation_sources.values()}
+        ours = scale_set & {
+            *scales.attention_sources,
+            *scales.attention_sources.values(),
+            *scales.activation_sources.values(),
+        }
         if len(scale_set) > 1 and ours:
-            raise ValueError(f"ARVAR's pruned and source scales {sorted(ours)} must run alone, not in the group {plan.scale_indices}")
+            raise ValueError(
+                f"ARVAR's pruned and source scales {sorted(ours)} must run alone, not in the group {plan.scale_indices}"
+            )
         k, call, layers = plan.scale_indices[0], self.call_state(state), self._layers(state.model.num_layers)
         if k in scales.activation_sources.values():
             return PassRoutes(record=RecordRequest(block_outputs=frozenset(layers)))
@@ -268,8 +311,10 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         m_source, n_source = scales.attention_sources[k], scales.activation_sources[k]
         saliency, outputs = call.saliency.pop(m_source, {}), call.outputs.pop(n_source, {})
         if any(layer not in saliency or layer not in outputs for layer in layers):
-            raise RuntimeError(f"ARVAR has no attention map or block output of some of layers {list(layers)} for pruned scale {k}: its "
-                               f"sources {m_source} / {n_source} did not run in full (skipped or routed by another scheduler?)")
+            raise RuntimeError(
+                f"ARVAR has no attention map or block output of some of layers {list(layers)} for pruned scale {k}: its "
+                f"sources {m_source} / {n_source} did not run in full (skipped or routed by another scheduler?)"
+            )
         hw, ratio, mode = tuple(state.scale_schedule[k][-2:]), scales.prune_ratios[k], self.config.upsample_mode
         source_hw = tuple(state.scale_schedule[n_source][-2:])
         # Eq. (2) of every pruned layer at once (rows are independent: the same tokens as layer by layer, in a
@@ -294,8 +339,10 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         for layer in sorted(state.records.attention.keys() & layers):  # missing: see T
             probs = state.records.attention[layer]
             if probs.dim() == 4 and probs.shape[-2] != hw[0] * hw[1]:  # a "full" map tells how many queries ran
-                raise RuntimeError(f"the attention source scale {k} computed {probs.shape[-2]} of its {hw[0] * hw[1]} tokens in "
-                                   f"layer {layer}; it must run in full (routed by another scheduler?)")
+                raise RuntimeError(
+                    f"the attention source scale {k} computed {probs.shape[-2]} of its {hw[0] * hw[1]} tokens in "
+                    f"layer {layer}; it must run in full (routed by another scheduler?)"
+                )
             saliency[layer] = self_attention_saliency(probs, hw)
 
 
@@ -305,5 +352,7 @@ def _is_index(value) -> bool:
 
 def _scale_list(values, name: str):
     if not all(_is_index(v) for v in values) or len(set(values)) != len(values):
-        raise ValueError(f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}")
+        raise ValueError(
+            f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}"
+        )
     return list(values)

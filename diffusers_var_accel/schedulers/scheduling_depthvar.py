@@ -52,7 +52,7 @@ def bit_reversal_permutation(num_layers: int) -> List[int]:
     if not _is_int(num_layers) or num_layers < 1:
         raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
     bits = max(1, (num_layers - 1).bit_length())
-    order = (int(format(i, f"0{bits}b")[::-1], 2) for i in range(2 ** bits))
+    order = (int(format(i, f"0{bits}b")[::-1], 2) for i in range(2**bits))
     return [layer for layer in order if layer < num_layers]
 
 
@@ -69,7 +69,9 @@ def scheduling_function(rho: torch.Tensor, budget: float, phase: float = 0.0, mi
     return min_score + (1.0 - min_score) * u.pow(gamma)
 
 
-def layer_masks(scores: torch.Tensor, num_layers: int, offsets: Optional[torch.Tensor] = None, min_depth: int = 0) -> torch.Tensor:
+def layer_masks(
+    scores: torch.Tensor, num_layers: int, offsets: Optional[torch.Tensor] = None, min_depth: int = 0
+) -> torch.Tensor:
     """Eq. (3): ``M[..., l]``, whether a token of depth score ``S`` runs layer ``l`` (bool, ``(..., L)``).
 
     Raises:
@@ -109,7 +111,7 @@ class ScaleDepth:
         flat = self.flat_index.reshape(-1)[perm]
         out, start = {}, 0
         for l, count in zip(self.layer_index, counts):
-            out[l] = flat[start:start + rows * count].view(rows, count)
+            out[l] = flat[start : start + rows * count].view(rows, count)
             start += rows * count
         return out
 
@@ -129,8 +131,9 @@ class RankDepthPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def _rank_depth_plan_host(N: int, num_layers: int, budget: float, phase: float, min_depth: int,
-                          cyclic_layer_offsets: bool) -> RankDepthPlan:
+def _rank_depth_plan_host(
+    N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool
+) -> RankDepthPlan:
     rho = (torch.arange(N, dtype=torch.float64) + 0.5) / N
     scores = scheduling_function(rho, budget, phase, min(1.0, min_depth / num_layers))  # layer_masks checks min_depth
     offsets = torch.arange(N) % num_layers if cyclic_layer_offsets else None
@@ -149,8 +152,10 @@ def _on_device(key: tuple, host, device: torch.device, move_all):
         return host
     dkey = key + (str(device),)
     if dkey not in _DEVICE_PLANS:
+
         def move(t):  # pinned host memory: the copy is queued without waiting for the device
             return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
         _DEVICE_PLANS[dkey] = move_all(move)
         while len(_DEVICE_PLANS) > 256:
             _DEVICE_PLANS.popitem(last=False)
@@ -158,17 +163,27 @@ def _on_device(key: tuple, host, device: torch.device, move_all):
     return _DEVICE_PLANS[dkey]
 
 
-def rank_depth_plan(N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool,
-                    device=None) -> RankDepthPlan:
+def rank_depth_plan(
+    N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool, device=None
+) -> RankDepthPlan:
     """The rank-space depth plan (it depends on the setting and the token count only, never on the data), computed
     once on the host per setting and kept on ``device``: a generation that meets a setting again reads nothing back
     from the device (no ``nonzero`` per layer) and uploads nothing (the copies are cached too)."""
     key = ("ranks", N, num_layers, float(budget), float(phase), min_depth, bool(cyclic_layer_offsets))
     host = _rank_depth_plan_host(*key[1:])
     device = torch.device("cpu") if device is None else torch.device(device)
-    return _on_device(key, host, device, lambda move: RankDepthPlan(
-        move(host.scores), move(host.depth), {l: move(r) for l, r in host.ranks.items()}, move(host.flat_ranks),
-        move(host.layer_keys)))
+    return _on_device(
+        key,
+        host,
+        device,
+        lambda move: RankDepthPlan(
+            move(host.scores),
+            move(host.depth),
+            {l: move(r) for l, r in host.ranks.items()},
+            move(host.flat_ranks),
+            move(host.layer_keys),
+        ),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,8 +202,15 @@ def _layer_major_permutation(counts: Tuple[int, ...], B: int, rows: int, device:
     return _on_device(("rows", counts, B, rows), host, device, lambda move: move(host))
 
 
-def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, budget: float, phase: float,
-               min_depth: int, cyclic_layer_offsets: bool) -> ScaleDepth:
+def plan_depth(
+    ranking_BN: torch.Tensor,
+    hw: Tuple[int, int],
+    num_layers: int,
+    budget: float,
+    phase: float,
+    min_depth: int,
+    cyclic_layer_offsets: bool,
+) -> ScaleDepth:
     """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space.
 
     Every layer's tokens are sorted in one call: the token ids of all layers, one layer after another, keyed by
@@ -205,7 +227,7 @@ def plan_depth(ranking_BN: torch.Tensor, hw: Tuple[int, int], num_layers: int, b
     layer_index, start = {}, 0
     for l in range(num_layers):
         count = int(ranks.ranks[l].shape[0])
-        layer_index[l] = flat[:, start:start + count]
+        layer_index[l] = flat[:, start : start + count]
         start += count
     return ScaleDepth(by_token(ranks.scores), by_token(ranks.depth), layer_index, flat)
 
@@ -294,12 +316,20 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         super().__init__()
         self._check_family_name(model_family)
         if not _is_int(reference_scale) or reference_scale == 0:
-            raise ValueError(f"reference_scale must be a 1-based scale number (1, 2, ...) or negative from the end (-1 = last), got {reference_scale!r}")
+            raise ValueError(
+                f"reference_scale must be a 1-based scale number (1, 2, ...) or negative from the end (-1 = last), got {reference_scale!r}"
+            )
         if start_scale is not None and not _is_int(start_scale):
-            raise ValueError(f"start_scale must be a scale index (negative = from the end) or None, got {start_scale!r}")
+            raise ValueError(
+                f"start_scale must be a scale index (negative = from the end) or None, got {start_scale!r}"
+            )
         if end_scale is not None and not _is_int(end_scale):
             raise ValueError(f"end_scale must be a scale index (negative = from the end) or None, got {end_scale!r}")
-        if isinstance(rotation_step, bool) or not isinstance(rotation_step, (int, float)) or not 0 <= rotation_step < 1:
+        if (
+            isinstance(rotation_step, bool)
+            or not isinstance(rotation_step, (int, float))
+            or not 0 <= rotation_step < 1
+        ):
             raise ValueError(f"rotation_step must be a percentile shift in [0, 1), got {rotation_step!r}")
         if not _is_int(min_depth) or min_depth < 0:
             raise ValueError(f"min_depth must be a number of layers >= 0, got {min_depth!r}")
@@ -316,15 +346,25 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         """
         n, R = len(scale_schedule), self.config.reference_scale
         if not (1 <= R <= n or -n <= R <= -1):
-            raise ValueError(f"reference_scale R={R} is outside the schedule's {n} scales (allowed: 1..{n}, or -{n}..-1 from the end)")
+            raise ValueError(
+                f"reference_scale R={R} is outside the schedule's {n} scales (allowed: 1..{n}, or -{n}..-1 from the end)"
+            )
         ref = R - 1 if R > 0 else n + R
-        start = ref + 1 if self.config.start_scale is None else resolve_scale_index(self.config.start_scale, n, "start_scale")
+        start = (
+            ref + 1
+            if self.config.start_scale is None
+            else resolve_scale_index(self.config.start_scale, n, "start_scale")
+        )
         if start == 0:
-            raise ValueError("start_scale resolves to scale 0, which has no previous scale to rank its tokens by; use >= 1")
+            raise ValueError(
+                "start_scale resolves to scale 0, which has no previous scale to rank its tokens by; use >= 1"
+            )
         end = n - 1 if self.config.end_scale is None else resolve_scale_index(self.config.end_scale, n, "end_scale")
         if end < start:
-            raise ValueError(f"end_scale {self.config.end_scale} resolves to scale {end}, before the first dynamic scale {start} "
-                             f"of the {n}-scale schedule")
+            raise ValueError(
+                f"end_scale {self.config.end_scale} resolves to scale {end}, before the first dynamic scale {start} "
+                f"of the {n}-scale schedule"
+            )
         tokens = [int(s[-2]) * int(s[-1]) for s in scale_schedule]
         return {i: min(1.0, tokens[ref] / tokens[i]) for i in range(start, end + 1)}
 
@@ -370,24 +410,39 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
             # that none is computed between passes
             for k in budgets:
                 hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
-                rank_depth_plan(hw[0] * hw[1], state.model.num_layers, budgets[k], self._phase(k, budgets),
-                                self.config.min_depth, self.config.cyclic_layer_offsets)
+                rank_depth_plan(
+                    hw[0] * hw[1],
+                    state.model.num_layers,
+                    budgets[k],
+                    self._phase(k, budgets),
+                    self.config.min_depth,
+                    self.config.cyclic_layer_offsets,
+                )
         dynamic = [k for k in plan.scale_indices if k in budgets]
         if not dynamic or plan.skip:
             return
         source = call.source
         previous = state.previous_plan()
         if source is None or previous is None or source.scale != previous.scale_indices[-1]:
-            raise RuntimeError(f"DepthVAR needs the layer deltas of scale {plan.scale_indices[0] - 1} for scale {dynamic[0]}, but "
-                               "that scale did not run through DepthVAR (skipped, grouped with others, or routed by another "
-                               "scheduler?)")
+            raise RuntimeError(
+                f"DepthVAR needs the layer deltas of scale {plan.scale_indices[0] - 1} for scale {dynamic[0]}, but "
+                "that scale did not run through DepthVAR (skipped, grouped with others, or routed by another "
+                "scheduler?)"
+            )
         B = state.batch_size
         ranking_BHW = source.change.view(-1, B, *source.hw).mean(0)  # Eq. (1), mean over an image's CFG rows
         for k in dynamic:
             hw = tuple(int(v) for v in state.scale_schedule[k][-2:])
             phase = self._phase(k, budgets)
-            call.plans[k] = plan_depth(resize_map(ranking_BHW, hw, "bilinear"), hw, state.model.num_layers, budgets[k], phase,
-                                       self.config.min_depth, self.config.cyclic_layer_offsets)
+            call.plans[k] = plan_depth(
+                resize_map(ranking_BHW, hw, "bilinear"),
+                hw,
+                state.model.num_layers,
+                budgets[k],
+                phase,
+                self.config.min_depth,
+                self.config.cyclic_layer_offsets,
+            )
 
     def route_pass(self, state, plan):
         """Eq. (4): layer ``l`` computes the tokens whose depth reaches it, the others take the source's upsampled
@@ -404,17 +459,23 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         nxt = state.next_plan()
         record = nxt is not None and not nxt.skip and any(k in budgets for k in nxt.scale_indices)
         if record and len(plan.scale_indices) > 1:
-            raise ValueError(f"DepthVAR ranks scale {nxt.scale_indices[0]} by the scale before it, but that scale is decoded in "
-                             f"the group {list(plan.scale_indices)}; end the dynamic scales before the group (end_scale)")
+            raise ValueError(
+                f"DepthVAR ranks scale {nxt.scale_indices[0]} by the scale before it, but that scale is decoded in "
+                f"the group {list(plan.scale_indices)}; end the dynamic scales before the group (end_scale)"
+            )
         num_layers = state.model.num_layers
-        routes = PassRoutes(record=RecordRequest(block_deltas=frozenset(range(num_layers))) if record else RecordRequest())
+        routes = PassRoutes(
+            record=RecordRequest(block_deltas=frozenset(range(num_layers))) if record else RecordRequest()
+        )
         if not any(k in call.plans for k in plan.scale_indices):
             return routes if routes else None
         outer = selection.route if selection is not None else None
         kept = selection.tokens if selection is not None else {}
         if outer is not None and any(k not in kept for k in plan.scale_indices):
-            raise ValueError(f"DepthVAR nests within another member's kept tokens only when it names them per scale "
-                             f"(residual_tokens); scales {list(plan.scale_indices)}")
+            raise ValueError(
+                f"DepthVAR nests within another member's kept tokens only when it names them per scale "
+                f"(residual_tokens); scales {list(plan.scale_indices)}"
+            )
         schedule, source = state.scale_schedule, call.source
         hws = tuple((int(schedule[k][-2]), int(schedule[k][-1])) for k in plan.scale_indices)
         per_layer: Dict[int, List[torch.Tensor]] = {l: [] for l in range(num_layers)}
@@ -425,18 +486,33 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
             depth = call.plans.get(k)
             count = kept[k].shape[1] if outer is not None else hw[0] * hw[1]
             if depth is not None and outer is not None:  # rank the kept tokens only (sizes stay configured)
-                ranking = values_at(resize_map(call.source.change.view(-1, state.batch_size, *source.hw).mean(0), hw, "bilinear"), kept[k])
+                ranking = values_at(
+                    resize_map(call.source.change.view(-1, state.batch_size, *source.hw).mean(0), hw, "bilinear"),
+                    kept[k],
+                )
                 phase = self._phase(k, budgets)
-                depth = plan_depth(ranking, (count,), num_layers, budgets[k], phase, self.config.min_depth,
-                                   self.config.cyclic_layer_offsets)
+                depth = plan_depth(
+                    ranking,
+                    (count,),
+                    num_layers,
+                    budgets[k],
+                    phase,
+                    self.config.min_depth,
+                    self.config.cyclic_layer_offsets,
+                )
                 full = torch.ones(state.batch_size, hw[0] * hw[1], device=depth.scores.device)
-                call.plans[k] = ScaleDepth(place_values(full, kept[k], depth.scores).view(state.batch_size, *hw),
-                                           depth.depth, depth.layer_index)
+                call.plans[k] = ScaleDepth(
+                    place_values(full, kept[k], depth.scores).view(state.batch_size, *hw),
+                    depth.depth,
+                    depth.layer_index,
+                )
             single = depth is not None and outer is None and len(hws) == 1
             by_layer = depth.index_rows(rows) if single else None
             for l in range(num_layers):
                 if depth is None:  # a scale of the pass at full depth
-                    index = torch.arange(offset, offset + count, device=source.change.device).expand(state.batch_size, -1)
+                    index = torch.arange(offset, offset + count, device=source.change.device).expand(
+                        state.batch_size, -1
+                    )
                 else:
                     index = depth.layer_index[l] if by_layer is None else by_layer[l]
                     index = index + offset if offset else index
@@ -458,10 +534,13 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         if not deltas:
             return
         stack = state.records.block_delta_stack  # the deltas in one buffer (the executor's), when they fit one
-        change = summed_change(stack if stack is not None and stack.shape[0] == len(deltas)
-                               else [deltas[l] for l in sorted(deltas)])
+        change = summed_change(
+            stack if stack is not None and stack.shape[0] == len(deltas) else [deltas[l] for l in sorted(deltas)]
+        )
         k = plan.scale_indices[0]
-        self.call_state(state).source = DepthSource(k, tuple(int(v) for v in state.scale_schedule[k][-2:]), dict(deltas), change)
+        self.call_state(state).source = DepthSource(
+            k, tuple(int(v) for v in state.scale_schedule[k][-2:]), dict(deltas), change
+        )
 
 
 #: Layers of recorded deltas taken at once by :func:`summed_change` (a fixed count, so that the number of kernels

@@ -149,10 +149,15 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
     ):
         super().__init__()
         self._check_family_name(model_family)
-        prune_scales, skipped_scales = _scale_list(prune_scales, "prune_scales"), _scale_list(skipped_scales, "skipped_scales")
+        prune_scales, skipped_scales = (
+            _scale_list(prune_scales, "prune_scales"),
+            _scale_list(skipped_scales, "skipped_scales"),
+        )
         prune_ratios = [check_ratio(r, "every prune ratio") for r in prune_ratios]
         if len(prune_ratios) != len(prune_scales):
-            raise ValueError(f"prune_ratios has {len(prune_ratios)} values for {len(prune_scales)} prune_scales; give one ratio per pruned scale")
+            raise ValueError(
+                f"prune_ratios has {len(prune_ratios)} values for {len(prune_scales)} prune_scales; give one ratio per pruned scale"
+            )
         if not _is_index(cache_scale):
             raise ValueError(f"cache_scale must be an integer scale index, got {cache_scale!r}")
         same_side = [s for s in prune_scales if (s < 0) == (cache_scale < 0)]
@@ -160,15 +165,25 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
             raise ValueError(f"cache_scale {cache_scale} must come before every pruned scale {prune_scales}")
         if pruned_layers is not None:
             pruned_layers = list(pruned_layers)
-            if len(pruned_layers) != 2 or not all(_is_index(v) for v in pruned_layers) or not 0 <= pruned_layers[0] < pruned_layers[1]:
-                raise ValueError(f"pruned_layers must be a layer range [start, end) with 0 <= start < end, or None for all layers; got {pruned_layers!r}")
+            if (
+                len(pruned_layers) != 2
+                or not all(_is_index(v) for v in pruned_layers)
+                or not 0 <= pruned_layers[0] < pruned_layers[1]
+            ):
+                raise ValueError(
+                    f"pruned_layers must be a layer range [start, end) with 0 <= start < end, or None for all layers; got {pruned_layers!r}"
+                )
         if not isinstance(skip_last_scales, bool):
             raise ValueError(f"skip_last_scales must be a bool, got {skip_last_scales!r}")
         if skip_last_scales and set(skipped_scales) & set(prune_scales):
             raise ValueError(f"scales {sorted(set(skipped_scales) & set(prune_scales))} are both pruned and skipped")
         # the stored configuration holds the validated values (ratios as floats, index lists as lists)
-        self.register_to_config(prune_scales=prune_scales, prune_ratios=prune_ratios, pruned_layers=pruned_layers,
-                                skipped_scales=skipped_scales)
+        self.register_to_config(
+            prune_scales=prune_scales,
+            prune_ratios=prune_ratios,
+            pruned_layers=pruned_layers,
+            skipped_scales=skipped_scales,
+        )
 
     # -- the setting on one schedule ------------------------------------------------------------------------------------
     def resolve(self, scale_schedule: Sequence[Tuple[int, ...]]) -> FastVARScales:
@@ -182,14 +197,22 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
         prune = {resolve_scale_index(s, n, "prune scale"): r for s, r in zip(cfg.prune_scales, cfg.prune_ratios)}
         if len(prune) != len(cfg.prune_scales):
             raise ValueError(f"prune_scales {list(cfg.prune_scales)} name one scale twice in a schedule of {n} scales")
-        skipped = frozenset(resolve_scale_index(s, n, "skipped scale") for s in cfg.skipped_scales) if cfg.skip_last_scales else frozenset()
+        skipped = (
+            frozenset(resolve_scale_index(s, n, "skipped scale") for s in cfg.skipped_scales)
+            if cfg.skip_last_scales
+            else frozenset()
+        )
         if skipped & set(prune):
-            raise ValueError(f"scales {sorted(skipped & set(prune))} of the {n}-scale schedule are both pruned and skipped")
+            raise ValueError(
+                f"scales {sorted(skipped & set(prune))} of the {n}-scale schedule are both pruned and skipped"
+            )
         cache = None
         if prune:
             cache = resolve_scale_index(cfg.cache_scale, n, "cache_scale")
             if cache >= min(prune):
-                raise ValueError(f"cache scale {cache} is not before the pruned scales {sorted(prune)} of the {n}-scale schedule")
+                raise ValueError(
+                    f"cache scale {cache} is not before the pruned scales {sorted(prune)} of the {n}-scale schedule"
+                )
             if cache in skipped:
                 raise ValueError(f"cache scale {cache} is skipped: it must run to fill the cache")
         return FastVARScales(prune, cache, skipped)
@@ -199,7 +222,9 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
             return range(num_layers)
         start, end = self.config.pruned_layers
         if start >= num_layers:
-            raise ValueError(f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model")
+            raise ValueError(
+                f"pruned_layers {list(self.config.pruned_layers)} selects no layer of a {num_layers}-layer model"
+            )
         return range(start, min(end, num_layers))
 
     # -- calibration ----------------------------------------------------------------------------------------------------
@@ -214,23 +239,49 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
                 prune = list(range(last - count + 1, last + 1))
                 for layers in (None, [1, num_layers]):
                     for ratio in (0.25, 0.5, 0.75, 0.9):
-                        grid.append(dict(prune_scales=prune, prune_ratios=[ratio] * count, pruned_layers=layers,
-                                         cache_scale=prune[0] - 1, skip_last_scales=skip, skipped_scales=[-1] if skip else []))
+                        grid.append(
+                            dict(
+                                prune_scales=prune,
+                                prune_ratios=[ratio] * count,
+                                pruned_layers=layers,
+                                cache_scale=prune[0] - 1,
+                                skip_last_scales=skip,
+                                skipped_scales=[-1] if skip else [],
+                            )
+                        )
         return grid
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
         """The last two scales pruned from layer 1 on (nothing skipped), or the two before the last with the last one
         skipped."""
-        return ([dict(prune_scales=[-2, -1], prune_ratios=[r, r], pruned_layers=[1, num_layers], cache_scale=-3,
-                      skip_last_scales=False, skipped_scales=[]) for r in (0.25, 0.5, 0.75)]
-                + [dict(prune_scales=[-3, -2], prune_ratios=[0.5, 0.5], pruned_layers=[1, num_layers], cache_scale=-4,
-                        skip_last_scales=True, skipped_scales=[-1])])
+        return [
+            dict(
+                prune_scales=[-2, -1],
+                prune_ratios=[r, r],
+                pruned_layers=[1, num_layers],
+                cache_scale=-3,
+                skip_last_scales=False,
+                skipped_scales=[],
+            )
+            for r in (0.25, 0.5, 0.75)
+        ] + [
+            dict(
+                prune_scales=[-3, -2],
+                prune_ratios=[0.5, 0.5],
+                pruned_layers=[1, num_layers],
+                cache_scale=-4,
+                skip_last_scales=True,
+                skipped_scales=[-1],
+            )
+        ]
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
         scales = self.resolve(scale_schedule)
-        return frozenset(scales.prune_ratios) | (frozenset() if scales.cache_scale is None else frozenset({scales.cache_scale}))
+        return frozenset(scales.prune_ratios) | (
+            frozenset() if scales.cache_scale is None else frozenset({scales.cache_scale})
+        )
 
     def plan_scales(self, scale_schedule, model=None):
         skipped = self.resolve(scale_schedule).skipped
@@ -244,11 +295,15 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
         if not routed:
             return None
         if len(plan.scale_indices) > 1:
-            raise ValueError(f"FastVAR routes single-scale passes; scale {routed[0]} is decoded in the group {plan.scale_indices}")
+            raise ValueError(
+                f"FastVAR routes single-scale passes; scale {routed[0]} is decoded in the group {plan.scale_indices}"
+            )
         k, schedule = routed[0], state.scale_schedule
         layers = self._layers(state.model.num_layers)
         if k == scales.cache_scale:
-            return PassRoutes(record=RecordRequest(sublayer_updates=frozenset((l, s) for l in layers for s in PRUNED_SUBLAYERS)))
+            return PassRoutes(
+                record=RecordRequest(sublayer_updates=frozenset((l, s) for l in layers for s in PRUNED_SUBLAYERS))
+            )
         cache = self.call_state(state).cache
         missing = [l for l in layers if not any((l, s) in cache for s in PRUNED_SUBLAYERS)]
         if missing:
@@ -257,8 +312,11 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
                 "run dense in this call (skipped or routed by another scheduler?)"
             )
         cached_hw, select = tuple(schedule[scales.cache_scale][-2:]), PivotalTokens(scales.prune_ratios[k])
-        routes = {key: TokenRoute(selector=select, fill=EarlierScale(update, cached_hw, mode="area"))
-                  for key, update in cache.items() if key[0] in layers}
+        routes = {
+            key: TokenRoute(selector=select, fill=EarlierScale(update, cached_hw, mode="area"))
+            for key, update in cache.items()
+            if key[0] in layers
+        }
         return PassRoutes(routes=routes)
 
     def after_scale(self, state, plan, hidden_states_RLC):

@@ -108,12 +108,14 @@ def lazyvar_keep_indices(
         skip = 0
         if cumulative_index == "claimed":
             cell_P = _cell_of_position((h, w), (H, W), u_Bl.device).expand(B, -1)
-            u_Bl = u_Bl - 3.0 * cells_marked(claimed_BP, cell_P, l)  # u is in [0, 2]: claimed tokens sort after free ones
+            u_Bl = u_Bl - 3.0 * cells_marked(
+                claimed_BP, cell_P, l
+            )  # u is in [0, 2]: claimed tokens sort after free ones
         elif cumulative_index == "count":
             cum_final = sum(counts[k] * (H * W) / areas[k] for k in range(m + 1, len(scale_hws)))
             skip = min(l, round(cum_final * l / (H * W)))
         order_Bl = torch.sort(u_Bl, dim=1, descending=True, stable=True).indices
-        kept[m] = order_Bl[:, skip:skip + n].sort(dim=1).values
+        kept[m] = order_Bl[:, skip : skip + n].sort(dim=1).values
         if cumulative_index == "claimed":
             claimed_BP |= values_at(position_mask(kept[m], l), cell_P)
     return kept
@@ -133,7 +135,7 @@ class PivotalGroupTokens:
     def __call__(self, x_RLC: torch.Tensor) -> torch.Tensor:
         parts, offset = [], 0
         for length, n in zip(self.lengths, self.counts):
-            scores_Bl = pivotal_token_scores(x_RLC[: self.batch_size, offset:offset + length])
+            scores_Bl = pivotal_token_scores(x_RLC[: self.batch_size, offset : offset + length])
             index_Bn = scores_Bl.topk(n, dim=1, sorted=False).indices.sort(dim=1).values
             parts.append(index_Bn + offset)
             offset += length
@@ -145,7 +147,7 @@ class PivotalGroupTokens:
         selector (the first ``B`` rows: an image's CFG rows share its choice)."""
         chosen, start, offset = {}, 0, 0
         for k, length, n in zip(self.scale_indices, self.lengths, self.counts):
-            chosen[k] = index_RK[: self.batch_size, start:start + n] - offset
+            chosen[k] = index_RK[: self.batch_size, start : start + n] - offset
             start, offset = start + n, offset + length
         return chosen
 
@@ -229,7 +231,9 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         if not group or not all(isinstance(s, int) and not isinstance(s, bool) for s in group):
             raise ValueError(f"group_scales must be a non-empty list of scale indices, got {group_scales!r}")
         if len(keep_ratios) != len(group):
-            raise ValueError(f"need one keep ratio per scale of the group: {len(group)} scales, {len(keep_ratios)} ratios")
+            raise ValueError(
+                f"need one keep ratio per scale of the group: {len(group)} scales, {len(keep_ratios)} ratios"
+            )
         for i, r in enumerate(keep_ratios):
             check_ratio(r, f"keep_ratios[{i}]")
         if 0 in group:
@@ -237,7 +241,9 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         if len({s < 0 for s in group}) == 1 and group != tuple(range(group[0], group[0] + len(group))):
             raise ValueError(f"group_scales {group} must be consecutive and ascending, e.g. (-4, -3, -2, -1)")
         if cumulative_index not in CUMULATIVE_INDEX_MODES:
-            raise ValueError(f"cumulative_index must be one of {list(CUMULATIVE_INDEX_MODES)}, got {cumulative_index!r}")
+            raise ValueError(
+                f"cumulative_index must be one of {list(CUMULATIVE_INDEX_MODES)}, got {cumulative_index!r}"
+            )
         if token_scores not in TOKEN_SCORES:
             raise ValueError(f"token_scores must be one of {list(TOKEN_SCORES)}, got {token_scores!r}")
         if not isinstance(parallel_decoding, bool):
@@ -280,19 +286,23 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
             for parallel in (False, True):
                 for profile in ("flat", "halving"):
                     for first in firsts:
-                        ratios = [round(first * (0.5 ** i if profile == "halving" else 1.0), 4) for i in range(size)]
-                        grid.append(dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel))
+                        ratios = [round(first * (0.5**i if profile == "halving" else 1.0), 4) for i in range(size)]
+                        grid.append(
+                            dict(group_scales=list(range(-size, 0)), keep_ratios=ratios, parallel_decoding=parallel)
+                        )
         return grid
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
         """The last one, two or three scales, pruned scale by scale or as one parallel group."""
-        return [dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
-                dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
-                dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
-                dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
-                dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
-                dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True)]
+        return [
+            dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
+            dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
+            dict(group_scales=[-2, -1], keep_ratios=[0.5, 0.25], parallel_decoding=False),
+            dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
+            dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
+            dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True),
+        ]
 
     # -- extension points ---------------------------------------------------------------------------------------------
     def acted_scales(self, scale_schedule):
@@ -329,7 +339,11 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         """The kept tokens of the pass run every block (one span: gathered once, scattered once); the other
         positions pass through and get a zero residual."""
         kept = self.call_state(state).kept
-        if self.config.token_scores == "pivotal" and plan.scale_indices[0] in self.group(state.num_scales) and not plan.skip:
+        if (
+            self.config.token_scores == "pivotal"
+            and plan.scale_indices[0] in self.group(state.num_scales)
+            and not plan.skip
+        ):
             return self._pivotal_routes(state, plan)
         if plan.scale_indices[0] not in kept:
             return None
@@ -342,20 +356,27 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
             return None  # every token kept: the dense pass
         counts = tuple(int(kept[k].shape[1]) for k in plan.scale_indices) if len(plan.scale_indices) > 1 else None
         route = TokenRoute(index=index_BK, scale_counts=counts)
-        return PassRoutes.for_layers(route, range(state.model.num_layers),
-                                     residual_tokens={k: kept[k] for k in plan.scale_indices})
+        return PassRoutes.for_layers(
+            route, range(state.model.num_layers), residual_tokens={k: kept[k] for k in plan.scale_indices}
+        )
 
     def _pivotal_routes(self, state, plan) -> PassRoutes:
         group, schedule = self.group(state.num_scales), state.scale_schedule
         lengths = [int(schedule[k][-2] * schedule[k][-1]) for k in plan.scale_indices]
-        counts = [num_kept_tokens(self.config.keep_ratios[k - group[0]], l) for k, l in zip(plan.scale_indices, lengths)]
+        counts = [
+            num_kept_tokens(self.config.keep_ratios[k - group[0]], l) for k, l in zip(plan.scale_indices, lengths)
+        ]
         select = PivotalGroupTokens(plan.scale_indices, lengths, counts, state.batch_size)
         route = TokenRoute(selector=select, scale_counts=tuple(counts) if len(counts) > 1 else None)
         # the zero-residual positions are the selector's choice, recorded by the pass and read from its records after it
         chosen = SelectedTokens(lambda: state.records, PIVOTAL_SELECTION, select.split)
         self.call_state(state).chosen = chosen
-        return PassRoutes.for_layers(route, range(state.model.num_layers), record=RecordRequest(selections=frozenset({PIVOTAL_SELECTION})),
-                                     residual_tokens=chosen)
+        return PassRoutes.for_layers(
+            route,
+            range(state.model.num_layers),
+            record=RecordRequest(selections=frozenset({PIVOTAL_SELECTION})),
+            residual_tokens=chosen,
+        )
 
     def after_scale(self, state, plan, hidden_states_RLC):
         call = self.call_state(state)

@@ -54,12 +54,36 @@ SEED_OFFSET = 12345
 #: The energy ratios of Infinity-2B's 8 block chunks at 40², 48² and 64² for ``alpha = 0.96`` (FasterVAR's
 #: ``Infinity/infinity/utils/rank_ratio.py``; the release uses the 40² row only): :meth:`StageVARScheduler.paper_variant`.
 PAPER_RANK_RATIOS = (
-    (0.016776672694393688, 0.13648282097649195, 0.21039203774864412, 0.2502819846292948, 0.2558836742766729,
-     0.1978790404611215, 0.1570015822784809, 0.19090034471066883),
-    (0.01340312164472197, 0.11730736289274413, 0.18940610695919982, 0.22199534852509042, 0.23464176667749773,
-     0.1827823024977396, 0.1339092565057075, 0.16311154356916818),
-    (0.008212925943716094, 0.054404177674333185, 0.08323539747683092, 0.06649410530628391, 0.05667185998954566,
-     0.02967688231097423, 0.038260875515653256, 0.05566317953209765),
+    (
+        0.016776672694393688,
+        0.13648282097649195,
+        0.21039203774864412,
+        0.2502819846292948,
+        0.2558836742766729,
+        0.1978790404611215,
+        0.1570015822784809,
+        0.19090034471066883,
+    ),
+    (
+        0.01340312164472197,
+        0.11730736289274413,
+        0.18940610695919982,
+        0.22199534852509042,
+        0.23464176667749773,
+        0.1827823024977396,
+        0.1339092565057075,
+        0.16311154356916818,
+    ),
+    (
+        0.008212925943716094,
+        0.054404177674333185,
+        0.08323539747683092,
+        0.06649410530628391,
+        0.05667185998954566,
+        0.02967688231097423,
+        0.038260875515653256,
+        0.05566317953209765,
+    ),
 )
 
 
@@ -109,12 +133,14 @@ class RepresentativeMixer:
         if len(self.generators) != R:
             raise ValueError(f"the mixer has {len(self.generators)} generators for {R} rows")
         if x_RNC.is_meta:  # a shape-only run (FLOP counting): no values to draw from
-            return (torch.empty(R, rank, dtype=torch.long, device="meta"),
-                    torch.empty(R, N, rank, dtype=torch.float32, device="meta"))
+            return (
+                torch.empty(R, rank, dtype=torch.long, device="meta"),
+                torch.empty(R, N, rank, dtype=torch.float32, device="meta"),
+            )
         probs = representative_probabilities(x_RNC)  # in fp32 (the official code turns autocast off)
         positions, projections = [], []
         for row, generator in enumerate(self.generators):
-            positions.append(draw_without_replacement(probs[row:row + 1], rank, generator))
+            positions.append(draw_without_replacement(probs[row : row + 1], rank, generator))
             q = torch.randn(1, N, rank, generator=generator, device=x_RNC.device, dtype=torch.float32)
             projections.append(q * (1.0 / math.sqrt(rank)))
         return torch.cat(positions), torch.cat(projections)
@@ -177,9 +203,18 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         self,
         unconditional_scales: Tuple[int, ...] = (-3, -2, -1),
         projected_scales: Tuple[int, ...] = (-3,),
-        rank_ratios: Tuple[Tuple[float, ...], ...] = ((0.016776672694393688, 0.13648282097649195, 0.21039203774864412,
-                                                        0.2502819846292948, 0.2558836742766729, 0.1978790404611215,
-                                                        0.1570015822784809, 0.19090034471066883),),
+        rank_ratios: Tuple[Tuple[float, ...], ...] = (
+            (
+                0.016776672694393688,
+                0.13648282097649195,
+                0.21039203774864412,
+                0.2502819846292948,
+                0.2558836742766729,
+                0.1978790404611215,
+                0.1570015822784809,
+                0.19090034471066883,
+            ),
+        ),
         skipped_scales: Tuple[int, ...] = (-2, -1),
         num_chunks: int = 8,
         projection_seed: Optional[int] = None,
@@ -189,31 +224,48 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
     ):
         super().__init__()
         self._check_family_name(model_family)
-        for name, values in (("unconditional_scales", unconditional_scales), ("projected_scales", projected_scales),
-                             ("skipped_scales", skipped_scales)):
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or len(set(values)) != len(values):
-                raise ValueError(f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}")
+        for name, values in (
+            ("unconditional_scales", unconditional_scales),
+            ("projected_scales", projected_scales),
+            ("skipped_scales", skipped_scales),
+        ):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or len(set(values)) != len(
+                values
+            ):
+                raise ValueError(
+                    f"{name} must be distinct integer scale indices (negative = from the end), got {list(values)!r}"
+                )
         if len(rank_ratios) != len(projected_scales):
-            raise ValueError(f"rank_ratios needs one list per projected scale ({len(projected_scales)}), got {len(rank_ratios)}")
+            raise ValueError(
+                f"rank_ratios needs one list per projected scale ({len(projected_scales)}), got {len(rank_ratios)}"
+            )
         if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
             raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
         for ratios in rank_ratios:
             if len(ratios) != num_chunks or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in ratios):
-                raise ValueError(f"each rank_ratios entry must hold {num_chunks} ratios in [0, 1] (one per chunk), got {list(ratios)!r}")
+                raise ValueError(
+                    f"each rank_ratios entry must hold {num_chunks} ratios in [0, 1] (one per chunk), got {list(ratios)!r}"
+                )
         if projection_seed is not None and (isinstance(projection_seed, bool) or not isinstance(projection_seed, int)):
             raise ValueError(f"projection_seed must be an integer or None, got {projection_seed!r}")
         if rank_basis not in RANK_BASES:
             raise ValueError(f"rank_basis must be one of {list(RANK_BASES)}, got {rank_basis!r}")
         if mixture_positions not in MIXTURE_ROPE_POSITIONS:
-            raise ValueError(f"mixture_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {mixture_positions!r}")
+            raise ValueError(
+                f"mixture_positions must be one of {list(MIXTURE_ROPE_POSITIONS)}, got {mixture_positions!r}"
+            )
 
     @classmethod
     def paper_variant(cls, **overrides) -> "StageVARScheduler":
         """The paper's reading of Infinity-2B (spec §6 #1): the random projection and restoration over the whole
         fidelity stage (40², 48², 64², the released ``alpha = 0.96`` table of each), no scale skipped; otherwise the
         released Infinity preset. ``overrides`` as for the constructor. (HART's release has ratios for 64² only.)"""
-        settings = {**cls.presets["infinity"], "projected_scales": (-3, -2, -1), "skipped_scales": (),
-                    "rank_ratios": PAPER_RANK_RATIOS}
+        settings = {
+            **cls.presets["infinity"],
+            "projected_scales": (-3, -2, -1),
+            "skipped_scales": (),
+            "rank_ratios": PAPER_RANK_RATIOS,
+        }
         cls._check_overrides(overrides)
         return cls(**{**settings, **overrides})
 
@@ -231,8 +283,11 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         for unguided in (1, 2, 3):
             for skipped in range(unguided):  # fewer than all of them
                 run = list(range(-unguided, -skipped if skipped else 0))  # the unguided scales that run
-                base = dict(unconditional_scales=list(range(-unguided, 0)),
-                            skipped_scales=list(range(-skipped, 0)) if skipped else [], num_chunks=chunks)
+                base = dict(
+                    unconditional_scales=list(range(-unguided, 0)),
+                    skipped_scales=list(range(-skipped, 0)) if skipped else [],
+                    num_chunks=chunks,
+                )
                 projections = [([], [])] + [([run[0]], [[ratio] * chunks]) for ratio in (0.25, 0.5)]
                 if len(run) > 1:
                     projections.append((run, [[0.25] * chunks for _ in run]))
@@ -245,7 +300,9 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         n = len(scale_schedule)
         c = self.config
         unconditional = frozenset(resolve_scale_index(k, n, "unconditional_scales") for k in c.unconditional_scales)
-        projected = {resolve_scale_index(k, n, "projected_scales"): tuple(r) for k, r in zip(c.projected_scales, c.rank_ratios)}
+        projected = {
+            resolve_scale_index(k, n, "projected_scales"): tuple(r) for k, r in zip(c.projected_scales, c.rank_ratios)
+        }
         skipped = frozenset(resolve_scale_index(k, n, "skipped_scales") for k in c.skipped_scales)
         if 0 in skipped or 0 in projected:
             raise ValueError("scale 0 (the start token) is never skipped or projected")
@@ -264,8 +321,10 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
 
     def plan_scales(self, scale_schedule, model=None):
         unconditional, _, skipped = self._resolve(scale_schedule)
-        return [ScalePlan((k,), skip=k in skipped, cfg_uncond_only=k in unconditional and k not in skipped)
-                for k in range(len(scale_schedule))]
+        return [
+            ScalePlan((k,), skip=k in skipped, cfg_uncond_only=k in unconditional and k not in skipped)
+            for k in range(len(scale_schedule))
+        ]
 
     def acted_scales(self, scale_schedule):
         """The unguided scales that run, the projected ones and their canvas sources (a scale StageVAR skips itself
@@ -281,7 +340,10 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         if self.config.projection_seed is not None:  # one generator: the official draw order over every row
             return [torch.Generator(device).manual_seed(self.config.projection_seed)] * state.batch_size
         given = state.generator if isinstance(state.generator, (list, tuple)) else [state.generator] * state.batch_size
-        return [torch.Generator(device).manual_seed((g.initial_seed() if g is not None else 0) + SEED_OFFSET) for g in given]
+        return [
+            torch.Generator(device).manual_seed((g.initial_seed() if g is not None else 0) + SEED_OFFSET)
+            for g in given
+        ]
 
     def route_pass(self, state, plan):
         """The pass before a projected scale records each chunk's output; a projected scale runs each chunk on
@@ -290,18 +352,25 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         k = plan.scale_indices[0]
         grouped = [s for s in plan.scale_indices if s in projected]
         if grouped and len(plan.scale_indices) > 1:  # a group's pass has no previous scale of its own to restore onto
-            raise ValueError(f"StageVAR projects scale {grouped[0]}, which is decoded in the group {list(plan.scale_indices)} "
-                             "(another member groups it); compose with projected_scales=() or project a scale outside the group")
+            raise ValueError(
+                f"StageVAR projects scale {grouped[0]}, which is decoded in the group {list(plan.scale_indices)} "
+                "(another member groups it); compose with projected_scales=() or project a scale outside the group"
+            )
         chunks = self.chunks(state.model.num_layers)
         nxt = state.next_plan()
-        record = RecordRequest(block_outputs=frozenset(end - 1 for _, end in chunks)) if (
-            nxt is not None and nxt.scale_indices[0] in projected) else RecordRequest()
+        record = (
+            RecordRequest(block_outputs=frozenset(end - 1 for _, end in chunks))
+            if (nxt is not None and nxt.scale_indices[0] in projected)
+            else RecordRequest()
+        )
         if k not in projected:
             return PassRoutes(record=record) if record else None
         call = self.call_state(state)
         if call.source is None or call.source[0] != k - 1:
-            raise RuntimeError(f"StageVAR's canvas of scale {k} is the output of scale {k - 1}'s chunks, but that scale "
-                               "did not run (skipped or grouped?)")
+            raise RuntimeError(
+                f"StageVAR's canvas of scale {k} is the output of scale {k - 1}'s chunks, but that scale "
+                "did not run (skipped or grouped?)"
+            )
         _, source_hw, source_unconditional = call.source
         if call.generators is None:  # made at the first projected scale, on the model's device, kept for the call
             call.generators = self._generators(state, next(iter(call.chunk_outputs.values())).device)

@@ -114,12 +114,16 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     def from_preset(cls, model_family: str, **overrides) -> "VARAccelScheduler":
         """The method's published setting for ``model_family``, with keyword overrides."""
         if model_family not in cls.presets:
-            raise ValueError(f"{cls.__name__} has no preset for {model_family!r}; presets exist for {sorted(cls.presets)}")
+            raise ValueError(
+                f"{cls.__name__} has no preset for {model_family!r}; presets exist for {sorted(cls.presets)}"
+            )
         cls._check_overrides(overrides)
         return cls(**{**cls.presets[model_family], **overrides})
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path=None, subfolder: Optional[str] = None, return_unused_kwargs=False, **kwargs):
+    def from_pretrained(
+        cls, pretrained_model_name_or_path=None, subfolder: Optional[str] = None, return_unused_kwargs=False, **kwargs
+    ):
         """Load ``acceleration_config.json`` from a packaged preset, a folder or a Hub repo; kwargs override it.
 
         Args:
@@ -136,7 +140,14 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             ValueError: an unknown preset name (the message lists the available ones), a configuration of another
                 scheduler class than ``cls``, or an unknown setting.
         """
-        from .presets import PRESET_CONFIG_NAME, available_presets, close_preset_names, preset_folder, presets_for_class, resolve_preset_reference
+        from .presets import (
+            PRESET_CONFIG_NAME,
+            available_presets,
+            close_preset_names,
+            preset_folder,
+            presets_for_class,
+            resolve_preset_reference,
+        )
 
         hub_keys = {"cache_dir", "force_download", "proxies", "local_files_only", "token", "revision"}
         overrides = {k: v for k, v in kwargs.items() if k not in hub_keys}
@@ -151,18 +162,27 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             if preset is None and isinstance(source, str) and not os.path.exists(source) and source.count("/") <= 1:
                 presets = available_presets()
                 hint = close_preset_names(source)
-                raise OSError(f"{err}\n({source!r} is not a packaged acceleration preset either{hint}; available presets: "
-                              f"{presets})") from err
+                raise OSError(
+                    f"{err}\n({source!r} is not a packaged acceleration preset either{hint}; available presets: "
+                    f"{presets})"
+                ) from err
             raise
-        where = (os.path.join(os.fspath(source), subfolder or "", PRESET_CONFIG_NAME)
-                 if isinstance(source, (str, os.PathLike)) and os.path.isdir(source) else (preset or pretrained_model_name_or_path))
+        where = (
+            os.path.join(os.fspath(source), subfolder or "", PRESET_CONFIG_NAME)
+            if isinstance(source, (str, os.PathLike)) and os.path.isdir(source)
+            else (preset or pretrained_model_name_or_path)
+        )
         stored = config.get("_class_name")
         if stored is None and cls is VARAccelScheduler:
-            raise ValueError(f"{where} has no _class_name: VARAccelScheduler.from_pretrained cannot tell which scheduler it "
-                             f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}")
+            raise ValueError(
+                f"{where} has no _class_name: VARAccelScheduler.from_pretrained cannot tell which scheduler it "
+                f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}"
+            )
         if stored is not None and stored not in _SCHEDULER_CLASSES:
-            raise ValueError(f"{where} names the scheduler class {stored!r}, which does not exist"
-                             f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
+            raise ValueError(
+                f"{where} names the scheduler class {stored!r}, which does not exist"
+                f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}"
+            )
         target = cls
         if stored and stored != cls.__name__:
             if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
@@ -199,8 +219,10 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
             config = dict(config)
             stored = config.get("_class_name")
             if stored is not None and stored not in _SCHEDULER_CLASSES:
-                raise ValueError(f"the configuration names the scheduler class {stored!r}, which does not exist"
-                                 f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}")
+                raise ValueError(
+                    f"the configuration names the scheduler class {stored!r}, which does not exist"
+                    f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}"
+                )
             cls._check_overrides({k: v for k, v in config.items() if not k.startswith("_")})
         return super().from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
@@ -234,8 +256,10 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         Raises:
             NotImplementedError: the method has no composition settings.
         """
-        raise NotImplementedError(f"{cls.__name__} has no calibration settings as a composition member (override "
-                                  f"{cls.__name__}.composition_calibration_grid)")
+        raise NotImplementedError(
+            f"{cls.__name__} has no calibration settings as a composition member (override "
+            f"{cls.__name__}.composition_calibration_grid)"
+        )
 
     @classmethod
     def has_calibration_grid(cls, as_member: bool = False) -> bool:
@@ -253,7 +277,9 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         return {"_class_name": type(self).__name__, **{k: plain_config_value(v) for k, v in settings.items()}}
 
     # -- extension points ---------------------------------------------------------------------------------------------
-    def plan_scales(self, scale_schedule: Sequence[Tuple[int, ...]], model: Optional[ModelInfo] = None) -> List[ScalePlan]:
+    def plan_scales(
+        self, scale_schedule: Sequence[Tuple[int, ...]], model: Optional[ModelInfo] = None
+    ) -> List[ScalePlan]:
         """One plan per transformer pass; the default decodes every scale alone and in full.
 
         Args:
@@ -272,7 +298,9 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         ``None`` for a dense pass (default)."""
         return None
 
-    def route_pass_within(self, state: "NextScaleState", plan: ScalePlan, selection: TokenSelection) -> Optional[PassRoutes]:
+    def route_pass_within(
+        self, state: "NextScaleState", plan: ScalePlan, selection: TokenSelection
+    ) -> Optional[PassRoutes]:
         """:meth:`route_pass` in a composition whose earlier member keeps only some tokens of the pass
         (``selection``: its route and, per scale, the positions it keeps). A method that can select within another's
         tokens nests its routes inside ``selection.route`` (:meth:`TokenRoute.within`); the default ignores the
@@ -327,7 +355,9 @@ def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     """Rebuild a scheduler from ``to_dict()`` output (``_class_name`` + settings)."""
     name = config.get("_class_name")
     if name not in _SCHEDULER_CLASSES:
-        raise ValueError(f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(_SCHEDULER_CLASSES)}")
+        raise ValueError(
+            f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(_SCHEDULER_CLASSES)}"
+        )
     cls = _SCHEDULER_CLASSES[name]
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)

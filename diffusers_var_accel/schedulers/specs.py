@@ -11,7 +11,9 @@ from .registry import BASELINE, COMPOSE_SEPARATOR, METHODS, get_method, method_n
 from .scheduling_var_base import VARAccelScheduler
 
 
-def load_acceleration(spec: Optional[str], model_family: str, preset_model: Optional[str] = None) -> Optional[VARAccelScheduler]:
+def load_acceleration(
+    spec: Optional[str], model_family: str, preset_model: Optional[str] = None
+) -> Optional[VARAccelScheduler]:
     """A scheduler from a short spec, for command lines and benchmarks.
 
     ``preset_model`` (``pipe.preset_model``): the model whose packaged presets a method name stands for, when it has
@@ -40,19 +42,25 @@ def load_acceleration(spec: Optional[str], model_family: str, preset_model: Opti
     name, _, overrides_text = spec.partition(":")
     if "/" not in name and COMPOSE_SEPARATOR in name:
         if overrides_text:
-            raise ValueError(f"{spec!r}: a composition ({name!r}) takes no ':key=value' overrides (they would be "
-                             "ambiguous between its members); save the composed scheduler's configuration and pass its "
-                             "folder, or use pipe.enable_acceleration(name, <method>={...})")
+            raise ValueError(
+                f"{spec!r}: a composition ({name!r}) takes no ':key=value' overrides (they would be "
+                "ambiguous between its members); save the composed scheduler's configuration and pass its "
+                "folder, or use pipe.enable_acceleration(name, <method>={...})"
+            )
         return build_acceleration(name.lower(), model_family, preset_model=preset_model)
     by_method = {method: METHODS[method] for method in method_names()}
     if "/" in name:
         if not is_preset_name(name):
-            raise ValueError(f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
-                             "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))")
+            raise ValueError(
+                f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
+                "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))"
+            )
     elif name.lower() not in by_method:
-        raise ValueError(f"unknown acceleration {name!r}; known: {list(by_method) + [BASELINE]}, methods joined with "
-                         f"{COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name "
-                         f"({', '.join(available_presets())}) or a config folder/JSON file")
+        raise ValueError(
+            f"unknown acceleration {name!r}; known: {list(by_method) + [BASELINE]}, methods joined with "
+            f"{COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name "
+            f"({', '.join(available_presets())}) or a config folder/JSON file"
+        )
     overrides = {}
     for item in _split_top_level(overrides_text):
         key, eq, value = item.partition("=")
@@ -65,8 +73,10 @@ def load_acceleration(spec: Optional[str], model_family: str, preset_model: Opti
     if "/" in name:
         scheduler = VARAccelScheduler.from_pretrained(name, **overrides)
         if scheduler.model_family not in (None, model_family):
-            raise ValueError(f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
-                             f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}")
+            raise ValueError(
+                f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
+                f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}"
+            )
         return scheduler
     own = own_preset_name(preset_model, model_family, name.lower())
     if own is not None:
@@ -79,7 +89,11 @@ def own_preset_name(preset_model: Optional[str], model_family: str, method: str)
     of ``method``, else ``None`` (the family's preset applies)."""
     from .presets import FAMILY_PRESET_MODELS, is_preset_name
 
-    if preset_model is None or model_family not in FAMILY_PRESET_MODELS or preset_model == FAMILY_PRESET_MODELS[model_family]:
+    if (
+        preset_model is None
+        or model_family not in FAMILY_PRESET_MODELS
+        or preset_model == FAMILY_PRESET_MODELS[model_family]
+    ):
         return None
     name = f"{preset_model}/{method}"
     return name if is_preset_name(name) else None
@@ -94,8 +108,9 @@ def preset_scheduler(cls, name: str, model_family: str, overrides: Dict[str, Any
     return scheduler
 
 
-def method_preset(cls, method: str, model_family: str, preset_model: Optional[str] = None,
-                  overrides: Optional[Dict[str, Any]] = None) -> VARAccelScheduler:
+def method_preset(
+    cls, method: str, model_family: str, preset_model: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None
+) -> VARAccelScheduler:
     """The preset scheduler of ``method`` (class ``cls``) for this model: ``preset_model``'s own packaged preset when it
     has one, else the family's, with ``overrides``. A bad override is an error that names the preset and what it
     holds (an override that fits the paper's preset may not fit another model's: four keep ratios for a two-scale
@@ -113,7 +128,9 @@ def method_preset(cls, method: str, model_family: str, preset_model: Optional[st
 
         name = own or f"{FAMILY_PRESET_MODELS.get(model_family, model_family)}/{method}"
         try:
-            stored = {k: v for k, v in load_preset_config(name).items() if not k.startswith("_") and k != "model_family"}
+            stored = {
+                k: v for k, v in load_preset_config(name).items() if not k.startswith("_") and k != "model_family"
+            }
         except ValueError:
             stored = {}
         given = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
@@ -121,7 +138,9 @@ def method_preset(cls, method: str, model_family: str, preset_model: Optional[st
         raise ValueError(f"{method} with {given} over the preset {name} ({holds}): {err}") from None
 
 
-def build_acceleration(name: str, model_family: str, preset_model: Optional[str] = None, **overrides: Any) -> VARAccelScheduler:
+def build_acceleration(
+    name: str, model_family: str, preset_model: Optional[str] = None, **overrides: Any
+) -> VARAccelScheduler:
     """The scheduler a method name stands for: ``"lazyvar"`` (its preset for ``model_family``) or ``"lazyvar+arvar"``
     (a :class:`ComposedScheduler` of the members' presets, in that order).
 
@@ -139,8 +158,11 @@ def build_acceleration(name: str, model_family: str, preset_model: Optional[str]
             composition override that names no member or is not a dict, or an unknown setting.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}")
+        raise ValueError(
+            f"an acceleration name must be a non-empty string, got {name!r}; known methods: {method_names()}"
+        )
     names = name.split(COMPOSE_SEPARATOR)
+
     def preset(method: str, cls, settings: Dict[str, Any]) -> VARAccelScheduler:
         return method_preset(cls, method, model_family, preset_model, settings)
 
@@ -152,11 +174,15 @@ def build_acceleration(name: str, model_family: str, preset_model: Optional[str]
         raise ValueError(f"{name!r} names {repeated} more than once; a composition holds each method once")
     for key, value in overrides.items():
         if key not in names:
-            raise ValueError(f"{name!r} is a composition: its overrides are per member, as <method>={{setting: value}} "
-                             f"(e.g. {names[0]}={{...}}); {key!r} names none of its members {names}")
+            raise ValueError(
+                f"{name!r} is a composition: its overrides are per member, as <method>={{setting: value}} "
+                f"(e.g. {names[0]}={{...}}); {key!r} names none of its members {names}"
+            )
         if not isinstance(value, dict):
-            raise ValueError(f"the overrides of member {key!r} of {name!r} must be a dict of its settings, got "
-                             f"{type(value).__name__}")
+            raise ValueError(
+                f"the overrides of member {key!r} of {name!r} must be a dict of its settings, got "
+                f"{type(value).__name__}"
+            )
     members = [preset(n, cls, overrides.get(n, {})) for n, cls in zip(names, classes)]
     return ComposedScheduler(members, model_family=model_family)
 

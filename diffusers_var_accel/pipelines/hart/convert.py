@@ -34,7 +34,9 @@ def resolve_hart_folders(path: Union[str, os.PathLike]):
     path = Path(path)
     llm = path / "llm" if (path / "llm" / "config.json").is_file() else path
     if not (llm / "config.json").is_file():
-        raise FileNotFoundError(f"no HART llm/config.json under {path}: expected the official folder (llm/, tokenizer/) or its llm/")
+        raise FileNotFoundError(
+            f"no HART llm/config.json under {path}: expected the official folder (llm/, tokenizer/) or its llm/"
+        )
     vae_path = json.loads((llm / "config.json").read_text()).get("vae_path")
     tokenizer = Path(vae_path) if vae_path else llm.parent / "tokenizer"
     if not (tokenizer / "config.json").is_file():
@@ -60,9 +62,14 @@ def load_original_hart_pipeline(
     llm, tok = resolve_hart_folders(path)
     transformer = HARTTransformer.from_original_checkpoint(llm, use_ema=use_ema, torch_dtype=torch_dtype)
     vae = HARTHybridTokenizer.from_original_folder(tok, torch_dtype=torch_dtype)
-    if (vae.config.vocab_size, vae.config.z_channels) != (transformer.config.vocab_size, transformer.config.token_channels):
-        raise ValueError(f"the tokenizer (V={vae.config.vocab_size}, Cv={vae.config.z_channels}) does not match the transformer "
-                         f"(V={transformer.config.vocab_size}, Cv={transformer.config.token_channels})")
+    if (vae.config.vocab_size, vae.config.z_channels) != (
+        transformer.config.vocab_size,
+        transformer.config.token_channels,
+    ):
+        raise ValueError(
+            f"the tokenizer (V={vae.config.vocab_size}, Cv={vae.config.z_channels}) does not match the transformer "
+            f"(V={transformer.config.vocab_size}, Cv={transformer.config.token_channels})"
+        )
     return HARTPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
@@ -71,8 +78,9 @@ def load_original_hart_pipeline(
 # ---------------------------------------------------------------------------------------------------------------------
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``var-accel convert hart``: the official folder and which of its weights."""
-    parser.add_argument("--checkpoint", required=True,
-                        help="official HART folder (with llm/ and tokenizer/) or its llm/ folder")
+    parser.add_argument(
+        "--checkpoint", required=True, help="official HART folder (with llm/ and tokenizer/) or its llm/ folder"
+    )
     parser.add_argument("--no-ema", action="store_true", help="use the main weights instead of llm/ema_model.bin")
 
 
@@ -89,20 +97,29 @@ def _load_local_tokenizer(folder: str):
 def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -> HARTPipeline:
     """``var-accel convert hart``: the pipeline of ``args.checkpoint`` (+ the Qwen2 ``args.text_encoder``)."""
     if not Path(args.checkpoint).is_dir():
-        raise FileNotFoundError(f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
-                                "(hart-0.7b-1024px/ with llm/config.json and tokenizer/) or its llm/ folder")
+        raise FileNotFoundError(
+            f"--checkpoint {args.checkpoint}: not a folder; give the official HART folder "
+            "(hart-0.7b-1024px/ with llm/config.json and tokenizer/) or its llm/ folder"
+        )
     text_encoder = tokenizer = None
     if args.text_encoder is not None:
         from transformers import AutoModel
 
         text_encoder = AutoModel.from_pretrained(args.text_encoder, torch_dtype=torch_dtype, local_files_only=True)
         tokenizer = _load_local_tokenizer(args.tokenizer or args.text_encoder)
-    return load_original_hart_pipeline(args.checkpoint, use_ema=not args.no_ema, torch_dtype=torch_dtype,
-                                       text_encoder=text_encoder, tokenizer=tokenizer)
+    return load_original_hart_pipeline(
+        args.checkpoint,
+        use_ema=not args.no_ema,
+        torch_dtype=torch_dtype,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+    )
 
 
 #: The ``var-accel convert hart`` sub-command (registered as the family's ``converter``).
 CONVERT_COMMAND = ConvertCommand(
     help="HART: the official folder (llm/ + tokenizer/) (+ a local Qwen2 folder)",
     description="Convert the official HART folder (hart-0.7b-1024px/: llm/ and tokenizer/).",
-    add_arguments=add_convert_arguments, convert=convert_from_arguments)
+    add_arguments=add_convert_arguments,
+    convert=convert_from_arguments,
+)

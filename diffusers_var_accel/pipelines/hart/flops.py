@@ -23,16 +23,38 @@ from ...models.transformer_hart import HART_CONFIGS, HARTTransformer
 from ...next_scale import run_next_scale_loop
 from ...schedulers.specs import load_acceleration
 from ..flop_meter import (
-    UNATTRIBUTED, FamilyFlops, GenerationRun, add_tflops, attend_to_current_pass, build_on_meta, compare_methods, make_flop_counter,
-    meter_generation, sublayer_flops,
+    UNATTRIBUTED,
+    FamilyFlops,
+    GenerationRun,
+    add_tflops,
+    attend_to_current_pass,
+    build_on_meta,
+    compare_methods,
+    make_flop_counter,
+    meter_generation,
+    sublayer_flops,
 )
 from .pipeline_hart import HARTPipeline, HARTScaleFamily
 
 __all__ = [
-    "HART_TOKENIZER_CONFIGS", "HART_DEFAULT_GUIDANCE", "HART_PAPER_TFLOPS", "HART_PAPER_SOURCE",
-    "HART_SELF_ATTENTION_KEYS", "QWEN2_1_5B_CONFIG", "HART_FLOPS", "hart_generation", "count_hart_generation_flops",
-    "build_hart_on_meta", "count_hart_flops", "format_hart_report", "compare_hart_methods", "format_hart_comparison",
-    "hart_flops_components", "count_qwen2_encoder_flops", "hart_conventions", "format_hart_conventions",
+    "HART_TOKENIZER_CONFIGS",
+    "HART_DEFAULT_GUIDANCE",
+    "HART_PAPER_TFLOPS",
+    "HART_PAPER_SOURCE",
+    "HART_SELF_ATTENTION_KEYS",
+    "QWEN2_1_5B_CONFIG",
+    "HART_FLOPS",
+    "hart_generation",
+    "count_hart_generation_flops",
+    "build_hart_on_meta",
+    "count_hart_flops",
+    "format_hart_report",
+    "compare_hart_methods",
+    "format_hart_comparison",
+    "hart_flops_components",
+    "count_qwen2_encoder_flops",
+    "hart_conventions",
+    "format_hart_conventions",
 ]
 
 #: The tokenizer of each HART model (ARCHITECTURE.md 1.1: VAR's defaults, 16x down: a 64x64 latent at 1024 px).
@@ -55,8 +77,14 @@ HART_SELF_ATTENTION_KEYS = ("cache", "context_and_current_pass", "current_pass")
 #: Qwen2-1.5B's shape (HART's text encoder ``mit-han-lab/Qwen2-VL-1.5B-Instruct`` is a Qwen2 1.5B LM, hidden 1536;
 #: its own config.json was not available here), for the optional text-encoder count (``--qwen2-tokens``).
 QWEN2_1_5B_CONFIG: Dict[str, Any] = dict(
-    vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-    num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
 )
 
 _BLOCK_MODULE = re.compile(r"(?:^|\.)blocks\.\d+\.(attn|ffn)(?:\.(\w+))?$")
@@ -79,7 +107,9 @@ class _ZeroNoiseHead:
     def sample(self, condition, guidance, generator=None, **kwargs):
         n = condition.shape[0] if guidance is None else condition.shape[0] // 2
         zeros = torch.zeros(n, self.head.token_channels, device=condition.device)
-        return self.head.sample(condition, guidance, initial_noise=zeros, step_noises=[zeros] * self.head.num_steps, **kwargs)
+        return self.head.sample(
+            condition, guidance, initial_noise=zeros, step_noises=[zeros] * self.head.num_steps, **kwargs
+        )
 
 
 class _CountedHARTFamily(HARTScaleFamily):
@@ -134,8 +164,15 @@ def hart_generation(
     weights = HARTPipeline.guidance_schedule(float(guidance_scale) if cfg else 0.0, num_scales)
     use_cfg = any(t != 0 for t in weights)
     B = batch_size
-    family = _CountedHARTFamily(transformer, vae, top_k=None, top_p=0.0, more_smooth=False, diffusion_generator=None,
-                                use_diffusion_head=use_diffusion_head)
+    family = _CountedHARTFamily(
+        transformer,
+        vae,
+        top_k=None,
+        top_p=0.0,
+        more_smooth=False,
+        diffusion_generator=None,
+        use_diffusion_head=use_diffusion_head,
+    )
 
     def encode():
         # As HARTPipeline.__call__ with prompt_embeds: prompt rows, then null_context rows.
@@ -148,17 +185,33 @@ def hart_generation(
 
     def loop(condition, on_scale_end):
         teacher = [torch.zeros(B, pn * pn, dtype=torch.long, device=device) for pn in patch_nums]  # token ids 0
-        return run_next_scale_loop(family, condition, family.scale_schedule, B, list(weights),
-                                   [1.0] * num_scales, None, scheduler, teacher, on_scale_end)
+        return run_next_scale_loop(
+            family,
+            condition,
+            family.scale_schedule,
+            B,
+            list(weights),
+            [1.0] * num_scales,
+            None,
+            scheduler,
+            teacher,
+            on_scale_end,
+        )
 
     def decode(state):
         return vae.decode(state.f_hat.to(vae.dtype))
 
     # scale 0's pass runs the context tokens (cached); its 1x1 token is not cached
     inputs = [T if si == 0 else pn * pn for si, pn in enumerate(patch_nums)]
-    return GenerationRun(steps=family, encode=encode, loop=loop, decode=decode, rows=2 * B if use_cfg else B,
-                         scales=[dict(h=pn, w=pn, tokens=pn * pn, input_tokens=n) for pn, n in zip(patch_nums, inputs)],
-                         kv_tokens=inputs)
+    return GenerationRun(
+        steps=family,
+        encode=encode,
+        loop=loop,
+        decode=decode,
+        rows=2 * B if use_cfg else B,
+        scales=[dict(h=pn, w=pn, tokens=pn * pn, input_tokens=n) for pn, n in zip(patch_nums, inputs)],
+        kv_tokens=inputs,
+    )
 
 
 def _sublayers(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
@@ -179,15 +232,26 @@ def _sublayers(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
 #: per-token condition ``decoder_norm(x + word_embed(code))`` and the sampler's ``net`` evaluations; it runs inside
 #: ``tokens_to_codes`` and is attributed to itself), ``codes`` (the tokenizer's f_hat update: the Phi convolutions);
 #: a scheduler's own work is ``scheduler``, and the transformer is blocks + head + embed + scheduler.
-_STEP_PARTS = {"start": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
-               "tokens_to_codes": "codes", "diffusion_residual": "diffusion", "add_codes": "codes",
-               "next_inputs": "codes"}
+_STEP_PARTS = {
+    "start": "embed",
+    "embed_inputs": "embed",
+    "run_blocks": "blocks",
+    "guided_logits": "head",
+    "tokens_to_codes": "codes",
+    "diffusion_residual": "diffusion",
+    "add_codes": "codes",
+    "next_inputs": "codes",
+}
 
 
 def _summary(r: Dict[str, Any]) -> Dict[str, float]:
-    return {"total_tflops": r["total_tflops"], "transformer_tflops": r["transformer_tflops"],
-            "diffusion_tflops": r["diffusion_tflops"], "vae_tflops": r["vae_tflops"],
-            "other_tflops": r["text_tflops"] + r["codes_tflops"]}
+    return {
+        "total_tflops": r["total_tflops"],
+        "transformer_tflops": r["transformer_tflops"],
+        "diffusion_tflops": r["diffusion_tflops"],
+        "vae_tflops": r["vae_tflops"],
+        "other_tflops": r["text_tflops"] + r["codes_tflops"],
+    }
 
 
 def _published(baseline: Dict[str, Any]) -> Dict[str, float]:
@@ -195,9 +259,15 @@ def _published(baseline: Dict[str, Any]) -> Dict[str, float]:
 
 
 @torch.no_grad()
-def count_hart_generation_flops(transformer: HARTTransformer, vae: HARTHybridTokenizer, cfg: bool = True,
-                                batch_size: int = 1, guidance_scale: float = HART_DEFAULT_GUIDANCE, scheduler=None,
-                                use_diffusion_head: bool = True) -> Dict[str, Any]:
+def count_hart_generation_flops(
+    transformer: HARTTransformer,
+    vae: HARTHybridTokenizer,
+    cfg: bool = True,
+    batch_size: int = 1,
+    guidance_scale: float = HART_DEFAULT_GUIDANCE,
+    scheduler=None,
+    use_diffusion_head: bool = True,
+) -> Dict[str, Any]:
     """FLOPs of :func:`hart_generation` (the meter's ``count_generation_flops`` on HART models).
 
     Returns a dict with integer FLOPs: ``text_flops`` (context_norm + context_embed), ``transformer_flops`` (blocks,
@@ -206,15 +276,19 @@ def count_hart_generation_flops(transformer: HARTTransformer, vae: HARTHybridTok
     (``post_quant_conv`` + decoder), ``total_flops``, ``attention_core_flops`` (QK^T and PV in the loop),
     ``per_scale`` (one dict per scale), ``transformer_breakdown`` and ``rows``.
     """
-    return meter_generation(HART_FLOPS, hart_generation(transformer, vae, cfg, batch_size, guidance_scale, scheduler,
-                                                        use_diffusion_head))
+    return meter_generation(
+        HART_FLOPS, hart_generation(transformer, vae, cfg, batch_size, guidance_scale, scheduler, use_diffusion_head)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # named models
 # ---------------------------------------------------------------------------------------------------------------------
-def build_hart_on_meta(name: str = "hart-0.7b", transformer_config: Optional[Dict[str, Any]] = None,
-                       tokenizer_config: Optional[Dict[str, Any]] = None):
+def build_hart_on_meta(
+    name: str = "hart-0.7b",
+    transformer_config: Optional[Dict[str, Any]] = None,
+    tokenizer_config: Optional[Dict[str, Any]] = None,
+):
     """``(HARTTransformer, HARTHybridTokenizer)`` of a released HART config on meta, with optional overrides."""
     if name not in HART_CONFIGS or name not in HART_TOKENIZER_CONFIGS:
         raise ValueError(f"unknown HART model {name!r}; choose one of {sorted(HART_TOKENIZER_CONFIGS)}")
@@ -256,30 +330,45 @@ def count_hart_flops(
     if self_attention != "cache":
         attend_to_current_pass(transformer, keep_prefix=T if self_attention == "context_and_current_pass" else 0)
     scheduler = load_acceleration(accel, "hart")
-    result = count_hart_generation_flops(transformer, vae, cfg=guidance, batch_size=batch_size,
-                                         guidance_scale=guidance_scale, scheduler=scheduler)
+    result = count_hart_generation_flops(
+        transformer, vae, cfg=guidance, batch_size=batch_size, guidance_scale=guidance_scale, scheduler=scheduler
+    )
     add_tflops(result, HART_FLOPS, accel)
     patch_nums = tuple(transformer.config.patch_nums)
     size = patch_nums[-1] * 2 ** (len(vae.config.ch_mult) - 1)
     paper = HART_PAPER_TFLOPS.get(name, {}) if not (transformer_config or tokenizer_config) else {}
     head = transformer.diffusion_head
     result.update(
-        model=name, family="hart", height=size, width=size, cfg=guidance, batch_size=batch_size, text_tokens=T,
-        guidance_scale=guidance_scale if guidance else 0.0, self_attention=self_attention,
-        scale_schedule=[[pn, pn] for pn in patch_nums], diffusion_steps=head.num_steps,
+        model=name,
+        family="hart",
+        height=size,
+        width=size,
+        cfg=guidance,
+        batch_size=batch_size,
+        text_tokens=T,
+        guidance_scale=guidance_scale if guidance else 0.0,
+        self_attention=self_attention,
+        scale_schedule=[[pn, pn] for pn in patch_nums],
+        diffusion_steps=head.num_steps,
         total_macs_tera=result["total_flops"] / 2 / _TERA,
         counting="torch.utils.flop_counter.FlopCounterMode on meta tensors: FLOPs = 2 x MACs of matmul/linear/conv/"
-                 "attention; element-wise ops not counted; Qwen2 text encoder not included",
-        vae_note=(f"HART tokenizer decoder: post_quant_conv + conv decoder ch={vae.config.ch} "
-                  f"ch_mult={list(vae.config.ch_mult)} on the {patch_nums[-1]}x{patch_nums[-1]}x{vae.config.z_channels} latent"),
-        reference=None if "baseline" not in paper else dict(
-            source=HART_PAPER_SOURCE, total_tflops=paper["baseline"], ratio=result["total_tflops"] / paper["baseline"]),
+        "attention; element-wise ops not counted; Qwen2 text encoder not included",
+        vae_note=(
+            f"HART tokenizer decoder: post_quant_conv + conv decoder ch={vae.config.ch} "
+            f"ch_mult={list(vae.config.ch_mult)} on the {patch_nums[-1]}x{patch_nums[-1]}x{vae.config.z_channels} latent"
+        ),
+        reference=None
+        if "baseline" not in paper
+        else dict(
+            source=HART_PAPER_SOURCE, total_tflops=paper["baseline"], ratio=result["total_tflops"] / paper["baseline"]
+        ),
     )
     return result
 
 
-def hart_flops_components(name: str = "hart-0.7b", accel: Optional[str] = None, guidance: bool = True,
-                          batch_size: int = 1) -> Dict[str, Any]:
+def hart_flops_components(
+    name: str = "hart-0.7b", accel: Optional[str] = None, guidance: bool = True, batch_size: int = 1
+) -> Dict[str, Any]:
     """TFLOPs of one HART generation split into the parts that FLOPs-counting conventions treat differently.
 
     Counts three times (``self_attention`` = each of ``HART_SELF_ATTENTION_KEYS``) and returns, in TFLOPs:
@@ -294,7 +383,8 @@ def hart_flops_components(name: str = "hart-0.7b", accel: Optional[str] = None, 
     ctx = count_hart_flops(name, batch_size, guidance, accel, self_attention="context_and_current_pass")
     cur = count_hart_flops(name, batch_size, guidance, accel, self_attention="current_pass")
     return dict(
-        accel=real["accel"], cfg=guidance,
+        accel=real["accel"],
+        cfg=guidance,
         linear=real["transformer_tflops"] - real["attention_core_tflops"] + real["text_tflops"],
         self_attn_cache=real["attention_core_tflops"],
         self_attn_context_and_current_pass=ctx["attention_core_tflops"],
@@ -304,9 +394,17 @@ def hart_flops_components(name: str = "hart-0.7b", accel: Optional[str] = None, 
         codes=real["codes_tflops"],
         total=real["total_tflops"],
         passes=sum(1 for s in real["per_scale"] if s["flops"] > 0),
-        per_scale=[dict(scale_index=s["scale_index"], tokens=s["tokens"], tflops=s["tflops"],
-                        attention=s["attention_flops"] / _TERA, context_and_current_pass=c["tflops"], current_pass=t["tflops"])
-                   for s, c, t in zip(real["per_scale"], ctx["per_scale"], cur["per_scale"])],
+        per_scale=[
+            dict(
+                scale_index=s["scale_index"],
+                tokens=s["tokens"],
+                tflops=s["tflops"],
+                attention=s["attention_flops"] / _TERA,
+                context_and_current_pass=c["tflops"],
+                current_pass=t["tflops"],
+            )
+            for s, c, t in zip(real["per_scale"], ctx["per_scale"], cur["per_scale"])
+        ],
     )
 
 
@@ -333,8 +431,11 @@ def count_qwen2_encoder_flops(num_tokens: int, batch_size: int = 1) -> int:
 def format_hart_report(result: Dict[str, Any]) -> str:
     """HART's per-scale table and totals, as printed by the script."""
     rows, B = result["rows"], result["batch_size"]
-    cfg_text = (f"CFG on ({rows} rows: {B} cond + {B} uncond, guidance {result['guidance_scale']:g} ramped)"
-                if rows == 2 * B else f"CFG off ({rows} rows)")
+    cfg_text = (
+        f"CFG on ({rows} rows: {B} cond + {B} uncond, guidance {result['guidance_scale']:g} ramped)"
+        if rows == 2 * B
+        else f"CFG off ({rows} rows)"
+    )
     lines = [
         f"{result['model']}  {result['height']}x{result['width']}  batch {B}  {cfg_text}  "
         f"context tokens {result['text_tokens']}  diffusion steps {result['diffusion_steps']}",
@@ -345,20 +446,31 @@ def format_hart_report(result: Dict[str, Any]) -> str:
         f"{'-' * 5}-+-{'-' * 7}-+-{'-' * 6}-+-{'-' * 9}-+-{'-' * 11}-+-{'-' * 9}-+-{'-' * 10}-+-{'-' * 10}",
     ]
     for s in result["per_scale"]:
-        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>7} | {s['tokens']:>6} | {s['kv_tokens']:>9} | "
-                     f"{s['transformer_flops'] / _TERA:>11.3f} | {s['attention_flops'] / _TERA:>9.3f} | "
-                     f"{s['diffusion_flops'] / _TERA:>10.3f} | {s['percent']:>9.2f}%")
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>7} | {s['tokens']:>6} | {s['kv_tokens']:>9} | "
+            f"{s['transformer_flops'] / _TERA:>11.3f} | {s['attention_flops'] / _TERA:>9.3f} | "
+            f"{s['diffusion_flops'] / _TERA:>10.3f} | {s['percent']:>9.2f}%"
+        )
     total_tokens = sum(s["tokens"] for s in result["per_scale"])
     loop = sum(s["flops"] for s in result["per_scale"])
-    lines.append(f"{'sum':>5} | {'':>7} | {total_tokens:>6} | {'':>9} | {result['transformer_tflops']:>11.3f} | "
-                 f"{result['attention_core_tflops']:>9.3f} | {result['diffusion_tflops']:>10.3f} | "
-                 f"{100 * loop / result['total_flops']:>9.2f}%")
-    lines += ["(scale 0's pass runs the context tokens; the transformer column includes blocks, heads and embeddings)",
-              "", "totals (TFLOPs):"]
-    for label, key in (("transformer (blocks + head + embed)", "transformer"),
-                       (f"diffusion head ({result['diffusion_steps']} steps)", "diffusion"),
-                       ("tokenizer decoder", "vae"), ("tokenizer Phi convs (f_hat updates)", "codes"),
-                       ("text conditioning (context_embed)", "text"), ("total", "total")):
+    lines.append(
+        f"{'sum':>5} | {'':>7} | {total_tokens:>6} | {'':>9} | {result['transformer_tflops']:>11.3f} | "
+        f"{result['attention_core_tflops']:>9.3f} | {result['diffusion_tflops']:>10.3f} | "
+        f"{100 * loop / result['total_flops']:>9.2f}%"
+    )
+    lines += [
+        "(scale 0's pass runs the context tokens; the transformer column includes blocks, heads and embeddings)",
+        "",
+        "totals (TFLOPs):",
+    ]
+    for label, key in (
+        ("transformer (blocks + head + embed)", "transformer"),
+        (f"diffusion head ({result['diffusion_steps']} steps)", "diffusion"),
+        ("tokenizer decoder", "vae"),
+        ("tokenizer Phi convs (f_hat updates)", "codes"),
+        ("text conditioning (context_embed)", "text"),
+        ("total", "total"),
+    ):
         tf = result[f"{key}_tflops"]
         lines.append(f"  {label:<38} {tf:>9.3f}  ({100 * tf / result['total_tflops']:6.2f}%)")
     lines.append(f"  {'total in MACs (tera)':<38} {result['total_macs_tera']:>9.3f}")
@@ -368,8 +480,11 @@ def format_hart_report(result: Dict[str, Any]) -> str:
             lines.append(f"  {key:<38} {tf:>9.3f}")
     ref = result.get("reference")
     if ref is not None:
-        lines += ["", f"{ref['source']}: {ref['total_tflops']:.2f} TFLOPs; ours {result['total_tflops']:.2f} TFLOPs; "
-                      f"ours / paper = {ref['ratio']:.3f} (counting conventions differ: docs/flops.md)"]
+        lines += [
+            "",
+            f"{ref['source']}: {ref['total_tflops']:.2f} TFLOPs; ours {result['total_tflops']:.2f} TFLOPs; "
+            f"ours / paper = {ref['ratio']:.3f} (counting conventions differ: docs/flops.md)",
+        ]
     lines.append(f"Tokenizer: {result['vae_note']}")
     return "\n".join(lines)
 
@@ -380,23 +495,33 @@ compare_hart_methods = compare_methods
 
 def format_hart_comparison(comparison: Dict[str, Any]) -> str:
     names = [row["method"] for row in comparison["summary"]]
-    lines = [f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation "
-             "(Qwen2 text encoder not included)",
-             f"{'method':<32} {'total':>8} {'transformer':>12} {'diff. head':>10} {'decoder':>8} {'other':>6} {'ratio':>7} "
-             f"{'paper':>7} {'paper ratio':>12}"]
+    lines = [
+        f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation "
+        "(Qwen2 text encoder not included)",
+        f"{'method':<32} {'total':>8} {'transformer':>12} {'diff. head':>10} {'decoder':>8} {'other':>6} {'ratio':>7} "
+        f"{'paper':>7} {'paper ratio':>12}",
+    ]
     for row in comparison["summary"]:
         paper = f"{row['paper_tflops']:.2f}" if row["paper_tflops"] else "-"
         paper_ratio = f"{row['paper_ratio']:.2f}x" if row["paper_ratio"] else "-"
-        lines.append(f"{row['method']:<32} {row['total_tflops']:>8.2f} {row['transformer_tflops']:>12.2f} "
-                     f"{row['diffusion_tflops']:>10.2f} {row['vae_tflops']:>8.2f} {row['other_tflops']:>6.3f} "
-                     f"{row['ratio']:>6.2f}x {paper:>7} {paper_ratio:>12}")
-    lines += ["(other = text conditioning + the tokenizer's Phi convolutions; papers' counting conventions differ, "
-              "see docs/flops.md)", "",
-              "loop TFLOPs per scale (transformer + diffusion head; a grouped pass is counted on its first scale; "
-              "skipped scales are 0):",
-              "scale |   h x w | " + " | ".join(f"{n[:14]:>14}" for n in names)]
+        lines.append(
+            f"{row['method']:<32} {row['total_tflops']:>8.2f} {row['transformer_tflops']:>12.2f} "
+            f"{row['diffusion_tflops']:>10.2f} {row['vae_tflops']:>8.2f} {row['other_tflops']:>6.3f} "
+            f"{row['ratio']:>6.2f}x {paper:>7} {paper_ratio:>12}"
+        )
+    lines += [
+        "(other = text conditioning + the tokenizer's Phi convolutions; papers' counting conventions differ, "
+        "see docs/flops.md)",
+        "",
+        "loop TFLOPs per scale (transformer + diffusion head; a grouped pass is counted on its first scale; "
+        "skipped scales are 0):",
+        "scale |   h x w | " + " | ".join(f"{n[:14]:>14}" for n in names),
+    ]
     for s in comparison["per_scale"]:
-        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>7} | " + " | ".join(f"{s[n]:>14.3f}" for n in names))
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>7} | "
+            + " | ".join(f"{s[n]:>14.3f}" for n in names)
+        )
     return "\n".join(lines)
 
 
@@ -407,17 +532,22 @@ def hart_conventions(components: Dict[str, Dict[str, Any]]) -> List[Dict[str, An
     ``totals`` (method -> TFLOPs), ``ratios`` (baseline / method) and ``saved`` (baseline - method).
     """
     rules = [
-        ("real count: attention over the KV cache + diffusion head + decoder",
-         lambda c: c["total"]),
+        ("real count: attention over the KV cache + diffusion head + decoder", lambda c: c["total"]),
         ("transformer only (real attention)", lambda c: c["linear"] + c["self_attn_cache"]),
         ("transformer + diffusion head (no decoder)", lambda c: c["linear"] + c["self_attn_cache"] + c["diffusion"]),
-        ("self-attention to the context + current pass only",
-         lambda c: c["total"] - c["self_attn_cache"] + c["self_attn_context_and_current_pass"]),
-        ("self-attention within the current pass only",
-         lambda c: c["total"] - c["self_attn_cache"] + c["self_attn_current_pass"]),
+        (
+            "self-attention to the context + current pass only",
+            lambda c: c["total"] - c["self_attn_cache"] + c["self_attn_context_and_current_pass"],
+        ),
+        (
+            "self-attention within the current pass only",
+            lambda c: c["total"] - c["self_attn_cache"] + c["self_attn_current_pass"],
+        ),
         ("attention kernels at half weight (1 per MAC)", lambda c: c["total"] - c["self_attn_cache"] / 2),
-        ("no attention kernels (linear + conv): diffusion head + decoder",
-         lambda c: c["linear"] + c["diffusion"] + c["vae_decode"]),
+        (
+            "no attention kernels (linear + conv): diffusion head + decoder",
+            lambda c: c["linear"] + c["diffusion"] + c["vae_decode"],
+        ),
         ("no attention kernels, no decoder", lambda c: c["linear"] + c["diffusion"]),
         ("no attention kernels, transformer only", lambda c: c["linear"]),
         ("real count in MACs", lambda c: c["total"] / 2),
@@ -426,8 +556,14 @@ def hart_conventions(components: Dict[str, Dict[str, Any]]) -> List[Dict[str, An
     rows = []
     for label, rule in rules:
         totals = {m: rule(c) for m, c in components.items()}
-        rows.append(dict(convention=label, totals=totals, ratios={m: totals["baseline"] / t for m, t in totals.items()},
-                         saved={m: rule(base) - t for m, t in totals.items()}))
+        rows.append(
+            dict(
+                convention=label,
+                totals=totals,
+                ratios={m: totals["baseline"] / t for m, t in totals.items()},
+                saved={m: rule(base) - t for m, t in totals.items()},
+            )
+        )
     return rows
 
 
@@ -435,21 +571,34 @@ def format_hart_conventions(model: str, rows: List[Dict[str, Any]]) -> str:
     methods = list(rows[0]["totals"])
     paper = HART_PAPER_TFLOPS.get(model, {})
     shown = [m for m in methods if m != "baseline"]
-    head = (f"{'convention (TFLOPs, CFG, 2 FLOPs per MAC unless stated)':<66} {'baseline':>8} "
-            + " ".join(f"{m[:10]:>10}" for m in shown) + "   ratios: " + " ".join(f"{m[:8]:>8}" for m in shown)
-            + "   saved: " + " ".join(f"{m[:8]:>8}" for m in shown))
+    head = (
+        f"{'convention (TFLOPs, CFG, 2 FLOPs per MAC unless stated)':<66} {'baseline':>8} "
+        + " ".join(f"{m[:10]:>10}" for m in shown)
+        + "   ratios: "
+        + " ".join(f"{m[:8]:>8}" for m in shown)
+        + "   saved: "
+        + " ".join(f"{m[:8]:>8}" for m in shown)
+    )
     lines = [f"{model}: one generation under counting conventions (Qwen2 text encoder not included)", head]
     if paper:
         p_tot = {m: paper.get(m.lower()) for m in methods}
-        lines.append(f"{'papers (' + HART_PAPER_SOURCE + ')':<66} {paper['baseline']:>8.2f} "
-                     + " ".join(f"{p_tot[m]:>10.2f}" if p_tot[m] else f"{'-':>10}" for m in shown) + "   ratios: "
-                     + " ".join(f"{paper['baseline'] / p_tot[m]:>7.2f}x" if p_tot[m] else f"{'-':>8}" for m in shown)
-                     + "   saved: " + " ".join(f"{paper['baseline'] - p_tot[m]:>8.2f}" if p_tot[m] else f"{'-':>8}" for m in shown))
+        lines.append(
+            f"{'papers (' + HART_PAPER_SOURCE + ')':<66} {paper['baseline']:>8.2f} "
+            + " ".join(f"{p_tot[m]:>10.2f}" if p_tot[m] else f"{'-':>10}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{paper['baseline'] / p_tot[m]:>7.2f}x" if p_tot[m] else f"{'-':>8}" for m in shown)
+            + "   saved: "
+            + " ".join(f"{paper['baseline'] - p_tot[m]:>8.2f}" if p_tot[m] else f"{'-':>8}" for m in shown)
+        )
     for row in rows:
-        lines.append(f"{row['convention'][:66]:<66} {row['totals']['baseline']:>8.2f} "
-                     + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown) + "   ratios: "
-                     + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown) + "   saved: "
-                     + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown))
+        lines.append(
+            f"{row['convention'][:66]:<66} {row['totals']['baseline']:>8.2f} "
+            + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown)
+            + "   saved: "
+            + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown)
+        )
     return "\n".join(lines)
 
 
@@ -461,7 +610,9 @@ def _run_cli(args: argparse.Namespace, methods: List[str]) -> int:
     if (args.height or size, args.width or size) != (size, size):
         raise ValueError(f"{args.model} generates {size}x{size} images only; got {args.height}x{args.width}")
     if args.text_tokens is not None and args.text_tokens != config["context_tokens"]:
-        raise ValueError(f"HART pads every prompt to its {config['context_tokens']} context tokens; --text-tokens does not apply")
+        raise ValueError(
+            f"HART pads every prompt to its {config['context_tokens']} context tokens; --text-tokens does not apply"
+        )
     methods = [m for m in methods if m.lower() not in ("baseline", "none")]
     for m in methods:  # fail on a bad spec before counting anything
         load_acceleration(m, "hart")
@@ -469,8 +620,11 @@ def _run_cli(args: argparse.Namespace, methods: List[str]) -> int:
         components = {"baseline": hart_flops_components(args.model, None, cfg, args.batch_size)}
         components.update({m: hart_flops_components(args.model, m, cfg, args.batch_size) for m in methods})
         rows = hart_conventions(components)
-        print(json.dumps({"model": args.model, "cfg": cfg, "conventions": rows}) if args.json
-              else format_hart_conventions(args.model, rows))
+        print(
+            json.dumps({"model": args.model, "cfg": cfg, "conventions": rows})
+            if args.json
+            else format_hart_conventions(args.model, rows)
+        )
         return 0
     result = count_hart_flops(args.model, args.batch_size, cfg)
     if methods:
@@ -482,8 +636,10 @@ def _run_cli(args: argparse.Namespace, methods: List[str]) -> int:
     if args.qwen2_tokens > 0:
         result["qwen2_tokens"] = args.qwen2_tokens
         result["qwen2_encoder_tflops"] = count_qwen2_encoder_flops(args.qwen2_tokens, args.batch_size) / _TERA
-        report += (f"\nQwen2-1.5B text encoder on {args.qwen2_tokens} tokens x {args.batch_size} prompt(s) "
-                   f"(not in the total): {result['qwen2_encoder_tflops']:.3f} TFLOPs")
+        report += (
+            f"\nQwen2-1.5B text encoder on {args.qwen2_tokens} tokens x {args.batch_size} prompt(s) "
+            f"(not in the total): {result['qwen2_encoder_tflops']:.3f} TFLOPs"
+        )
     print(json.dumps(result) if args.json else report)
     return 0
 
@@ -493,9 +649,15 @@ HART_FLOPS = FamilyFlops(
     transformer_class=HARTTransformer,
     prepare=hart_generation,
     step_parts=_STEP_PARTS,
-    scale_fields=(("blocks", ("blocks",)), ("head", ("head",)), ("embed", ("embed",)), ("scheduler", (UNATTRIBUTED,)),
-                  ("transformer", ("blocks", "head", "embed", UNATTRIBUTED)), ("diffusion", ("diffusion",)),
-                  ("codes", ("codes",))),
+    scale_fields=(
+        ("blocks", ("blocks",)),
+        ("head", ("head",)),
+        ("embed", ("embed",)),
+        ("scheduler", (UNATTRIBUTED,)),
+        ("transformer", ("blocks", "head", "embed", UNATTRIBUTED)),
+        ("diffusion", ("diffusion",)),
+        ("codes", ("codes",)),
+    ),
     loop_totals=(("transformer", "transformer_flops"), ("diffusion", "diffusion_flops"), ("codes", "codes_flops")),
     sublayers=_sublayers,
     breakdown_fields=("head", "embed", "scheduler"),
@@ -503,7 +665,10 @@ HART_FLOPS = FamilyFlops(
     published=_published,
     run_cli=_run_cli,
     cli_help={"size": "HART: its one size", "text_tokens": "HART always uses its 300 context tokens"},
-    text_encoder=("qwen2", "HART: also count the Qwen2-1.5B text encoder on this many tokens per prompt (not in the "
-                           "total; the official encoding is the system instruction + the prompt padded to 300)"),
+    text_encoder=(
+        "qwen2",
+        "HART: also count the Qwen2-1.5B text encoder on this many tokens per prompt (not in the "
+        "total; the official encoding is the system instruction + the prompt padded to 300)",
+    ),
     conventions=True,
 )

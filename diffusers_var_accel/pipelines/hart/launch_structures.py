@@ -40,8 +40,9 @@ class HARTLaunchStructures:
 
     def add_arguments(self, parser) -> None:
         """``--hart-scales``: HART's first N scales."""
-        parser.add_argument("--hart-scales", type=_positive, default=None,
-                            help="HART: its first N scales (default: all 14, 1024x1024)")
+        parser.add_argument(
+            "--hart-scales", type=_positive, default=None, help="HART: its first N scales (default: all 14, 1024x1024)"
+        )
 
     def config_options(self, args) -> Dict[str, Any]:
         return {"hart_scales": args.hart_scales}
@@ -55,8 +56,13 @@ class HARTLaunchStructures:
 
     def build(self, model: str, config) -> Tuple[torch.nn.Module, torch.nn.Module]:
         """``(transformer, vae)`` of ``model`` at ``config``'s width (random initial weights)."""
-        tconf = {**HART_CONFIGS[model], "embed_dim": config.width, "num_heads": config.heads,
-                 "context_dim": config.text_channels, "diffusion_width": config.width}
+        tconf = {
+            **HART_CONFIGS[model],
+            "embed_dim": config.width,
+            "num_heads": config.heads,
+            "context_dim": config.text_channels,
+            "diffusion_width": config.width,
+        }
         if config.depth is not None:
             tconf["depth"] = config.depth
         if config.hart_scales is not None:

@@ -84,7 +84,7 @@ def gumbel_soft_weights(logits_BLV: torch.Tensor, tau: float, generator) -> torc
     """``softmax((logits + Gumbel) / tau)`` with the Gumbel noise drawn as ``-log(Exp(1))`` from ``generator``."""
     B = logits_BLV.shape[0]
     if isinstance(generator, (list, tuple)):
-        gumbels = torch.cat([_exponential(logits_BLV[b:b + 1], generator[b]) for b in range(B)])
+        gumbels = torch.cat([_exponential(logits_BLV[b : b + 1], generator[b]) for b in range(B)])
     else:
         gumbels = _exponential(logits_BLV, generator)
     return ((logits_BLV + gumbels.neg_()) / tau).softmax(dim=-1)
@@ -107,8 +107,17 @@ class HARTScaleFamily(ScaleModelFamily):
 
     family = "hart"
 
-    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, top_k: Optional[int], top_p: Optional[float],
-                 more_smooth: bool, diffusion_generator=None, use_diffusion_head: bool = True, sampling: str = "device"):
+    def __init__(
+        self,
+        transformer: HARTTransformer,
+        vae: HARTHybridTokenizer,
+        top_k: Optional[int],
+        top_p: Optional[float],
+        more_smooth: bool,
+        diffusion_generator=None,
+        use_diffusion_head: bool = True,
+        sampling: str = "device",
+    ):
         self.transformer, self.vae = transformer, vae
         self.sampling = sampling
         self.patch_nums = tuple(transformer.config.patch_nums)
@@ -119,7 +128,9 @@ class HARTScaleFamily(ScaleModelFamily):
         self.diffusion_generator, self.use_diffusion_head = diffusion_generator, use_diffusion_head
         self.final_hw = (self.patch_nums[-1], self.patch_nums[-1])
         T = self.num_start_tokens = transformer.config.context_tokens
-        self._level_offsets = [0] + [T + sum(pn * pn for pn in self.patch_nums[1:k]) for k in range(1, self.num_scales)]
+        self._level_offsets = [0] + [
+            T + sum(pn * pn for pn in self.patch_nums[1:k]) for k in range(1, self.num_scales)
+        ]
         self._level_embeddings: Optional[torch.Tensor] = None
         self._level_offsets_S: Optional[torch.Tensor] = None
         # RoPE tables of every token of the schedule, per condition rows (built once per call, sliced per pass)
@@ -146,20 +157,36 @@ class HARTScaleFamily(ScaleModelFamily):
 
     def embed(self, f_hat, scale_indices, condition: HARTCondition, scale_index_L):
         later = [si for si in scale_indices if si != 0]
-        x_BLC = self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L) if later else None
+        x_BLC = (
+            self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L)
+            if later
+            else None
+        )
         return x_BLC, self.rope_cos_sin(scale_indices, condition)
 
     def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
         return self.transformer(hidden_RLC, condition, context)
 
-    def predict(self, hidden_RLC, condition: HARTCondition, scale_index, *, batch_size, guidance, temperature, generator,
-                residual_tokens=None, tokens=None) -> ScalePrediction:
+    def predict(
+        self,
+        hidden_RLC,
+        condition: HARTCondition,
+        scale_index,
+        *,
+        batch_size,
+        guidance,
+        temperature,
+        generator,
+        residual_tokens=None,
+        tokens=None,
+    ) -> ScalePrediction:
         """Guidance with HART's weight ``t = guidance`` (0: none), top-k / top-p sampling, then the codes
         (:meth:`tokens_to_codes`)."""
         logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
         if tokens is None:
-            tokens = sample_categorical(mask_top_k_top_p(logits, self._top_k(scale_index), self.top_p), generator,
-                                        self.sampling)
+            tokens = sample_categorical(
+                mask_top_k_top_p(logits, self._top_k(scale_index), self.top_p), generator, self.sampling
+            )
         codes = self.tokens_to_codes(tokens, scale_index, logits, hidden_RLC, guidance, generator, residual_tokens)
         return ScalePrediction(tokens, codes, raw)
 
@@ -177,20 +204,30 @@ class HARTScaleFamily(ScaleModelFamily):
         table = self._levels()
         scale_index_L = scale_index_L.to(table.device)
         if self._level_offsets_S is None:  # once per call, filled on the device (no upload of host data)
-            self._level_offsets_S = torch.cat([torch.full((1,), v, dtype=torch.long, device=table.device) for v in self._level_offsets])
+            self._level_offsets_S = torch.cat(
+                [torch.full((1,), v, dtype=torch.long, device=table.device) for v in self._level_offsets]
+            )
         offsets = self._level_offsets_S
         first = torch.searchsorted(scale_index_L, scale_index_L)
         rows = offsets[scale_index_L] + torch.arange(scale_index_L.shape[0], device=table.device) - first
         levels = table[rows]
-        return self.transformer.embed_scale_inputs(inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels)
+        return self.transformer.embed_scale_inputs(
+            inputs_BLd.to(compute_dtype(self.transformer.word_embed)), scale_index_L, levels
+        )
 
     def rope_cos_sin(self, scale_indices, condition: HARTCondition):
         """The RoPE tables ``(2, R, 1, L, c)`` of every token of ``scale_indices`` for the rows of ``condition``."""
         # The rows of a condition are fixed for the call (all rows, or the conditional half under CFG halving): the
         # table of every scale is built once per row set and each pass takes its slice (tables are element-wise).
         positions, offsets = condition.position_ids_RT, condition.rope_offset_R
-        key = (positions.data_ptr(), tuple(positions.shape), positions.stride(), offsets.data_ptr(), tuple(offsets.shape),
-               offsets.stride())
+        key = (
+            positions.data_ptr(),
+            tuple(positions.shape),
+            positions.stride(),
+            offsets.data_ptr(),
+            tuple(offsets.shape),
+            offsets.stride(),
+        )
         if key not in self._rope_tables:
             tables = [self.transformer.context_rope(positions)]
             tables += [self.transformer.image_rope(pn, offsets) for pn in self.patch_nums[1:]]
@@ -224,8 +261,13 @@ class HARTScaleFamily(ScaleModelFamily):
             tau = max(0.27 * (1 - ratio * 0.95), 0.005)
             codes_BLd = gumbel_soft_weights(masked.mul(1 + ratio), tau, generator) @ codebook.float().unsqueeze(0)
         if scale_index == self.num_scales - 1 and self.use_diffusion_head:
-            codes_BLd = codes_BLd + on_computed_tokens(lambda hidden, hard: self.diffusion_residual(hidden, hard, guidance, B),
-                                                       residual_tokens, hidden_RLC, hard_BLd, codes_BLd)
+            codes_BLd = codes_BLd + on_computed_tokens(
+                lambda hidden, hard: self.diffusion_residual(hidden, hard, guidance, B),
+                residual_tokens,
+                hidden_RLC,
+                hard_BLd,
+                codes_BLd,
+            )
         return codes_BLd.transpose(1, 2).reshape(B, -1, side, side)
 
     def next_inputs(self, f_hat, scale_index):
@@ -233,7 +275,9 @@ class HARTScaleFamily(ScaleModelFamily):
         side = self.patch_nums[scale_index]
         return self.vae.next_scale_input(f_hat, (side, side))
 
-    def diffusion_residual(self, hidden_RLC: torch.Tensor, hard_codes_BLd: torch.Tensor, guidance: float, batch_size: int) -> torch.Tensor:
+    def diffusion_residual(
+        self, hidden_RLC: torch.Tensor, hard_codes_BLd: torch.Tensor, guidance: float, batch_size: int
+    ) -> torch.Tensor:
         """The diffusion head's continuous residual ``(B, L, Cv)`` of the last scale (CFG rows when present).
 
         With a list of generators each image draws its own noise, so an image does not depend on its batch.
@@ -245,7 +289,7 @@ class HARTScaleFamily(ScaleModelFamily):
             rows = z_RLC.shape[0] // B
             parts = []
             for b in range(B):
-                z_b = z_RLC[b::B] if rows > 1 else z_RLC[b:b + 1]  # [cond_b, uncond_b]
+                z_b = z_RLC[b::B] if rows > 1 else z_RLC[b : b + 1]  # [cond_b, uncond_b]
                 parts.append(self._sample_head(head, z_b, guidance, self.diffusion_generator[b], 1, L))
             return torch.cat(parts)
         return self._sample_head(head, z_RLC, guidance, self.diffusion_generator, B, L)
@@ -289,22 +333,36 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     _optional_components = ["acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
-    def __init__(self, transformer: HARTTransformer, vae: HARTHybridTokenizer, text_encoder, tokenizer,
-                 acceleration: Optional[VARAccelScheduler] = None, max_sequence_length: Optional[int] = None):
+    def __init__(
+        self,
+        transformer: HARTTransformer,
+        vae: HARTHybridTokenizer,
+        text_encoder,
+        tokenizer,
+        acceleration: Optional[VARAccelScheduler] = None,
+        max_sequence_length: Optional[int] = None,
+    ):
         super().__init__()
         check_max_sequence_length(max_sequence_length)
-        if (max_sequence_length is not None and transformer is not None
-                and max_sequence_length != transformer.config.context_tokens):
-            raise ValueError(f"max_sequence_length={max_sequence_length}: HART's text context is exactly the "
-                             f"transformer's context_tokens ({transformer.config.context_tokens}); pass that or None")
+        if (
+            max_sequence_length is not None
+            and transformer is not None
+            and max_sequence_length != transformer.config.context_tokens
+        ):
+            raise ValueError(
+                f"max_sequence_length={max_sequence_length}: HART's text context is exactly the "
+                f"transformer's context_tokens ({transformer.config.context_tokens}); pass that or None"
+            )
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
-        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                              acceleration=acceleration)
+        self.register_modules(
+            transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, acceleration=acceleration
+        )
         self.register_to_config(max_sequence_length=max_sequence_length)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor if vae is not None else 32,
-                                                 do_resize=False)
+        self.image_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor if vae is not None else 32, do_resize=False
+        )
         self._interrupt = False
 
     @classmethod
@@ -353,7 +411,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """HART's one schedule and its start tokens (the text context), for :meth:`kv_cache_bytes`."""
         side = self.default_size
         if (height or side, width or side) != (side, side):
-            raise ValueError(f"height x width = {height}x{width} is not supported: this model makes {side}x{side} images only")
+            raise ValueError(
+                f"height x width = {height}x{width} is not supported: this model makes {side}x{side} images only"
+            )
         schedule = tuple((1, int(pn), int(pn)) for pn in self.transformer.config.patch_nums)
         return schedule, int(self.transformer.config.context_tokens)
 
@@ -387,7 +447,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         ``cumsum(mask) - 1`` (right padding repeats the last valid position).
         """
         if self.text_encoder is None or self.tokenizer is None:
-            raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt")
+            raise ValueError(
+                "this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_position_ids instead of prompt"
+            )
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
         device = device or self._execution_device
@@ -397,17 +459,30 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
             raise ValueError("the tokenizer has no pad token; HART pads every prompt to the context length")
-        ids = torch.stack([self.tokenizer(p, return_tensors="pt", padding="max_length", max_length=T, truncation=True).input_ids[0]
-                           for p in prompts]).to(device)
+        ids = torch.stack(
+            [
+                self.tokenizer(p, return_tensors="pt", padding="max_length", max_length=T, truncation=True).input_ids[
+                    0
+                ]
+                for p in prompts
+            ]
+        ).to(device)
         mask = ids != pad_id
         position_ids = mask.long().cumsum(dim=1) - 1
         if use_system_prompt:
-            system = self.tokenizer(HART_LLM_SYSTEM_PROMPT, return_tensors="pt", padding="longest", max_length=T,
-                                    truncation=True).input_ids.to(device).repeat(len(prompts), 1)
+            system = (
+                self.tokenizer(
+                    HART_LLM_SYSTEM_PROMPT, return_tensors="pt", padding="longest", max_length=T, truncation=True
+                )
+                .input_ids.to(device)
+                .repeat(len(prompts), 1)
+            )
             full_ids = torch.cat((system, ids), dim=1)
             full_mask = torch.cat((torch.ones_like(system, dtype=torch.bool), mask), dim=1)
-            hidden = self.text_encoder(full_ids, attention_mask=full_mask.long(), output_hidden_states=True).hidden_states[-1]
-            hidden = hidden[:, system.shape[1]:]
+            hidden = self.text_encoder(
+                full_ids, attention_mask=full_mask.long(), output_hidden_states=True
+            ).hidden_states[-1]
+            hidden = hidden[:, system.shape[1] :]
         else:
             hidden = self.text_encoder(ids, attention_mask=mask.long(), output_hidden_states=True).hidden_states[-1]
         prompt_embeds = hidden.float().repeat_interleave(num_images_per_prompt, dim=0)
@@ -415,16 +490,34 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         return prompt_embeds, prompt_position_ids
 
     # 2. checks ---------------------------------------------------------------------------------------------------
-    def check_inputs(self, prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                     guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs,
-                     negative_prompt_position_ids=None, num_images_per_prompt=1, generator=None, diffusion_generator=None,
-                     output_type="pil"):
+    def check_inputs(
+        self,
+        prompt,
+        height,
+        width,
+        prompt_embeds,
+        prompt_position_ids,
+        negative_prompt,
+        negative_prompt_embeds,
+        guidance_scale,
+        cfg_list,
+        top_k,
+        top_p,
+        callback_on_step_end_tensor_inputs,
+        negative_prompt_position_ids=None,
+        num_images_per_prompt=1,
+        generator=None,
+        diffusion_generator=None,
+        output_type="pil",
+    ):
         """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
         argument, its value and what is allowed."""
         size = self.default_size
         if (height, width) != (size, size):
-            raise ValueError(f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
-                             f"x tokenizer downsampling {self.vae_scale_factor}); got height={height}, width={width}")
+            raise ValueError(
+                f"HART generates {size}x{size} images only (last patch number {self.transformer.config.patch_nums[-1]} "
+                f"x tokenizer downsampling {self.vae_scale_factor}); got height={height}, width={width}"
+            )
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("pass exactly one of prompt or prompt_embeds")
         check_prompt_argument("prompt", prompt)
@@ -432,20 +525,35 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         T, D = self.transformer.config.context_tokens, self.transformer.config.context_dim
         check_text_embeds("prompt_embeds", prompt_embeds, D, tokens=T)
         check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, D, tokens=T)
-        for name, ids in (("prompt_position_ids", prompt_position_ids), ("negative_prompt_position_ids", negative_prompt_position_ids)):
+        for name, ids in (
+            ("prompt_position_ids", prompt_position_ids),
+            ("negative_prompt_position_ids", negative_prompt_position_ids),
+        ):
             if ids is not None and (not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex()):
-                raise InputTypeError(f"{name} must be an integer tensor (batch, {T}), got "
-                                     f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
-        if prompt_position_ids is not None and prompt_embeds is not None and tuple(prompt_position_ids.shape) != tuple(prompt_embeds.shape[:2]):
-            raise ValueError(f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}")
+                raise InputTypeError(
+                    f"{name} must be an integer tensor (batch, {T}), got "
+                    f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}"
+                )
+        if (
+            prompt_position_ids is not None
+            and prompt_embeds is not None
+            and tuple(prompt_position_ids.shape) != tuple(prompt_embeds.shape[:2])
+        ):
+            raise ValueError(
+                f"prompt_position_ids shape {tuple(prompt_position_ids.shape)} != prompt_embeds (batch, tokens) {tuple(prompt_embeds.shape[:2])}"
+            )
         if prompt_position_ids is not None and prompt_embeds is None:
-            raise ValueError("prompt_position_ids go with prompt_embeds; with a prompt they come from its tokenization")
+            raise ValueError(
+                "prompt_position_ids go with prompt_embeds; with a prompt they come from its tokenization"
+            )
         if negative_prompt_position_ids is not None:
             if negative_prompt_embeds is None:
                 raise ValueError("negative_prompt_position_ids go with negative_prompt_embeds")
             if negative_prompt_position_ids.shape != negative_prompt_embeds.shape[:2]:
-                raise ValueError(f"negative_prompt_position_ids shape {tuple(negative_prompt_position_ids.shape)} != "
-                                 f"negative_prompt_embeds (batch, tokens) {tuple(negative_prompt_embeds.shape[:2])}")
+                raise ValueError(
+                    f"negative_prompt_position_ids shape {tuple(negative_prompt_position_ids.shape)} != "
+                    f"negative_prompt_embeds (batch, tokens) {tuple(negative_prompt_embeds.shape[:2])}"
+                )
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
@@ -454,7 +562,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         check_output_type(output_type)
         num_scales = len(self.transformer.config.patch_nums)
         if cfg_list is not None:
-            check_per_scale("cfg_list", cfg_list, num_scales, 0, rule=" (guidance weight t)", schedule_text="the model")
+            check_per_scale(
+                "cfg_list", cfg_list, num_scales, 0, rule=" (guidance weight t)", schedule_text="the model"
+            )
         check_real("guidance_scale", guidance_scale, 0, rule=" (HART's weight t: (1 + t) cond - t uncond)")
         if top_p is not None:
             check_real("top_p", top_p, rule=" in [0, 1] (0 disables it)")
@@ -463,7 +573,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         if top_k is not None:
             check_real("top_k", top_k, rule=" (an integer >= 0; 0 disables it; None = the official 600/300 schedule)")
             if int(top_k) != top_k or top_k < 0:
-                raise ValueError(f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}")
+                raise ValueError(
+                    f"top_k must be an integer >= 0 (0 disables it; None = the official 600/300 schedule), got {top_k}"
+                )
         bad = [k for k in (callback_on_step_end_tensor_inputs or []) if k not in self._callback_tensor_inputs]
         if bad:
             raise ValueError(f"callback_on_step_end_tensor_inputs {bad} are not in {self._callback_tensor_inputs}")
@@ -504,7 +616,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         acceleration: Optional[VARAccelScheduler] = None,
         output_type: str = "pil",
         return_dict: bool = True,
-        callback_on_step_end: Optional[Callable[["HARTPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]] = None,
+        callback_on_step_end: Optional[
+            Callable[["HARTPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]
+        ] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
     ):
         r"""Generate images from text.
@@ -555,12 +669,32 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         size = self.default_size
         height, width = resolve_size(height, width, (size, size))
-        self.check_inputs(prompt, height, width, prompt_embeds, prompt_position_ids, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, top_k, top_p, callback_on_step_end_tensor_inputs, negative_prompt_position_ids,
-                          num_images_per_prompt, generator, diffusion_generator, output_type)
+        self.check_inputs(
+            prompt,
+            height,
+            width,
+            prompt_embeds,
+            prompt_position_ids,
+            negative_prompt,
+            negative_prompt_embeds,
+            guidance_scale,
+            cfg_list,
+            top_k,
+            top_p,
+            callback_on_step_end_tensor_inputs,
+            negative_prompt_position_ids,
+            num_images_per_prompt,
+            generator,
+            diffusion_generator,
+            output_type,
+        )
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
-        weights = [float(t) for t in cfg_list] if cfg_list is not None else self.guidance_schedule(float(guidance_scale), num_scales)
+        weights = (
+            [float(t) for t in cfg_list]
+            if cfg_list is not None
+            else self.guidance_schedule(float(guidance_scale), num_scales)
+        )
         self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
         self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
@@ -568,24 +702,40 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 
         # 1. Text conditioning: conditional rows, then unconditional rows when any scale is guided
         if prompt_embeds is None:
-            prompt_embeds, prompt_position_ids = self.encode_prompt(prompt, device, num_images_per_prompt, use_system_prompt)
+            prompt_embeds, prompt_position_ids = self.encode_prompt(
+                prompt, device, num_images_per_prompt, use_system_prompt
+            )
         else:
-            prompt_embeds, prompt_position_ids = self._given_embeds(prompt_embeds, prompt_position_ids, device, num_images_per_prompt)
+            prompt_embeds, prompt_position_ids = self._given_embeds(
+                prompt_embeds, prompt_position_ids, device, num_images_per_prompt
+            )
         batch_size = prompt_embeds.shape[0]
         for name, gen in (("generator", generator), ("diffusion_generator", diffusion_generator)):
             check_generator_count(name, gen, batch_size)
         text, positions = prompt_embeds, prompt_position_ids
-        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(t == 0 for t in weights), "every guidance weight is 0")
+        warn_unused_negative(
+            negative_prompt, negative_prompt_embeds, all(t == 0 for t in weights), "every guidance weight is 0"
+        )
         if any(t != 0 for t in weights):
             if negative_prompt is not None:
-                negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
+                negatives = (
+                    [negative_prompt] * (batch_size // num_images_per_prompt)
+                    if isinstance(negative_prompt, str)
+                    else negative_prompt
+                )
                 if len(negatives) * num_images_per_prompt != batch_size:
-                    raise ValueError(f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts")
+                    raise ValueError(
+                        f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts"
+                    )
                 neg, neg_pos = self.encode_prompt(negatives, device, num_images_per_prompt, use_system_prompt)
             elif negative_prompt_embeds is not None:
-                neg, neg_pos = self._given_embeds(negative_prompt_embeds, negative_prompt_position_ids, device, num_images_per_prompt)
+                neg, neg_pos = self._given_embeds(
+                    negative_prompt_embeds, negative_prompt_position_ids, device, num_images_per_prompt
+                )
                 if neg.shape[0] != batch_size:
-                    raise ValueError(f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts")
+                    raise ValueError(
+                        f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts"
+                    )
             else:
                 neg, neg_pos = self.transformer.null_context(batch_size, device=device)
             text, positions = torch.cat((text, neg.to(text.dtype))), torch.cat((positions, neg_pos))
@@ -596,27 +746,54 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 
         # 2. The next-scale loop
         if diffusion_generator is None and generator is not None:
-            diffusion_generator = ([_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator))
-        family = HARTScaleFamily(self.transformer, self.vae, top_k, top_p, more_smooth, diffusion_generator, use_diffusion_head,
-                                 self.sampling)
+            diffusion_generator = (
+                [_reseeded(g) for g in generator] if isinstance(generator, list) else _reseeded(generator)
+            )
+        family = HARTScaleFamily(
+            self.transformer,
+            self.vae,
+            top_k,
+            top_p,
+            more_smooth,
+            diffusion_generator,
+            use_diffusion_head,
+            self.sampling,
+        )
         if teacher_tokens is not None:
             vocab = int(self.vae.quantize.embedding.weight.shape[0])
-            check_teacher_tokens(teacher_tokens, [(batch_size, pn * pn) for pn in patch_nums],
-                                 [f"({batch_size}, {pn}, {pn})" for pn in patch_nums], integer_range=(0, vocab - 1))
+            check_teacher_tokens(
+                teacher_tokens,
+                [(batch_size, pn * pn) for pn in patch_nums],
+                [f"({batch_size}, {pn}, {pn})" for pn in patch_nums],
+                integer_range=(0, vocab - 1),
+            )
             teacher_tokens = [t.to(device).reshape(batch_size, -1).long() for t in teacher_tokens]
         progress = self.progress_bar(total=num_scales)
 
-        on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, family.scale_schedule, prompt_embeds,
-                                            progress)
+        on_scale_end = self._scale_callback(
+            callback_on_step_end, callback_on_step_end_tensor_inputs, family.scale_schedule, prompt_embeds, progress
+        )
 
         with progress, autocast:
             # the loop takes HART's guidance weight t per scale; a callback may change it between scales
-            live_guidance = LiveGuidance(self, num_scales, self.guidance_schedule,
-                                         no_guidance=get_model_family(self.model_family).no_guidance)
-            state = run_next_scale_loop(family, condition, family.scale_schedule, batch_size, live_guidance,
-                                        [1.0] * num_scales, generator, scheduler, teacher_tokens, on_scale_end,
-                                        should_stop=lambda: self._interrupt, pass_runner=self._pass_runner,
-                                        tables=self.schedule_tables)
+            live_guidance = LiveGuidance(
+                self, num_scales, self.guidance_schedule, no_guidance=get_model_family(self.model_family).no_guidance
+            )
+            state = run_next_scale_loop(
+                family,
+                condition,
+                family.scale_schedule,
+                batch_size,
+                live_guidance,
+                [1.0] * num_scales,
+                generator,
+                scheduler,
+                teacher_tokens,
+                on_scale_end,
+                should_stop=lambda: self._interrupt,
+                pass_runner=self._pass_runner,
+                tables=self.schedule_tables,
+            )
         latents = state.f_hat
 
         # 3. Decode
@@ -625,7 +802,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
         embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
         if position_ids is None:
-            position_ids = torch.arange(embeds.shape[1], device=device).expand(embeds.shape[0] // num_images_per_prompt, -1)
+            position_ids = torch.arange(embeds.shape[1], device=device).expand(
+                embeds.shape[0] // num_images_per_prompt, -1
+            )
         return embeds, position_ids.to(device).long().repeat_interleave(num_images_per_prompt, dim=0)
 
 

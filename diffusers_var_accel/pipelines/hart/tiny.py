@@ -34,9 +34,15 @@ def build_tiny_qwen2(hidden_size: int = 32, seed: int = 0, model_max_length: int
         raise ValueError(f"hidden_size must be a multiple of 4, got {hidden_size}")
     tokenizer = build_tiny_tokenizer(model_max_length)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=model_max_length,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=model_max_length,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -68,12 +74,25 @@ def build_tiny_hart_pipeline(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = HARTTransformer(
-            depth=depth, embed_dim=embed_dim, num_heads=num_heads, context_tokens=context_tokens, context_dim=context_dim,
-            patch_nums=tuple(patch_nums), vocab_size=vocab_size, token_channels=token_channels, diffusion_width=32,
-            diffusion_depth=2, num_sampling_steps="8",
+            depth=depth,
+            embed_dim=embed_dim,
+            num_heads=num_heads,
+            context_tokens=context_tokens,
+            context_dim=context_dim,
+            patch_nums=tuple(patch_nums),
+            vocab_size=vocab_size,
+            token_channels=token_channels,
+            diffusion_width=32,
+            diffusion_depth=2,
+            num_sampling_steps="8",
         )
-        vae = HARTHybridTokenizer(vocab_size=vocab_size, z_channels=token_channels, ch=32, ch_mult=tuple(tokenizer_ch_mult),
-                                  v_patch_nums=tuple(patch_nums))
+        vae = HARTHybridTokenizer(
+            vocab_size=vocab_size,
+            z_channels=token_channels,
+            ch=32,
+            ch_mult=tuple(tokenizer_ch_mult),
+            v_patch_nums=tuple(patch_nums),
+        )
     randomize_weights_(transformer, torch.Generator().manual_seed(seed))
     randomize_weights_(vae, torch.Generator().manual_seed(seed + 1))
     text_encoder = tokenizer = None

@@ -71,19 +71,25 @@ def convert_infinity_original(
         FileNotFoundError: a checkpoint file or folder that does not exist.
     """
     if config is not None and config not in INFINITY_CONFIGS:
-        raise ValueError(f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)")
+        raise ValueError(
+            f"unknown Infinity config {config!r}; known: {sorted(INFINITY_CONFIGS)} (or omit it to infer)"
+        )
     torch_dtype = resolve_torch_dtype(torch_dtype)
     transformer_path = os.fspath(transformer_path)
     if not (os.path.isfile(transformer_path) or os.path.isdir(transformer_path)):
-        raise FileNotFoundError(f"transformer checkpoint not found: {transformer_path} (a file, or a sharded folder "
-                                f"with {SHARDED_INDEX_NAME})")
+        raise FileNotFoundError(
+            f"transformer checkpoint not found: {transformer_path} (a file, or a sharded folder "
+            f"with {SHARDED_INDEX_NAME})"
+        )
     if not os.path.isfile(os.fspath(vae_path)):
         raise FileNotFoundError(f"vae checkpoint not found: {os.fspath(vae_path)}")
 
     # 1. VAE, then the transformer, strictly. The transformer's shapes cannot tell the official 8B flag
     #    apply_spatial_patchify; with an inferred config it follows from the VAE: 4x its bits per token is a 2x2 patch.
     vae = InfinityBSQVAE.from_original_checkpoint(os.fspath(vae_path), torch_dtype=torch_dtype)
-    transformer = InfinityTransformer.from_original_checkpoint(transformer_path, config=config, torch_dtype=torch_dtype)
+    transformer = InfinityTransformer.from_original_checkpoint(
+        transformer_path, config=config, torch_dtype=torch_dtype
+    )
     if config is None and transformer.config.codebook_dim == 4 * vae.config.codebook_dim:
         transformer.register_to_config(apply_spatial_patchify=True)  # the flag only changes the token layout
     check_token_layout(transformer, vae)
@@ -117,13 +123,22 @@ def convert_infinity_original(
 # ---------------------------------------------------------------------------------------------------------------------
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``var-accel convert infinity``: the official checkpoint files."""
-    parser.add_argument("--transformer", required=True, help="official transformer .pth (plain state dict, e.g. "
-                        "infinity_2b_reg.pth), a .safetensors copy with the official keys, or the 8B shard folder "
-                        "(infinity_8b_weights/ with model.safetensors.index.json)")
-    parser.add_argument("--vae", required=True, help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
-                        "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors")
-    parser.add_argument("--config", choices=tuple(INFINITY_CONFIGS),
-                        help="named config (default: inferred from the shapes)")
+    parser.add_argument(
+        "--transformer",
+        required=True,
+        help="official transformer .pth (plain state dict, e.g. "
+        "infinity_2b_reg.pth), a .safetensors copy with the official keys, or the 8B shard folder "
+        "(infinity_8b_weights/ with model.safetensors.index.json)",
+    )
+    parser.add_argument(
+        "--vae",
+        required=True,
+        help="official VAE .pth (e.g. infinity_vae_d32reg.pth, "
+        "infinity_vae_d56_f8_14_patchify.pth for 8B) or .safetensors",
+    )
+    parser.add_argument(
+        "--config", choices=tuple(INFINITY_CONFIGS), help="named config (default: inferred from the shapes)"
+    )
 
 
 def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -> InfinityPipeline:
@@ -131,15 +146,25 @@ def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -
     ``args.tokenizer``)."""
     for flag, value in (("--transformer", args.transformer), ("--vae", args.vae)):
         if not (Path(value).is_file() or (flag == "--transformer" and Path(value).is_dir())):
-            raise FileNotFoundError(f"{flag} {value}: no such file; give the official checkpoint file "
-                                    "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies; "
-                                    "for 8B the infinity_8b_weights/ shard folder)")
-    return convert_infinity_original(args.transformer, args.vae, text_encoder_path=args.text_encoder,
-                                     tokenizer_path=args.tokenizer, config=args.config, torch_dtype=torch_dtype)
+            raise FileNotFoundError(
+                f"{flag} {value}: no such file; give the official checkpoint file "
+                "(infinity_2b_reg.pth / infinity_vae_d32reg.pth or .safetensors copies; "
+                "for 8B the infinity_8b_weights/ shard folder)"
+            )
+    return convert_infinity_original(
+        args.transformer,
+        args.vae,
+        text_encoder_path=args.text_encoder,
+        tokenizer_path=args.tokenizer,
+        config=args.config,
+        torch_dtype=torch_dtype,
+    )
 
 
 #: The ``var-accel convert infinity`` sub-command (registered as the family's ``converter``).
 CONVERT_COMMAND = ConvertCommand(
     help="Infinity: transformer .pth + VAE .pth (+ a local T5 folder)",
     description="Convert the official Infinity transformer and VAE checkpoints.",
-    add_arguments=add_convert_arguments, convert=convert_from_arguments)
+    add_arguments=add_convert_arguments,
+    convert=convert_from_arguments,
+)

@@ -24,15 +24,34 @@ from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
 from ...next_scale import run_next_scale_loop
 from ...schedulers.specs import load_acceleration
 from ..flop_meter import (
-    FamilyFlops, GenerationRun, add_tflops, attend_to_current_pass, build_on_meta, compare_methods, make_flop_counter,
-    meter_generation, sublayer_flops,
+    FamilyFlops,
+    GenerationRun,
+    add_tflops,
+    attend_to_current_pass,
+    build_on_meta,
+    compare_methods,
+    make_flop_counter,
+    meter_generation,
+    sublayer_flops,
 )
 from .pipeline_infinity import InfinityScaleFamily, check_token_layout
 
 __all__ = [
-    "DEFAULT_TEXT_TOKENS", "DEFAULT_GUIDANCE_SCALE", "INFINITY_VAE_D14_PATCHIFY_CONFIG", "InfinityFlopSpec", "MODEL_SPECS",
-    "PAPER_REFERENCES", "PAPER_METHOD_TFLOPS", "FLAN_T5_XL_ENCODER_CONFIG", "SELF_ATTENTION_KEYS", "INFINITY_FLOPS",
-    "infinity_generation", "count_infinity_flops", "count_t5_encoder_flops", "flops_components", "format_report",
+    "DEFAULT_TEXT_TOKENS",
+    "DEFAULT_GUIDANCE_SCALE",
+    "INFINITY_VAE_D14_PATCHIFY_CONFIG",
+    "InfinityFlopSpec",
+    "MODEL_SPECS",
+    "PAPER_REFERENCES",
+    "PAPER_METHOD_TFLOPS",
+    "FLAN_T5_XL_ENCODER_CONFIG",
+    "SELF_ATTENTION_KEYS",
+    "INFINITY_FLOPS",
+    "infinity_generation",
+    "count_infinity_flops",
+    "count_t5_encoder_flops",
+    "flops_components",
+    "format_report",
     "format_comparison",
 ]
 
@@ -60,7 +79,9 @@ class InfinityFlopSpec:
 
 MODEL_SPECS: Dict[str, InfinityFlopSpec] = {
     "infinity-2b": InfinityFlopSpec(INFINITY_CONFIGS["infinity-2b"], INFINITY_VAE_D32_CONFIG, spatial_patchify=False),
-    "infinity-8b": InfinityFlopSpec(INFINITY_CONFIGS["infinity-8b"], INFINITY_VAE_D14_PATCHIFY_CONFIG, spatial_patchify=True),
+    "infinity-8b": InfinityFlopSpec(
+        INFINITY_CONFIGS["infinity-8b"], INFINITY_VAE_D14_PATCHIFY_CONFIG, spatial_patchify=True
+    ),
 }
 
 #: Published totals of the unaccelerated model, keyed by (model, height, width).
@@ -73,8 +94,17 @@ PAPER_METHOD_TFLOPS = {("infinity-2b", 1024, 1024): {"fastvar": 44.15, "lazyvar"
 
 #: flan-t5-xl encoder (Infinity's text encoder), for the optional T5 count.
 FLAN_T5_XL_ENCODER_CONFIG: Dict[str, Any] = dict(
-    vocab_size=32128, d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_heads=32, feed_forward_proj="gated-gelu",
-    relative_attention_num_buckets=32, relative_attention_max_distance=128, is_encoder_decoder=False, use_cache=False,
+    vocab_size=32128,
+    d_model=2048,
+    d_kv=64,
+    d_ff=5120,
+    num_layers=24,
+    num_heads=32,
+    feed_forward_proj="gated-gelu",
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    is_encoder_decoder=False,
+    use_cache=False,
 )
 
 #: ``count_infinity_flops(self_attention=...)``: ``"cache"`` (the real model: attend to the KV cache of all earlier
@@ -129,8 +159,10 @@ def infinity_generation(
     D, d = transformer.config.text_channels, transformer.config.codebook_dim
     check_token_layout(transformer, vae)
     if bool(spatial_patchify) != (transformer.token_patch_size != 1):
-        raise ValueError(f"spatial_patchify={spatial_patchify} but the transformer has apply_spatial_patchify="
-                         f"{transformer.token_patch_size != 1}")
+        raise ValueError(
+            f"spatial_patchify={spatial_patchify} but the transformer has apply_spatial_patchify="
+            f"{transformer.token_patch_size != 1}"
+        )
     num_scales = len(scale_schedule)
     guidance = [DEFAULT_GUIDANCE_SCALE if cfg else 1.0] * num_scales
     B = batch_size
@@ -141,21 +173,39 @@ def infinity_generation(
         # turned into ``None`` by encode_condition; padding would not change the FLOPs.)
         text_BTD = torch.zeros(B, text_tokens, D, device=device)
         if cfg:
-            text_BTD = torch.cat((text_BTD, transformer.null_text_embeds(torch.ones(B, text_tokens, dtype=torch.bool))))
+            text_BTD = torch.cat(
+                (text_BTD, transformer.null_text_embeds(torch.ones(B, text_tokens, dtype=torch.bool)))
+            )
         return transformer.encode_condition(text_BTD, None)
 
     def loop(condition, on_scale_end):
         # Sampling replaced by teacher tokens (all zero bits).
         teacher = [torch.zeros(B, 1, s[-2], s[-1], d, device=device) for s in scale_schedule]
-        return run_next_scale_loop(family, condition, scale_schedule, B, guidance, [0.5] * num_scales,
-                                   scheduler=scheduler, teacher_tokens=teacher, on_scale_end=on_scale_end)
+        return run_next_scale_loop(
+            family,
+            condition,
+            scale_schedule,
+            B,
+            guidance,
+            [0.5] * num_scales,
+            scheduler=scheduler,
+            teacher_tokens=teacher,
+            on_scale_end=on_scale_end,
+        )
 
     def decode(state):
         return decode_vae.decode(state.f_hat.to(decode_vae.device, decode_vae.dtype))  # the VAE latent (un-patchified)
 
     sides = [(int(s[-2]), int(s[-1])) for s in scale_schedule]
-    return GenerationRun(steps=family, encode=encode, loop=loop, decode=decode, rows=2 * B if cfg else B,
-                         scales=[dict(h=h, w=w, tokens=h * w) for h, w in sides], kv_tokens=[h * w for h, w in sides])
+    return GenerationRun(
+        steps=family,
+        encode=encode,
+        loop=loop,
+        decode=decode,
+        rows=2 * B if cfg else B,
+        scales=[dict(h=h, w=w, tokens=h * w) for h, w in sides],
+        kv_tokens=[h * w for h, w in sides],
+    )
 
 
 def _sublayers(flop_counts: Dict[str, Dict[Any, int]]) -> Dict[str, int]:
@@ -215,20 +265,39 @@ def count_infinity_flops(
         attend_to_current_pass(transformer)
     vae = build_on_meta(InfinityBSQVAE, **spec.vae)
     scheduler = load_acceleration(accel, "infinity")
-    run = infinity_generation(transformer, vae, schedule, rope_grid_hw(template), cfg=cfg, batch_size=batch_size,
-                              text_tokens=text_tokens, spatial_patchify=spec.spatial_patchify, scheduler=scheduler)
+    run = infinity_generation(
+        transformer,
+        vae,
+        schedule,
+        rope_grid_hw(template),
+        cfg=cfg,
+        batch_size=batch_size,
+        text_tokens=text_tokens,
+        spatial_patchify=spec.spatial_patchify,
+        scheduler=scheduler,
+    )
     result = add_tflops(meter_generation(INFINITY_FLOPS, run), INFINITY_FLOPS, accel)
     reference = PAPER_REFERENCES.get((model_name, height, width))
     result.update(
-        model=model_name, height=height, width=width, cfg=cfg, batch_size=batch_size, text_tokens=text_tokens,
+        model=model_name,
+        height=height,
+        width=width,
+        cfg=cfg,
+        batch_size=batch_size,
+        text_tokens=text_tokens,
         scale_schedule=[[int(s[-2]), int(s[-1])] for s in schedule],
         total_macs_tera=result["total_flops"] / 2 / _TERA,
         counting="torch.utils.flop_counter.FlopCounterMode on meta tensors: FLOPs = 2 x MACs of matmul/linear/conv/"
-                 "attention; element-wise ops not counted; T5 encoder not included",
-        vae_note=("8B: official VAE infinity_vae_d56_f8_14_patchify (codebook_dim 14, patch 8, ch_mult [1,2,4,4]) decoding "
-                  "the un-patchified summed codes (B, 14, 2h, 2w)" if spec.spatial_patchify else "released d32 VAE (INFINITY_VAE_D32_CONFIG)"),
-        reference=None if reference is None else dict(
-            source=reference[0], total_tflops=reference[1], ratio=result["total_flops"] / _TERA / reference[1]),
+        "attention; element-wise ops not counted; T5 encoder not included",
+        vae_note=(
+            "8B: official VAE infinity_vae_d56_f8_14_patchify (codebook_dim 14, patch 8, ch_mult [1,2,4,4]) decoding "
+            "the un-patchified summed codes (B, 14, 2h, 2w)"
+            if spec.spatial_patchify
+            else "released d32 VAE (INFINITY_VAE_D32_CONFIG)"
+        ),
+        reference=None
+        if reference is None
+        else dict(source=reference[0], total_tflops=reference[1], ratio=result["total_flops"] / _TERA / reference[1]),
     )
     return result
 
@@ -272,21 +341,32 @@ def flops_components(
     not counted" = linear + vae_decode).
     """
     real = count_infinity_flops(model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel)
-    local = count_infinity_flops(model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel,
-                                 self_attention="current_pass")
+    local = count_infinity_flops(
+        model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel, self_attention="current_pass"
+    )
     ca = real["transformer_breakdown_tflops"]["cross_attn_core"]
     return dict(
-        accel=real["accel"], cfg=cfg, text_tokens=text_tokens,
+        accel=real["accel"],
+        cfg=cfg,
+        text_tokens=text_tokens,
         linear=real["transformer_tflops"] - real["attention_core_tflops"] + real["text_tflops"],
         self_attn_cache=real["attention_core_tflops"] - ca,
-        self_attn_current_pass=local["attention_core_tflops"] - local["transformer_breakdown_tflops"]["cross_attn_core"],
+        self_attn_current_pass=local["attention_core_tflops"]
+        - local["transformer_breakdown_tflops"]["cross_attn_core"],
         cross_attn_core=ca,
         vae_decode=real["vae_tflops"],
         total=real["total_tflops"],
         passes=sum(1 for s in real["per_scale"] if s["flops"] > 0),
-        per_scale=[dict(scale_index=s["scale_index"], tokens=s["tokens"], tflops=s["tflops"],
-                        attention=s["attention_flops"] / _TERA, current_pass=t["tflops"])
-                   for s, t in zip(real["per_scale"], local["per_scale"])],
+        per_scale=[
+            dict(
+                scale_index=s["scale_index"],
+                tokens=s["tokens"],
+                tflops=s["tflops"],
+                attention=s["attention_flops"] / _TERA,
+                current_pass=t["tflops"],
+            )
+            for s, t in zip(real["per_scale"], local["per_scale"])
+        ],
     )
 
 
@@ -296,8 +376,11 @@ def flops_components(
 def format_report(result: Dict[str, Any]) -> str:
     """The per-scale table and the totals, as printed by the script."""
     rows = result["rows"]
-    cfg_text = f"CFG on ({rows} rows: {result['batch_size']} cond + {result['batch_size']} uncond)" if result["cfg"] \
+    cfg_text = (
+        f"CFG on ({rows} rows: {result['batch_size']} cond + {result['batch_size']} uncond)"
+        if result["cfg"]
         else f"CFG off ({rows} rows)"
+    )
     lines = [
         f"{result['model']}  {result['height']}x{result['width']}  batch {result['batch_size']}  {cfg_text}  "
         f"text tokens {result['text_tokens']}",
@@ -307,26 +390,39 @@ def format_report(result: Dict[str, Any]) -> str:
         f"{'-' * 5}-+-{'-' * 9}-+-{'-' * 6}-+-{'-' * 9}-+-{'-' * 18}-+-{'-' * 9}-+-{'-' * 10}",
     ]
     for s in result["per_scale"]:
-        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | {s['tokens']:>6} | {s['kv_tokens']:>9} | "
-                     f"{s['tflops']:>18.3f} | {s['attention_flops'] / _TERA:>9.3f} | {s['percent']:>9.2f}%")
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | {s['tokens']:>6} | {s['kv_tokens']:>9} | "
+            f"{s['tflops']:>18.3f} | {s['attention_flops'] / _TERA:>9.3f} | {s['percent']:>9.2f}%"
+        )
     total_tokens = sum(s["tokens"] for s in result["per_scale"])
-    lines.append(f"{'sum':>5} | {'':>9} | {total_tokens:>6} | {'':>9} | {result['transformer_tflops']:>18.3f} | "
-                 f"{result['attention_core_tflops']:>9.3f} | {100 * result['transformer_flops'] / result['total_flops']:>9.2f}%")
+    lines.append(
+        f"{'sum':>5} | {'':>9} | {total_tokens:>6} | {'':>9} | {result['transformer_tflops']:>18.3f} | "
+        f"{result['attention_core_tflops']:>9.3f} | {100 * result['transformer_flops'] / result['total_flops']:>9.2f}%"
+    )
     lines += ["", "totals (TFLOPs):"]
-    for label, key in (("transformer (blocks + head + embed)", "transformer"), ("VAE decode", "vae"),
-                       ("text conditioning", "text"), ("total", "total")):
+    for label, key in (
+        ("transformer (blocks + head + embed)", "transformer"),
+        ("VAE decode", "vae"),
+        ("text conditioning", "text"),
+        ("total", "total"),
+    ):
         tf = result[f"{key}_tflops"]
         lines.append(f"  {label:<36} {tf:>9.3f}  ({100 * tf / result['total_tflops']:5.2f}%)")
     lines.append(f"  {'total in MACs (tera)':<36} {result['total_macs_tera']:>9.3f}")
     if "t5_encoder_tflops" in result:
-        lines.append(f"  {'T5 encoder (not in total), ' + str(result['t5_tokens']) + ' tok':<36} {result['t5_encoder_tflops']:>9.3f}")
+        lines.append(
+            f"  {'T5 encoder (not in total), ' + str(result['t5_tokens']) + ' tok':<36} {result['t5_encoder_tflops']:>9.3f}"
+        )
     lines += ["", "transformer by sublayer (TFLOPs, all blocks and scales):"]
     for name, tf in result["transformer_breakdown_tflops"].items():
         lines.append(f"  {name:<36} {tf:>9.3f}")
     ref = result.get("reference")
     if ref is not None:
-        lines += ["", f"{ref['source']}: {ref['total_tflops']:.2f} TFLOPs; ours {result['total_tflops']:.2f} TFLOPs; "
-                      f"ours / paper = {ref['ratio']:.3f}"]
+        lines += [
+            "",
+            f"{ref['source']}: {ref['total_tflops']:.2f} TFLOPs; ours {result['total_tflops']:.2f} TFLOPs; "
+            f"ours / paper = {ref['ratio']:.3f}",
+        ]
     lines.append(f"VAE: {result['vae_note']}")
     return "\n".join(lines)
 
@@ -334,16 +430,26 @@ def format_report(result: Dict[str, Any]) -> str:
 def format_comparison(comparison: Dict[str, Any]) -> str:
     """The table of :func:`~diffusers_var_accel.bench.flops.compare_methods` for Infinity counts."""
     names = [row["method"] for row in comparison["summary"]]
-    lines = [f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation",
-             f"{'method':<32} {'total':>9} {'transformer':>12} {'ratio':>7} {'paper':>8} {'paper ratio':>12}"]
+    lines = [
+        f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation",
+        f"{'method':<32} {'total':>9} {'transformer':>12} {'ratio':>7} {'paper':>8} {'paper ratio':>12}",
+    ]
     for row in comparison["summary"]:
         paper = f"{row['paper_tflops']:.2f}" if row["paper_tflops"] else "-"
         paper_ratio = f"{row['paper_ratio']:.2f}x" if row["paper_ratio"] else "-"
-        lines.append(f"{row['method']:<32} {row['total_tflops']:>9.2f} {row['transformer_tflops']:>12.2f} {row['ratio']:>6.2f}x {paper:>8} {paper_ratio:>12}")
-    lines += ["", "transformer TFLOPs per scale (a grouped pass is counted on its first scale; skipped scales are 0):",
-              "scale |     h x w | " + " | ".join(f"{n[:14]:>14}" for n in names)]
+        lines.append(
+            f"{row['method']:<32} {row['total_tflops']:>9.2f} {row['transformer_tflops']:>12.2f} {row['ratio']:>6.2f}x {paper:>8} {paper_ratio:>12}"
+        )
+    lines += [
+        "",
+        "transformer TFLOPs per scale (a grouped pass is counted on its first scale; skipped scales are 0):",
+        "scale |     h x w | " + " | ".join(f"{n[:14]:>14}" for n in names),
+    ]
     for s in comparison["per_scale"]:
-        lines.append(f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | " + " | ".join(f"{s[n]:>14.3f}" for n in names))
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | "
+            + " | ".join(f"{s[n]:>14.3f}" for n in names)
+        )
     return "\n".join(lines)
 
 
@@ -351,11 +457,21 @@ def _run_cli(args: argparse.Namespace, methods: List[str]) -> int:
     """``var-accel flops --model infinity-...``: the table, the comparison with ``--accel``, the T5 count."""
     height, width = args.height or 1024, args.width or 1024
     text_tokens = DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens
-    result = count_infinity_flops(args.model, height, width, cfg=not args.no_cfg,
-                                  batch_size=args.batch_size, text_tokens=text_tokens)
-    accelerated = {m: count_infinity_flops(args.model, height, width, cfg=not args.no_cfg,
-                                           batch_size=args.batch_size, text_tokens=text_tokens, accel=m)
-                   for m in methods}
+    result = count_infinity_flops(
+        args.model, height, width, cfg=not args.no_cfg, batch_size=args.batch_size, text_tokens=text_tokens
+    )
+    accelerated = {
+        m: count_infinity_flops(
+            args.model,
+            height,
+            width,
+            cfg=not args.no_cfg,
+            batch_size=args.batch_size,
+            text_tokens=text_tokens,
+            accel=m,
+        )
+        for m in methods
+    }
     if methods:
         comparison = compare_methods(result, accelerated)
         print(json.dumps(comparison) if args.json else format_comparison(comparison))
@@ -375,8 +491,15 @@ INFINITY_FLOPS = FamilyFlops(
     models=tuple(MODEL_SPECS),
     transformer_class=InfinityTransformer,
     prepare=infinity_generation,
-    step_parts={"start": "embed", "embed_inputs": "embed", "run_blocks": "blocks", "guided_logits": "head",
-                "tokens_to_codes": "codes", "add_codes": "codes", "next_inputs": "codes"},
+    step_parts={
+        "start": "embed",
+        "embed_inputs": "embed",
+        "run_blocks": "blocks",
+        "guided_logits": "head",
+        "tokens_to_codes": "codes",
+        "add_codes": "codes",
+        "next_inputs": "codes",
+    },
     scale_fields=(("blocks", ("blocks",)), ("head", ("head",)), ("embed", ("embed",))),
     loop_totals=(("transformer", "flops"),),
     sublayers=_sublayers,
@@ -384,8 +507,13 @@ INFINITY_FLOPS = FamilyFlops(
     summary=lambda r: {"total_tflops": r["total_tflops"], "transformer_tflops": r["transformer_tflops"]},
     published=lambda baseline: PAPER_METHOD_TFLOPS.get((baseline["model"], baseline["height"], baseline["width"]), {}),
     run_cli=_run_cli,
-    cli_help={"size": "Infinity default 1024",
-              "text_tokens": f"Infinity: T5 tokens per prompt (default {DEFAULT_TEXT_TOKENS}, a typical prompt)"},
-    text_encoder=("t5", "Infinity: also count the flan-t5-xl encoder on this many tokens per prompt (not in the "
-                        "total; the official runner pads to 512)"),
+    cli_help={
+        "size": "Infinity default 1024",
+        "text_tokens": f"Infinity: T5 tokens per prompt (default {DEFAULT_TEXT_TOKENS}, a typical prompt)",
+    },
+    text_encoder=(
+        "t5",
+        "Infinity: also count the flan-t5-xl encoder on this many tokens per prompt (not in the "
+        "total; the official runner pads to 512)",
+    ),
 )

@@ -33,8 +33,12 @@ class InfinityLaunchStructures:
 
     def build(self, model: str, config) -> Tuple[torch.nn.Module, torch.nn.Module]:
         """``(transformer, vae)`` of ``model`` at ``config``'s width (random initial weights)."""
-        tconf = {**INFINITY_CONFIGS[model], "embed_dim": config.width, "num_heads": config.heads,
-                 "text_channels": config.text_channels}
+        tconf = {
+            **INFINITY_CONFIGS[model],
+            "embed_dim": config.width,
+            "num_heads": config.heads,
+            "text_channels": config.text_channels,
+        }
         if config.depth is not None:
             tconf["depth"] = config.depth
         vconf = dict(INFINITY_VAE_D56_PATCHIFY_CONFIG if model == "infinity-8b" else INFINITY_VAE_D32_CONFIG)

@@ -72,7 +72,10 @@ EXAMPLE_DOC_STRING = """
 
 
 def sample_bits(
-    logits_BLV: torch.Tensor, top_k: int, top_p: Optional[float], generator: Union[None, torch.Generator, List[torch.Generator]],
+    logits_BLV: torch.Tensor,
+    top_k: int,
+    top_p: Optional[float],
+    generator: Union[None, torch.Generator, List[torch.Generator]],
     sampling: str = "device",
 ) -> torch.Tensor:
     """Sample every bit independently from its two logits (official ``sample_with_top_k_top_p``).
@@ -93,8 +96,17 @@ class InfinityScaleFamily(ScaleModelFamily):
 
     family = "infinity"
 
-    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, scale_schedule, grid_hw, top_k: int, top_p: Optional[float],
-                 sampling: str = "device", tables: Optional[ScheduleTables] = None):
+    def __init__(
+        self,
+        transformer: InfinityTransformer,
+        vae: InfinityBSQVAE,
+        scale_schedule,
+        grid_hw,
+        top_k: int,
+        top_p: Optional[float],
+        sampling: str = "device",
+        tables: Optional[ScheduleTables] = None,
+    ):
         self.transformer, self.vae = transformer, vae
         self.sampling = sampling
         self.scale_schedule = [tuple(s) for s in scale_schedule]
@@ -107,21 +119,30 @@ class InfinityScaleFamily(ScaleModelFamily):
         self.final_hw = tuple(self.patch * v for v in self.scale_schedule[-1][-2:])
         # One RoPE table for every token of the schedule; a pass takes the slice of its scales (the table is
         # element-wise in the positions, so slices equal per-scale tables).
-        self._rope, self._rope_offsets = self._schedule_rope(transformer, self.scale_schedule, grid_hw,
-                                                             tables if tables is not None else ScheduleTables())
+        self._rope, self._rope_offsets = self._schedule_rope(
+            transformer, self.scale_schedule, grid_hw, tables if tables is not None else ScheduleTables()
+        )
         self._code_values = {}  # device -> the VAE's codes of a bit 0 / 1 (see _bit_code_values)
         self._head_modulations = {}  # head AdaLN terms per set of condition rows (see _head_logits)
 
     @staticmethod
-    def _schedule_rope(transformer: InfinityTransformer, scale_schedule, grid_hw, tables: ScheduleTables) -> Tuple[torch.Tensor, List[int]]:
+    def _schedule_rope(
+        transformer: InfinityTransformer, scale_schedule, grid_hw, tables: ScheduleTables
+    ) -> Tuple[torch.Tensor, List[int]]:
         """``(cos/sin table of every token of the schedule, offset of each scale's first token)`` on the model's
         device. The table depends only on the schedule, the RoPE grid, the head size and the device, so it is kept in
         ``tables`` (the pipeline's :class:`ScheduleTables`: calls with the same ones share it; built on the device, no
         host data is uploaded); it is never written to."""
         device = transformer.pos_start.device
         head_dim = transformer.config.embed_dim // transformer.config.num_heads
-        key = ("infinity.rope", type(transformer), tuple(tuple(int(v) for v in s) for s in scale_schedule), tuple(grid_hw),
-               head_dim, device)  # the class too: a subclass may compute its RoPE otherwise
+        key = (
+            "infinity.rope",
+            type(transformer),
+            tuple(tuple(int(v) for v in s) for s in scale_schedule),
+            tuple(grid_hw),
+            head_dim,
+            device,
+        )  # the class too: a subclass may compute its RoPE otherwise
 
         def build():
             positions = [transformer.rope_positions(s[-2], s[-1], grid_hw, device=device) for s in scale_schedule]
@@ -136,14 +157,29 @@ class InfinityScaleFamily(ScaleModelFamily):
 
     def embed(self, f_hat, scale_indices, condition, scale_index_L):
         later = [si for si in scale_indices if si != 0]
-        x_BLC = self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L) if later else None
+        x_BLC = (
+            self.embed_inputs(concat_scale_inputs([self.next_inputs(f_hat, si) for si in later]), scale_index_L)
+            if later
+            else None
+        )
         return x_BLC, self.rope_cos_sin(scale_indices)
 
     def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
         return self.transformer(hidden_RLC, condition, context)
 
-    def predict(self, hidden_RLC, condition: InfinityCondition, scale_index, *, batch_size, guidance, temperature, generator,
-                residual_tokens=None, tokens=None) -> ScalePrediction:
+    def predict(
+        self,
+        hidden_RLC,
+        condition: InfinityCondition,
+        scale_index,
+        *,
+        batch_size,
+        guidance,
+        temperature,
+        generator,
+        residual_tokens=None,
+        tokens=None,
+    ) -> ScalePrediction:
         logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
         if tokens is None:
             tokens = sample_bits(logits, self.top_k, self.top_p, generator, self.sampling)
@@ -152,7 +188,9 @@ class InfinityScaleFamily(ScaleModelFamily):
     def add_codes(self, f_hat, codes, scale_index):
         if self.patch != 1:
             codes = F.pixel_shuffle(codes, self.patch)  # back to the VAE latent: f_hat is summed un-patchified
-        return self.vae.add_scale_codes(f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1)
+        return self.vae.add_scale_codes(
+            f_hat, codes, self.final_hw, is_last_scale=scale_index == len(self.scale_schedule) - 1
+        )
 
     def select_rows(self, condition: InfinityCondition, rows: slice) -> InfinityCondition:
         return condition.select_rows(rows)
@@ -182,7 +220,9 @@ class InfinityScaleFamily(ScaleModelFamily):
             modulation = self._head_modulations[key] = self.transformer.head_modulation(cond_RC)
         return self.transformer.head_logits(hidden_RLC, head_modulation=modulation)
 
-    def guided_logits(self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size):
+    def guided_logits(
+        self, hidden_RLC, condition: InfinityCondition, scale_index, guidance_scale, temperature, batch_size
+    ):
         """``(logits to sample from, raw head output)`` at one scale: temperature and guidance applied to the first
         (guidance off, ``guidance_scale`` 1: the head runs on the conditional rows only)."""
         B = batch_size
@@ -192,7 +232,9 @@ class InfinityScaleFamily(ScaleModelFamily):
             if _is_exact_gain(inverse_temperature):
                 # g * (raw * 2^k) == (g * 2^k) * raw bit for bit (scaling by a power of two is exact and commutes
                 # with rounding), so the temperature folds into the two guidance weights: one kernel less.
-                return (guidance_scale * inverse_temperature) * raw[:B] + ((1 - guidance_scale) * inverse_temperature) * raw[B:], raw
+                return (guidance_scale * inverse_temperature) * raw[:B] + (
+                    (1 - guidance_scale) * inverse_temperature
+                ) * raw[B:], raw
             scaled = raw.mul(inverse_temperature)
             return guidance_scale * scaled[:B] + (1 - guidance_scale) * scaled[B:], raw
         raw = self._head_logits(hidden_RLC[:B], condition.cond_RC[:B])
@@ -233,18 +275,25 @@ class InfinityScaleFamily(ScaleModelFamily):
         ``(B, 1, p*h, p*w, d)`` of the official ``gt_ls_Bl`` (what ``InfinityBSQVAE.quantize_multiscale`` returns).
         """
         if scale_index >= len(self.scale_schedule):
-            raise ValueError(f"got teacher bits for scale {scale_index}, but the schedule has {len(self.scale_schedule)} scales")
+            raise ValueError(
+                f"got teacher bits for scale {scale_index}, but the schedule has {len(self.scale_schedule)} scales"
+            )
         h, w = self.scale_schedule[scale_index][-2:]
         bits_per_token, d = self.transformer.config.codebook_dim, self.vae.config.codebook_dim
         if self.patch != 1 and bits.shape[-1] == d and bits.ndim >= 4:
             if tuple(bits.shape[-3:-1]) != (self.patch * h, self.patch * w):
-                raise ValueError(f"teacher bits of scale {scale_index} in the VAE layout must be (B, 1, {self.patch * h}, "
-                                 f"{self.patch * w}, {d}), got {tuple(bits.shape)}")
+                raise ValueError(
+                    f"teacher bits of scale {scale_index} in the VAE layout must be (B, 1, {self.patch * h}, "
+                    f"{self.patch * w}, {d}), got {tuple(bits.shape)}"
+                )
             bits = latent_bits_to_tokens(bits, self.patch)
         if bits.shape[-1] != bits_per_token or bits.numel() != bits.shape[0] * h * w * bits_per_token:
-            raise ValueError(f"teacher bits of scale {scale_index} must be (B, {h * w}, {bits_per_token}) or (B, 1, {h}, {w}, "
-                             f"{bits_per_token})" + (f" or (B, 1, {self.patch * h}, {self.patch * w}, {d})" if self.patch != 1 else "")
-                             + f", got {tuple(bits.shape)}")
+            raise ValueError(
+                f"teacher bits of scale {scale_index} must be (B, {h * w}, {bits_per_token}) or (B, 1, {h}, {w}, "
+                f"{bits_per_token})"
+                + (f" or (B, 1, {self.patch * h}, {self.patch * w}, {d})" if self.patch != 1 else "")
+                + f", got {tuple(bits.shape)}"
+            )
         return bits.reshape(bits.shape[0], h * w, bits_per_token).long()
 
 
@@ -253,6 +302,7 @@ def _is_exact_gain(value: float) -> bool:
     (no rounding, no underflow; overflow would need logits beyond 1e33), so it commutes with any later product."""
     mantissa, exponent = math.frexp(value)
     return mantissa == 0.5 and 1 <= exponent <= 17
+
 
 def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) -> int:
     """The latent patch side of a token (1, or 2 with ``apply_spatial_patchify``), checked against the VAE's bits.
@@ -263,10 +313,17 @@ def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) ->
     patch = transformer.token_patch_size
     bits, d = transformer.config.codebook_dim, vae.config.codebook_dim
     if bits != patch * patch * d:
-        hint = (" (a patchify transformer needs the patch-8 d56-style VAE)" if patch != 1 else
-                "; a transformer with 4x the VAE's bits needs apply_spatial_patchify=True" if bits == 4 * d else "")
-        raise ValueError(f"the transformer predicts {bits} bits per token (apply_spatial_patchify="
-                         f"{patch != 1}) but the VAE has codebook_dim={d}: expected {patch * patch * d} bits{hint}")
+        hint = (
+            " (a patchify transformer needs the patch-8 d56-style VAE)"
+            if patch != 1
+            else "; a transformer with 4x the VAE's bits needs apply_spatial_patchify=True"
+            if bits == 4 * d
+            else ""
+        )
+        raise ValueError(
+            f"the transformer predicts {bits} bits per token (apply_spatial_patchify="
+            f"{patch != 1}) but the VAE has codebook_dim={d}: expected {patch * patch * d} bits{hint}"
+        )
     return patch
 
 
@@ -294,20 +351,29 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     _optional_components = ["acceleration"]
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
-    def __init__(self, transformer: InfinityTransformer, vae: InfinityBSQVAE, text_encoder, tokenizer,
-                 acceleration: Optional[VARAccelScheduler] = None, max_sequence_length: Optional[int] = None):
+    def __init__(
+        self,
+        transformer: InfinityTransformer,
+        vae: InfinityBSQVAE,
+        text_encoder,
+        tokenizer,
+        acceleration: Optional[VARAccelScheduler] = None,
+        max_sequence_length: Optional[int] = None,
+    ):
         super().__init__()
         check_max_sequence_length(max_sequence_length)
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
         if transformer is not None and vae is not None:  # either may be absent (encode_prompt alone needs neither)
             check_token_layout(transformer, vae)  # bits per token = VAE bits (x4 on the spatial-patchify / 8B path)
-        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                              acceleration=acceleration)
+        self.register_modules(
+            transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, acceleration=acceleration
+        )
         self.register_to_config(max_sequence_length=max_sequence_length)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
-        self.image_processor = VaeImageProcessor(vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16,
-                                                 do_resize=False)
+        self.image_processor = VaeImageProcessor(
+            vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16, do_resize=False
+        )
         self._interrupt = False
 
     @classmethod
@@ -325,8 +391,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         from ...embedded import EMBEDDED_MODEL_NAMES, embedded_model_path
         from ...hub import holds_own_shim
 
-        path, kwargs = prepare_pipeline_loading(cls, pretrained_model_name_or_path, kwargs,
-                                                {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES})
+        path, kwargs = prepare_pipeline_loading(
+            cls, pretrained_model_name_or_path, kwargs, {name: embedded_model_path for name in EMBEDDED_MODEL_NAMES}
+        )
         if not kwargs.get("trust_remote_code") and holds_own_shim(path, cls.__name__, **kwargs):
             kwargs["trust_remote_code"] = True  # the only code is our one-line import of this class, checked above
         with no_nested_progress_bars():
@@ -366,7 +433,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         (the official code keeps ``mask.sum()`` tokens per prompt).
         """
         if self.text_encoder is None or self.tokenizer is None:
-            raise ValueError("this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt")
+            raise ValueError(
+                "this pipeline has no text_encoder/tokenizer: pass prompt_embeds and prompt_attention_mask instead of prompt"
+            )
         check_prompt_argument("prompt", prompt, required=True)
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
         check_max_sequence_length(max_sequence_length)
@@ -396,8 +465,10 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             patch = self.pixels_per_token
             _, h, w = schedule[-1]
             if (height, width) != (h * patch, w * patch):
-                raise ValueError(f"height x width = {height}x{width} is not supported: this model was trained for one "
-                                 f"schedule and makes {h * patch}x{w * patch} images only")
+                raise ValueError(
+                    f"height x width = {height}x{width} is not supported: this model was trained for one "
+                    f"schedule and makes {h * patch}x{w * patch} images only"
+                )
             return schedule, (h, w)
         schedule, template = schedule_for_size(height, width)
         return schedule, rope_grid_hw(template)
@@ -433,10 +504,29 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         return 1024, 1024
 
     # 2. checks ---------------------------------------------------------------------------------------------------
-    def check_inputs(self, prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
-                     guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs,
-                     negative_prompt_attention_mask=None, num_images_per_prompt=1, generator=None, output_type="pil",
-                     max_sequence_length=None):
+    def check_inputs(
+        self,
+        prompt,
+        height,
+        width,
+        prompt_embeds,
+        prompt_attention_mask,
+        negative_prompt,
+        negative_prompt_embeds,
+        guidance_scale,
+        cfg_list,
+        tau,
+        tau_list,
+        top_k,
+        top_p,
+        num_scales,
+        callback_on_step_end_tensor_inputs,
+        negative_prompt_attention_mask=None,
+        num_images_per_prompt=1,
+        generator=None,
+        output_type="pil",
+        max_sequence_length=None,
+    ):
         """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
         argument, its value and what is allowed."""
         if (prompt is None) == (prompt_embeds is None):
@@ -446,15 +536,21 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         width_D = int(self.transformer.config.text_channels)
         check_text_embeds("prompt_embeds", prompt_embeds, width_D)
         check_text_embeds("negative_prompt_embeds", negative_prompt_embeds, width_D)
-        for name, mask, embeds in (("prompt_attention_mask", prompt_attention_mask, prompt_embeds),
-                                   ("negative_prompt_attention_mask", negative_prompt_attention_mask, negative_prompt_embeds)):
+        for name, mask, embeds in (
+            ("prompt_attention_mask", prompt_attention_mask, prompt_embeds),
+            ("negative_prompt_attention_mask", negative_prompt_attention_mask, negative_prompt_embeds),
+        ):
             if mask is None:
                 continue
             if embeds is None:
-                raise ValueError(f"{name} goes with {name.replace('attention_mask', 'embeds')}; with a prompt it comes from its tokenization")
+                raise ValueError(
+                    f"{name} goes with {name.replace('attention_mask', 'embeds')}; with a prompt it comes from its tokenization"
+                )
             if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(embeds.shape[:2]):
                 shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-                raise ValueError(f"{name} shape {shape} != {name.replace('attention_mask', 'embeds')} (batch, tokens) {tuple(embeds.shape[:2])}")
+                raise ValueError(
+                    f"{name} shape {shape} != {name.replace('attention_mask', 'embeds')} (batch, tokens) {tuple(embeds.shape[:2])}"
+                )
         if negative_prompt is not None and negative_prompt_embeds is not None:
             raise ValueError("pass at most one of negative_prompt and negative_prompt_embeds")
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
@@ -466,7 +562,15 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         if cfg_list is not None:
             check_per_scale("cfg_list", cfg_list, num_scales, 0, schedule_text=schedule_text)
         if tau_list is not None:
-            check_per_scale("tau_list", tau_list, num_scales, 0, strictly_above=True, rule=" (temperature tau)", schedule_text=schedule_text)
+            check_per_scale(
+                "tau_list",
+                tau_list,
+                num_scales,
+                0,
+                strictly_above=True,
+                rule=" (temperature tau)",
+                schedule_text=schedule_text,
+            )
         else:
             check_real("tau", tau, 0, strictly_above=True, rule=" (temperature tau)")
         if top_p is not None:
@@ -506,7 +610,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         acceleration: Optional[VARAccelScheduler] = None,
         output_type: str = "pil",
         return_dict: bool = True,
-        callback_on_step_end: Optional[Callable[["InfinityPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]] = None,
+        callback_on_step_end: Optional[
+            Callable[["InfinityPipeline", int, Tuple[int, ...], Dict[str, Any]], Dict[str, Any]]
+        ] = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
         max_sequence_length: Optional[int] = None,
     ):
@@ -559,42 +665,85 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         height, width = resolve_size(height, width, self.default_size)
         scale_schedule, grid_hw = self.scale_schedule_for(height, width)
         num_scales = len(scale_schedule)
-        self.check_inputs(prompt, height, width, prompt_embeds, prompt_attention_mask, negative_prompt, negative_prompt_embeds,
-                          guidance_scale, cfg_list, tau, tau_list, top_k, top_p, num_scales, callback_on_step_end_tensor_inputs,
-                          negative_prompt_attention_mask, num_images_per_prompt, generator, output_type, max_sequence_length)
+        self.check_inputs(
+            prompt,
+            height,
+            width,
+            prompt_embeds,
+            prompt_attention_mask,
+            negative_prompt,
+            negative_prompt_embeds,
+            guidance_scale,
+            cfg_list,
+            tau,
+            tau_list,
+            top_k,
+            top_p,
+            num_scales,
+            callback_on_step_end_tensor_inputs,
+            negative_prompt_attention_mask,
+            num_images_per_prompt,
+            generator,
+            output_type,
+            max_sequence_length,
+        )
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
         self._guidance_scale = cfg if cfg_list is not None else float(guidance_scale)
         self._num_timesteps, self._interrupt = num_scales, False
         # a callback may change it between scales
-        cfg = LiveGuidance(self, num_scales, lambda g, n: [g] * n, no_guidance=get_model_family(self.model_family).no_guidance)
+        cfg = LiveGuidance(
+            self, num_scales, lambda g, n: [g] * n, no_guidance=get_model_family(self.model_family).no_guidance
+        )
         scheduler = self._acceleration_for_call(acceleration)
         device = self._execution_device
 
         # 2. Text conditioning: conditional rows, then unconditional rows when any scale is guided
         if prompt_embeds is None:
-            prompt_embeds, prompt_attention_mask = self.encode_prompt(prompt, device, num_images_per_prompt, max_sequence_length)
+            prompt_embeds, prompt_attention_mask = self.encode_prompt(
+                prompt, device, num_images_per_prompt, max_sequence_length
+            )
         else:
             prompt_embeds = prompt_embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
             if prompt_attention_mask is None:
                 prompt_attention_mask = torch.ones(prompt_embeds.shape[:2], dtype=torch.bool, device=device)
-            prompt_attention_mask = prompt_attention_mask.to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
+            prompt_attention_mask = (
+                prompt_attention_mask.to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
+            )
         batch_size = prompt_embeds.shape[0]
         check_generator_count("generator", generator, batch_size)
         text, mask = prompt_embeds, prompt_attention_mask
-        warn_unused_negative(negative_prompt, negative_prompt_embeds, all(c == 1 for c in cfg), "every guidance scale is 1")
+        warn_unused_negative(
+            negative_prompt, negative_prompt_embeds, all(c == 1 for c in cfg), "every guidance scale is 1"
+        )
         if any(c != 1 for c in cfg):
             if negative_prompt is not None:
-                negatives = [negative_prompt] * (batch_size // num_images_per_prompt) if isinstance(negative_prompt, str) else negative_prompt
+                negatives = (
+                    [negative_prompt] * (batch_size // num_images_per_prompt)
+                    if isinstance(negative_prompt, str)
+                    else negative_prompt
+                )
                 if len(negatives) * num_images_per_prompt != batch_size:
-                    raise ValueError(f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts")
+                    raise ValueError(
+                        f"negative_prompt has {len(negatives)} entries for {batch_size // num_images_per_prompt} prompts"
+                    )
                 neg, neg_mask = self.encode_prompt(negatives, device, num_images_per_prompt, max_sequence_length)
             elif negative_prompt_embeds is not None:
                 neg = negative_prompt_embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)
-                neg_mask = (negative_prompt_attention_mask if negative_prompt_attention_mask is not None
-                            else torch.ones(negative_prompt_embeds.shape[:2], dtype=torch.bool)).to(device).bool().repeat_interleave(num_images_per_prompt, dim=0)
+                neg_mask = (
+                    (
+                        negative_prompt_attention_mask
+                        if negative_prompt_attention_mask is not None
+                        else torch.ones(negative_prompt_embeds.shape[:2], dtype=torch.bool)
+                    )
+                    .to(device)
+                    .bool()
+                    .repeat_interleave(num_images_per_prompt, dim=0)
+                )
                 if neg.shape[0] != batch_size:
-                    raise ValueError(f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts")
+                    raise ValueError(
+                        f"negative_prompt_embeds has {neg.shape[0] // num_images_per_prompt} rows for {batch_size // num_images_per_prompt} prompts"
+                    )
             else:
                 neg, neg_mask = self.transformer.null_text_embeds(mask).to(text.dtype), mask
             text, mask = _concat_padded((text, mask), (neg, neg_mask))
@@ -605,29 +754,56 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             condition = self.transformer.encode_condition(text, mask)
 
         # 3. The next-scale loop
-        family = InfinityScaleFamily(self.transformer, self.vae, scale_schedule, grid_hw, top_k, top_p, self.sampling,
-                                     tables=self.schedule_tables)
+        family = InfinityScaleFamily(
+            self.transformer,
+            self.vae,
+            scale_schedule,
+            grid_hw,
+            top_k,
+            top_p,
+            self.sampling,
+            tables=self.schedule_tables,
+        )
         if teacher_tokens is not None:
             bits = int(self.transformer.config.codebook_dim)  # per token: p*p*d with spatial patchify
-            check_teacher_tokens(teacher_tokens, [(batch_size, 1, h, w, bits) for _, h, w in scale_schedule],
-                                 [f"({batch_size}, {h * w}, {bits})" for _, h, w in scale_schedule], integer_range=(0, 1))
+            check_teacher_tokens(
+                teacher_tokens,
+                [(batch_size, 1, h, w, bits) for _, h, w in scale_schedule],
+                [f"({batch_size}, {h * w}, {bits})" for _, h, w in scale_schedule],
+                integer_range=(0, 1),
+            )
             teacher_tokens = [family.teacher_tokens(t.to(device), si) for si, t in enumerate(teacher_tokens)]
         progress = self.progress_bar(total=num_scales)
 
-        on_scale_end = self._scale_callback(callback_on_step_end, callback_on_step_end_tensor_inputs, scale_schedule, prompt_embeds,
-                                            progress)
+        on_scale_end = self._scale_callback(
+            callback_on_step_end, callback_on_step_end_tensor_inputs, scale_schedule, prompt_embeds, progress
+        )
 
         with progress, autocast:
-            state = run_next_scale_loop(family, condition, scale_schedule, batch_size, cfg, taus, generator, scheduler,
-                                        teacher_tokens, on_scale_end, should_stop=lambda: self._interrupt,
-                                        pass_runner=self._pass_runner, tables=self.schedule_tables)
+            state = run_next_scale_loop(
+                family,
+                condition,
+                scale_schedule,
+                batch_size,
+                cfg,
+                taus,
+                generator,
+                scheduler,
+                teacher_tokens,
+                on_scale_end,
+                should_stop=lambda: self._interrupt,
+                pass_runner=self._pass_runner,
+                tables=self.schedule_tables,
+            )
         latents = state.f_hat
 
         # 4. Decode
         return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
 
 
-def _concat_padded(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _concat_padded(
+    a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Stack two (embeds, mask) row sets padded to a common token count (padding is masked out)."""
     T = max(a[0].shape[1], b[0].shape[1])
 
@@ -635,7 +811,10 @@ def _concat_padded(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, 
         extra = T - embeds.shape[1]
         if extra == 0:
             return embeds, mask
-        return (torch.nn.functional.pad(embeds, (0, 0, 0, extra)), torch.nn.functional.pad(mask, (0, extra), value=False))
+        return (
+            torch.nn.functional.pad(embeds, (0, 0, 0, extra)),
+            torch.nn.functional.pad(mask, (0, extra), value=False),
+        )
 
     (e1, m1), (e2, m2) = pad(*a), pad(*b)
     return torch.cat((e1, e2.to(e1.dtype))), torch.cat((m1, m2))

@@ -133,4 +133,6 @@ def build_tiny_infinity_pipeline(
     text_encoder = tokenizer = None
     if with_text_encoder:
         text_encoder, tokenizer = build_tiny_t5(text_channels, seed=seed + 2, model_max_length=text_maxlen)
-    return InfinityPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=text_encoder, tokenizer=tokenizer)
+    return InfinityPipeline(
+        transformer=transformer.eval(), vae=vae.eval(), text_encoder=text_encoder, tokenizer=tokenizer
+    )
