@@ -12,7 +12,10 @@ this module only), as ``test_method_conformance.py`` is over the methods. Each f
 * shares its schedule tables between calls through the pipeline (and nothing else outlives the call);
 * refuses a scheduler made for another family, naming both.
 
-The toy family also runs every registered method and a composition with no edit outside its own file.
+* is counted by the launch counter (``bench.launches.count_generation``).
+
+The toy family also runs every registered method, a composition and the FLOP meter (through its declared parts)
+with no edit outside its own file.
 """
 
 from __future__ import annotations
@@ -208,3 +211,35 @@ def test_the_toy_family_runs_a_composition(family_pipes):
     composed = ComposedScheduler([toy_scheduler("lazyvar"), toy_scheduler("depthvar")])
     out = generate(pipe, TOY, acceleration=composed)
     assert torch.isfinite(out).all() and not torch.equal(out, generate(pipe, TOY))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_launch_counter_counts_every_family(name, family_pipes):
+    from diffusers_var_accel.bench.launches import count_generation
+
+    pipe = family_pipes(name)
+    options = {**SMALL_CALLS.get(name, {}), "generator": torch.Generator().manual_seed(0)}
+    counted = count_generation(pipe, None, prompt=PROMPTS, **options)
+    assert counted["kernels"] > 0 and len(counted["per_scale"]) == len(pipe._kv_cache_layout(*_size(name))[0])
+
+
+def _size(name):
+    small = SMALL_CALLS.get(name, {})
+    return small.get("height"), small.get("width")
+
+
+def test_the_flop_meter_counts_the_toy_through_its_declared_parts():
+    from diffusers_var_accel.bench.flops import count_generation_flops
+
+    pipe = toy_family.build_tiny_toy_pipeline()
+    config = pipe.transformer.config
+    baseline = count_generation_flops(pipe.transformer, pipe.vae, cfg=True, batch_size=1)
+    tokens = sum(pn * pn for pn in config.patch_nums)
+    C, rows = config.embed_dim, baseline["rows"]
+    # the FFN of every block on every token of every row: two Linear layers, C x 2C and 2C x C (2 FLOPs per MAC)
+    assert baseline["transformer_breakdown"]["ffn"] == config.depth * rows * tokens * 2 * (2 * C * C) * 2
+    assert sum(s["flops"] for s in baseline["per_scale"]) == baseline["transformer_flops"]
+    assert all(s["blocks_flops"] > 0 and s["head_flops"] > 0 for s in baseline["per_scale"])
+    # the registry's counter is the same meter; a method that computes fewer tokens costs fewer FLOPs
+    lazy = get_model_family(TOY).count_flops()(accel=toy_scheduler("lazyvar"))
+    assert lazy["rows"] == rows and lazy["transformer_flops"] < baseline["transformer_flops"]
