@@ -36,3 +36,16 @@ def user_errors(prefix: str = "", debug: bool = False) -> Iterator[None]:
         message = one_line(err)
         flag = prefix.split(" ")[0]
         raise UserInputError(message if flag and message.startswith(flag) else f"{prefix}{message}") from err
+
+
+def positive_int_argument(text: str) -> int:
+    """An ``argparse`` ``type``: a positive integer (the message names the bad value)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value

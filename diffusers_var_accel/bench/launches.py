@@ -73,6 +73,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..user_errors import positive_int_argument as _positive
+
 __all__ = [
     "DEFAULT_MODELS",
     "HOST_COPY_METHODS",
@@ -671,16 +673,6 @@ def format_per_scale(records: Sequence[Dict[str, Any]]) -> str:
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _known_models() -> Tuple[str, ...]:

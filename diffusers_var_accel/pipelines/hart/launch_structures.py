@@ -14,22 +14,10 @@ import torch
 
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.transformer_hart import HART_CONFIGS, HARTTransformer
+from ...user_errors import positive_int_argument as _positive
 
 #: HART-0.7B's tokenizer (the official ``hart-0.7b-1024px/tokenizer``) but for its width ``ch`` (160).
 HART_LAUNCH_TOKENIZER = dict(vocab_size=4096, z_channels=32, ch_mult=(1, 1, 2, 2, 4))
-
-
-def _positive(text: str) -> int:
-    """An argparse ``type``: a positive integer (the message names the bad value)."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 class HARTLaunchStructures:
