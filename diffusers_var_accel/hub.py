@@ -39,7 +39,15 @@ from huggingface_hub import ModelCard, ModelCardData
 from .version import __version__
 from .embedded import EMBEDDED_MODEL_PATH, EMBEDDED_PRESET_MODEL
 from .families import MODEL_FAMILIES
-from .schedulers.presets import FAMILY_PRESET_MODELS, is_preset_name, load_preset_config, save_presets
+from .schedulers.presets import (
+    FAMILY_PRESET_MODELS,
+    available_presets,
+    is_preset_name,
+    load_preset_config,
+    preset_folder,
+    preset_models,
+)
+from .schedulers.scheduling_var_base import VARAccelScheduler
 
 PathLike = Union[str, os.PathLike]
 
@@ -748,3 +756,32 @@ def _components_section(folder: Path) -> List[str]:
     lines = ["## Components", "", "| component | library | class |", "| --- | --- | --- |"]
     lines += [f"| `{k}` | `{lib}` | `{name}` |" for k, (lib, name) in rows]
     return lines + [""]
+
+
+def save_presets(directory: Union[str, os.PathLike], model: str, methods: Optional[List[str]] = None) -> List[Path]:
+    """Write the packaged presets of ``model`` as ``<directory>/<method>/acceleration_config.json``.
+
+    This is the layout of a Hub repo of presets (upload ``directory``, then load with
+    ``Scheduler.from_pretrained(repo_id, subfolder="<method>")``), and of the package's own ``presets/<model>/``.
+
+    Args:
+        directory (`str` or `os.PathLike`): the folder to write into (created if needed).
+        model (`str`): a packaged model key, e.g. ``"infinity-2b"``.
+        methods (`list[str]`, *optional*): the methods to write; all of the model's by default.
+
+    Returns:
+        `list[Path]`: the written method folders.
+
+    Raises:
+        ValueError: an unknown model or method; the message lists the available presets.
+    """
+    names = available_presets(model=model)
+    if not names:
+        raise ValueError(f"no packaged presets for model {model!r}; models with presets: {preset_models()}")
+    wanted = [n.split("/")[1] for n in names] if methods is None else list(methods)
+    written = []
+    for method in wanted:
+        target = Path(directory) / method
+        VARAccelScheduler.from_pretrained(str(preset_folder(f"{model}/{method}"))).save_pretrained(target)
+        written.append(target)
+    return written

@@ -194,17 +194,7 @@ def test_no_import_circle_between_subpackages():
 
 #: Import circles the whole-package test tolerates, each with the reason (remove an entry once it is gone: the test
 #: fails on an entry that no longer matches a circle).
-KNOWN_CIRCLES: Dict[frozenset, str] = {
-    # lazy imports inside functions only: the registry imports the schedulers package so that the built-in methods
-    # are registered, the base class reads the packaged presets in from_pretrained, the presets read the registry
-    frozenset(
-        {
-            f"{PACKAGE}.schedulers.registry",
-            f"{PACKAGE}.schedulers.scheduling_var_base",
-            f"{PACKAGE}.schedulers.presets",
-        }
-    ): "function-level imports: registration and preset lookup",
-}
+KNOWN_CIRCLES: Dict[frozenset, str] = {}
 
 
 def strongly_connected(graph: Dict[str, Set[str]]) -> List[Set[str]]:

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 
 from diffusers_var_accel import DepthVARScheduler, FastVARScheduler, LazyVARScheduler, VARAccelScheduler
-from diffusers_var_accel.hub import write_to_hub_cache
+from diffusers_var_accel.hub import save_presets, write_to_hub_cache
 from diffusers_var_accel.schedulers import presets as presets_module
 from diffusers_var_accel.schedulers.presets import (
     FAMILY_PRESET_MODELS,
     PackagedPresets,
     available_presets,
-    save_presets,
 )
 from diffusers_var_accel.schedulers.specs import load_acceleration
 from registry_lists import METHODS

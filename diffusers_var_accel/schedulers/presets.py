@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..families import MODEL_FAMILIES
 
@@ -162,37 +162,6 @@ def resolve_preset_reference(name_or_path: Any, subfolder: Optional[str] = None)
             f"available presets: {available_presets() or _missing_files_note()}"
         )
     return None
-
-
-def save_presets(directory: Union[str, os.PathLike], model: str, methods: Optional[List[str]] = None) -> List[Path]:
-    """Write the packaged presets of ``model`` as ``<directory>/<method>/acceleration_config.json``.
-
-    This is the layout of a Hub repo of presets (upload ``directory``, then load with
-    ``Scheduler.from_pretrained(repo_id, subfolder="<method>")``), and of the package's own ``presets/<model>/``.
-
-    Args:
-        directory (`str` or `os.PathLike`): the folder to write into (created if needed).
-        model (`str`): a packaged model key, e.g. ``"infinity-2b"``.
-        methods (`list[str]`, *optional*): the methods to write; all of the model's by default.
-
-    Returns:
-        `list[Path]`: the written method folders.
-
-    Raises:
-        ValueError: an unknown model or method; the message lists the available presets.
-    """
-    from .scheduling_var_base import VARAccelScheduler
-
-    names = available_presets(model=model)
-    if not names:
-        raise ValueError(f"no packaged presets for model {model!r}; models with presets: {preset_models()}")
-    wanted = [n.split("/")[1] for n in names] if methods is None else list(methods)
-    written = []
-    for method in wanted:
-        target = Path(directory) / method
-        VARAccelScheduler.from_pretrained(str(preset_folder(f"{model}/{method}"))).save_pretrained(target)
-        written.append(target)
-    return written
 
 
 def preset_constructor_kwargs(config: Dict[str, Any]) -> Dict[str, Any]:

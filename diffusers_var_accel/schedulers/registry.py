@@ -19,13 +19,14 @@ Examples:
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Type
+from typing import Callable, Dict, List, Optional, Tuple, Type
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .scheduling_var_base import VARAccelScheduler
+#: The registry sits below the scheduler base class (which registers its subclasses here), so it names the classes
+#: it holds only as ``type``: a ``VARAccelScheduler`` subclass each.
+SchedulerClass = Type[object]
 
 #: ``{name: scheduler class}`` of the registered methods, in registration order.
-METHODS: Dict[str, Type["VARAccelScheduler"]] = {}
+METHODS: Dict[str, SchedulerClass] = {}
 
 #: Joins method names into a composition: ``"lazyvar+arvar"`` (a ``ComposedScheduler`` of the presets).
 COMPOSE_SEPARATOR = "+"
@@ -46,7 +47,7 @@ def add_registry_listener(listener: Callable[[str, Optional[type]], None]) -> No
         listener(name, cls)
 
 
-def register_method(name: str, scheduler_class: Type["VARAccelScheduler"]) -> None:
+def register_method(name: str, scheduler_class: SchedulerClass) -> None:
     """Register ``scheduler_class`` as the method ``name`` (called by ``class X(VARAccelScheduler, method=name)``).
 
     Raises:
@@ -64,7 +65,7 @@ def register_method(name: str, scheduler_class: Type["VARAccelScheduler"]) -> No
         listener(name, scheduler_class)
 
 
-def unregister_method(name: str) -> Type["VARAccelScheduler"]:
+def unregister_method(name: str) -> SchedulerClass:
     """Remove the method ``name`` from the registry (a plugin's or a test's); returns its class."""
     get_method(name)
     scheduler_class = METHODS.pop(name)
@@ -91,7 +92,7 @@ def default_method_specs() -> Tuple[str, ...]:
     return (BASELINE, *METHODS)
 
 
-def get_method(name: str) -> Type["VARAccelScheduler"]:
+def get_method(name: str) -> SchedulerClass:
     """The scheduler class of the method ``name``.
 
     Raises:
