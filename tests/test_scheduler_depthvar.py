@@ -208,6 +208,23 @@ def test_one_sort_for_every_layer_equals_a_sort_per_layer_and_rows_are_laid_out_
         plan.index_rows(4)
 
 
+def test_device_depth_plans_are_kept_in_the_callers_schedule_tables_only():
+    """The rank-space depth plan's device copy is a schedule constant: kept in the ScheduleTables the call is given
+    (the pipeline's, shared by its calls), and without them made for the one use; nothing module-level holds it."""
+    from diffusers_var_accel.next_scale import ScheduleTables
+    from diffusers_var_accel.schedulers import scheduling_depthvar
+    from diffusers_var_accel.schedulers.scheduling_depthvar import rank_depth_plan
+
+    args = (64, 4, 0.5, 0.25, 1, True)
+    tables = ScheduleTables()
+    first = rank_depth_plan(*args, device="meta", tables=tables)
+    assert first.scores.is_meta and rank_depth_plan(*args, device="meta", tables=tables) is first and len(tables) == 1
+    assert rank_depth_plan(*args, device="meta") is not first  # no owner: not kept
+    assert not hasattr(scheduling_depthvar, "_DEVICE_PLANS")
+    rows = plan_depth(torch.rand(2, 64, generator=gen(3)).to("meta"), (8, 8), 4, 0.5, 0.25, 1, True, tables=tables)
+    assert rows.layer_index[0].is_meta and len(tables) == 1  # the same setting: the same table
+
+
 def test_the_summed_change_of_stacked_deltas_is_that_of_the_layers():
     """Eq. (1) over stacked deltas (a few kernels per 8 layers) gives the bits of the per-layer form (a mean per
     layer, one sum over the layers), for any number of layers (chunks of 8 and a remainder) and dtype; and the value

@@ -219,7 +219,7 @@ def test_infinity_schedule_rope_is_per_scale_tables_and_shared_through_the_pipel
     pipe = build_tiny_infinity_pipeline(seed=0, depth=1, with_text_encoder=False)
     transformer, vae = pipe.transformer, pipe.vae
     schedule, grid = pipe.scale_schedule_for(256, 256)
-    tables = ScheduleTables(max_schedules=3)
+    tables = ScheduleTables(max_entries=3)
     family = InfinityScaleFamily(transformer, vae, schedule, grid, top_k=0, top_p=None, tables=tables)
     for si, s in enumerate(schedule):
         per_scale = transformer.rope_cos_sin(transformer.rope_positions(s[-2], s[-1], grid))
@@ -247,8 +247,8 @@ def test_infinity_schedule_rope_is_per_scale_tables_and_shared_through_the_pipel
     assert len(tables) == 3
     # the pipeline owns one for its calls
     assert pipe.schedule_tables is pipe.schedule_tables and isinstance(pipe.schedule_tables, ScheduleTables)
-    with pytest.raises(ValueError, match="max_schedules must be a positive integer, got 0"):
-        ScheduleTables(max_schedules=0)
+    with pytest.raises(ValueError, match="max_entries must be a positive integer, got 0"):
+        ScheduleTables(max_entries=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -139,13 +139,14 @@ class ScheduleTables:
     is given none. Its tables are never written to, so calls with the same schedule share them.
 
     Args:
-        max_schedules (`int`, defaults to 8): how many keys are kept (a few MB at most each).
+        max_entries (`int`, defaults to 256): how many tables are kept (small index and position tables: a few MB
+            at most each; a method may keep a few per scale, as DepthVAR's rank-space depth plans on the device).
     """
 
-    def __init__(self, max_schedules: int = 8):
-        if not isinstance(max_schedules, int) or isinstance(max_schedules, bool) or max_schedules < 1:
-            raise ValueError(f"max_schedules must be a positive integer, got {max_schedules!r}")
-        self.max_schedules = max_schedules
+    def __init__(self, max_entries: int = 256):
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive integer, got {max_entries!r}")
+        self.max_entries = max_entries
         self._tables: "OrderedDict[Hashable, Any]" = OrderedDict()
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
@@ -154,7 +155,7 @@ class ScheduleTables:
             self._tables.move_to_end(key)
             return self._tables[key]
         value = self._tables[key] = build()
-        while len(self._tables) > self.max_schedules:
+        while len(self._tables) > self.max_entries:
             self._tables.popitem(last=False)
         return value
 

@@ -30,7 +30,6 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG), ``N`` tokens of a sca
 
 from __future__ import annotations
 
-import collections
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -98,7 +97,7 @@ class ScaleDepth:
     #: ``(B, sum K_l)``: every layer's tokens, layer after layer (``layer_index`` are its slices); ``None``: not kept.
     flat_index: Optional[torch.Tensor] = None
 
-    def index_rows(self, rows: int) -> Dict[int, torch.Tensor]:
+    def index_rows(self, rows: int, tables=None) -> Dict[int, torch.Tensor]:
         """``{l: (rows, K_l)}``, each image's tokens repeated for its CFG rows (conditional rows first), every layer's
         tensor contiguous: one copy for all layers (a gather by a cached permutation) instead of one per layer."""
         B = next(iter(self.layer_index.values())).shape[0]
@@ -107,7 +106,7 @@ class ScaleDepth:
         if rows % B:
             raise ValueError(f"cannot lay out {B} images' depth plans as {rows} rows (conditional rows first)")
         counts = tuple(int(index.shape[1]) for index in self.layer_index.values())
-        perm = _layer_major_permutation(counts, B, rows, self.flat_index.device)
+        perm = _layer_major_permutation(counts, B, rows, self.flat_index.device, tables)
         flat = self.flat_index.reshape(-1)[perm]
         out, start = {}, 0
         for l, count in zip(self.layer_index, counts):
@@ -143,28 +142,30 @@ def _rank_depth_plan_host(
     return RankDepthPlan(scores.float(), mask.sum(-1), ranks, torch.cat(list(ranks.values())), keys)
 
 
-_DEVICE_PLANS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
-
-
-def _on_device(key: tuple, host, device: torch.device, move_all):
-    """``host`` (a plan of host tensors) on ``device``, copied once per key and kept (the last 256)."""
+def _on_device(key: tuple, host, device: torch.device, move_all, tables=None):
+    """``host`` (a plan of host tensors) on ``device``: copied once per key into ``tables`` (the pipeline's
+    :class:`~diffusers_var_accel.next_scale.state.ScheduleTables`, so later calls read it back with no upload), or
+    copied for this use alone without them."""
     if device.type == "cpu":
         return host
-    dkey = key + (str(device),)
-    if dkey not in _DEVICE_PLANS:
 
-        def move(t):  # pinned host memory: the copy is queued without waiting for the device
-            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+    def move(t):  # pinned host memory: the copy is queued without waiting for the device
+        return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
-        _DEVICE_PLANS[dkey] = move_all(move)
-        while len(_DEVICE_PLANS) > 256:
-            _DEVICE_PLANS.popitem(last=False)
-    _DEVICE_PLANS.move_to_end(dkey)
-    return _DEVICE_PLANS[dkey]
+    if tables is None:
+        return move_all(move)
+    return tables.get(("depthvar",) + key + (str(device),), lambda: move_all(move))
 
 
 def rank_depth_plan(
-    N: int, num_layers: int, budget: float, phase: float, min_depth: int, cyclic_layer_offsets: bool, device=None
+    N: int,
+    num_layers: int,
+    budget: float,
+    phase: float,
+    min_depth: int,
+    cyclic_layer_offsets: bool,
+    device=None,
+    tables=None,
 ) -> RankDepthPlan:
     """The rank-space depth plan (it depends on the setting and the token count only, never on the data), computed
     once on the host per setting and kept on ``device``: a generation that meets a setting again reads nothing back
@@ -176,7 +177,8 @@ def rank_depth_plan(
         key,
         host,
         device,
-        lambda move: RankDepthPlan(
+        tables=tables,
+        move_all=lambda move: RankDepthPlan(
             move(host.scores),
             move(host.depth),
             {l: move(r) for l, r in host.ranks.items()},
@@ -197,9 +199,11 @@ def _layer_major_permutation_host(counts: Tuple[int, ...], B: int, rows: int) ->
     return torch.cat(parts)
 
 
-def _layer_major_permutation(counts: Tuple[int, ...], B: int, rows: int, device: torch.device) -> torch.Tensor:
+def _layer_major_permutation(
+    counts: Tuple[int, ...], B: int, rows: int, device: torch.device, tables=None
+) -> torch.Tensor:
     host = _layer_major_permutation_host(counts, B, rows)
-    return _on_device(("rows", counts, B, rows), host, device, lambda move: move(host))
+    return _on_device(("rows", counts, B, rows), host, device, lambda move: move(host), tables)
 
 
 def plan_depth(
@@ -210,6 +214,7 @@ def plan_depth(
     phase: float,
     min_depth: int,
     cyclic_layer_offsets: bool,
+    tables=None,
 ) -> ScaleDepth:
     """Eqs. (2)-(3) for one scale from its ranking map. Everything but the final gather lives in rank space.
 
@@ -218,7 +223,7 @@ def plan_depth(
     B, N = ranking_BN.shape
     order_BN = ranking_BN.argsort(dim=1, stable=True)  # rank -> token
     device = order_BN.device
-    ranks = rank_depth_plan(N, num_layers, budget, phase, min_depth, cyclic_layer_offsets, device)
+    ranks = rank_depth_plan(N, num_layers, budget, phase, min_depth, cyclic_layer_offsets, device, tables)
 
     def by_token(values_N):  # a value per rank -> a (B, h, w) map
         return unpermute(values_N.expand(B, N), order_BN).view(B, *hw)
@@ -442,6 +447,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
                 phase,
                 self.config.min_depth,
                 self.config.cyclic_layer_offsets,
+                tables=state.tables,
             )
 
     def route_pass(self, state, plan):
@@ -499,6 +505,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
                     phase,
                     self.config.min_depth,
                     self.config.cyclic_layer_offsets,
+                    tables=state.tables,
                 )
                 full = torch.ones(state.batch_size, hw[0] * hw[1], device=depth.scores.device)
                 call.plans[k] = ScaleDepth(
@@ -507,7 +514,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
                     depth.layer_index,
                 )
             single = depth is not None and outer is None and len(hws) == 1
-            by_layer = depth.index_rows(rows) if single else None
+            by_layer = depth.index_rows(rows, state.tables) if single else None
             for l in range(num_layers):
                 if depth is None:  # a scale of the pass at full depth
                     index = torch.arange(offset, offset + count, device=source.change.device).expand(
