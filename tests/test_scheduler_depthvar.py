@@ -429,9 +429,10 @@ def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
     # the preset stores the paper's rotation step 0.25; the class default is 0 (by measurement, docs/depthvar.md)
     assert (
-        infinity.to_dict() == DepthVARScheduler(rotation_step=0.25).to_dict() and infinity.config.reference_scale == 9
+        infinity.to_dict() == DepthVARScheduler(rotation_step=0.25, model_family="infinity").to_dict()
+        and infinity.config.reference_scale == 9
     )
-    assert DepthVARScheduler().config.rotation_step == 0.0
+    assert DepthVARScheduler().config.rotation_step == 0.0 and DepthVARScheduler().model_family is None
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
     r7 = DepthVARScheduler.from_preset("infinity", reference_scale=7)

@@ -302,7 +302,11 @@ def test_skip_only_and_prune_only_variants(pipe):
 # ---------------------------------------------------------------------------------------------------------------------
 def test_presets():
     infinity = FastVARScheduler.from_preset("infinity")
-    assert infinity.to_dict() == FastVARScheduler().to_dict()
+    # the constructor's defaults are the paper's Infinity setting; the default family is None (fits every family)
+    assert {
+        **infinity.to_dict(),
+        "model_family": None,
+    } == FastVARScheduler().to_dict() and FastVARScheduler().model_family is None
     hart = FastVARScheduler.from_preset("hart")
     hart_schedule = [(1, s, s) for s in (1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64)]
     scales = hart.resolve(hart_schedule)

@@ -245,7 +245,11 @@ def test_json_round_trip_with_overrides(tmp_path):
 
 def test_presets():
     infinity = LazyVARScheduler.from_preset("infinity")
-    assert infinity.to_dict() == LazyVARScheduler().to_dict()
+    # the constructor's defaults are the paper's Infinity setting; the default family is None (fits every family)
+    assert {
+        **infinity.to_dict(),
+        "model_family": None,
+    } == LazyVARScheduler().to_dict() and LazyVARScheduler().model_family is None
     assert [p.scale_indices for p in infinity.plan_scales([(1, 1, 1)] * 13)][-1] == (9, 10, 11, 12)  # scales 10..13
     assert LazyVARScheduler.from_preset("hart").model_family == "hart"
     assert LazyVARScheduler.from_preset("infinity", keep_ratios=(0.4, 0.2, 0.1, 0.02)).config.keep_ratios == (

@@ -125,7 +125,8 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
             depth); `None` (default) prunes every layer.
         upsample_mode (`str`, defaults to `"bilinear"`): the ``F.interpolate`` mode of the saliency (Eq. 2) and the
             canvas (Eq. 3): ``"bilinear"``, ``"bicubic"``, ``"area"`` or ``"nearest"``.
-        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+        model_family (`str`, *optional*): the model family the setting is for (a scheduler for another family is
+            refused); `None`, the default, fits every family (`from_preset(family)` sets it).
 
     Examples:
         ```py
@@ -152,7 +153,7 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
         activation_distance: int = 2,
         pruned_layers: Optional[Sequence[int]] = None,
         upsample_mode: str = "bilinear",
-        model_family: Optional[str] = "infinity",
+        model_family: Optional[str] = None,
     ):
         super().__init__()
         self._check_family_name(model_family)

@@ -285,7 +285,8 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         cyclic_layer_offsets (`bool`, defaults to `True`): start each token's bit-reversal sequence at ``rank mod L``
             (balanced layers); `False` starts every token at layer 0 (the literal "first D entries").
         code_blending (`bool`, defaults to `True`): weight the codes of dynamic scales by ``S`` (Eq. 5).
-        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+        model_family (`str`, *optional*): the model family the setting is for (a scheduler for another family is
+            refused); `None`, the default, fits every family (`from_preset(family)` sets it).
 
     Examples:
         ```py
@@ -316,7 +317,7 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
         min_depth: int = 1,
         cyclic_layer_offsets: bool = True,
         code_blending: bool = True,
-        model_family: Optional[str] = "infinity",
+        model_family: Optional[str] = None,
     ):
         super().__init__()
         self._check_family_name(model_family)

@@ -119,7 +119,8 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
         skip_last_scales (`bool`, defaults to `True`): skip ``skipped_scales`` (no pass, no codes); `False` gives the
             prune-only variant.
         skipped_scales (`tuple[int]`, defaults to `(-2, -1)`): the scales skipped when ``skip_last_scales``.
-        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+        model_family (`str`, *optional*): the model family the setting is for (a scheduler for another family is
+            refused); `None`, the default, fits every family (`from_preset(family)` sets it).
 
     Examples:
         ```py
@@ -145,7 +146,7 @@ class FastVARScheduler(VARAccelScheduler, method="fastvar"):
         cache_scale: int = -5,
         skip_last_scales: bool = True,
         skipped_scales: Sequence[int] = (-2, -1),
-        model_family: Optional[str] = "infinity",
+        model_family: Optional[str] = None,
     ):
         super().__init__()
         self._check_family_name(model_family)

@@ -197,7 +197,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         token_scores (`str`, *optional*, defaults to `"update_index"`): what ranks the tokens: the update index, or
             ``"pivotal"``: FastVAR's pivotal-token score of the pass's input tokens (the paper's "PTS instead of the
             update index" ablation; each scale of the pass keeps its own top ``n``, no cumulative index).
-        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is meant for.
+        model_family (`str`, *optional*): the model family the setting is meant for (a scheduler for another
+            family is refused); `None`, the default, fits every family (`from_preset(family)` sets it).
 
     Examples:
         ```py
@@ -223,7 +224,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
         cumulative_index: Optional[str] = "claimed",
         parallel_decoding: bool = True,
         token_scores: str = "update_index",
-        model_family: Optional[str] = "infinity",
+        model_family: Optional[str] = None,
     ):
         super().__init__()
         self._check_family_name(model_family)

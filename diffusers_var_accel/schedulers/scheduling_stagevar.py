@@ -184,7 +184,8 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         mixture_positions (`str`, defaults to `"first"`): the positions (RoPE) the mixtures run at: `"first"`, the
             first ``r`` raster positions (Infinity's code); `"drawn"`, the ``k``-th mixture at the ``k``-th drawn
             write position (HART's code).
-        model_family (`str`, *optional*, defaults to `"infinity"`): the model family the setting is for.
+        model_family (`str`, *optional*): the model family the setting is for (a scheduler for another family is
+            refused); `None`, the default, fits every family (`from_preset(family)` sets it).
     """
 
     presets = PackagedPresets("stagevar")
@@ -220,7 +221,7 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         projection_seed: Optional[int] = None,
         rank_basis: str = "tokens",
         mixture_positions: str = "first",
-        model_family: Optional[str] = "infinity",
+        model_family: Optional[str] = None,
     ):
         super().__init__()
         self._check_family_name(model_family)
