@@ -357,6 +357,19 @@ def add_tflops(result: Dict[str, Any], spec: FamilyFlops, accel: Optional[str]) 
 # ---------------------------------------------------------------------------------------------------------------------
 # comparison and command line
 # ---------------------------------------------------------------------------------------------------------------------
+def per_scale_lines(comparison: Dict[str, Any], hw_width: int) -> List[str]:
+    """The per-scale rows of a :func:`compare_methods` table: a header, then one row per scale (its ``h x w`` in
+    ``hw_width`` characters, each method's TFLOPs)."""
+    names = [row["method"] for row in comparison["summary"]]
+    lines = [f"scale | {'h x w':>{hw_width}} | " + " | ".join(f"{n[:14]:>14}" for n in names)]
+    for s in comparison["per_scale"]:
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>{hw_width}} | "
+            + " | ".join(f"{s[n]:>14.3f}" for n in names)
+        )
+    return lines
+
+
 def compare_methods(baseline: Dict[str, Any], accelerated: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """Baseline vs methods (counts of one named model): the family's totals, ratios (ours and the papers' where
     published) and per-scale TFLOPs."""

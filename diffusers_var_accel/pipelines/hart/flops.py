@@ -32,6 +32,7 @@ from ..flop_meter import (
     compare_methods,
     make_flop_counter,
     meter_generation,
+    per_scale_lines,
     sublayer_flops,
 )
 from .pipeline_hart import HARTPipeline, HARTScaleFamily
@@ -494,7 +495,6 @@ compare_hart_methods = compare_methods
 
 
 def format_hart_comparison(comparison: Dict[str, Any]) -> str:
-    names = [row["method"] for row in comparison["summary"]]
     lines = [
         f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation "
         "(Qwen2 text encoder not included)",
@@ -515,13 +515,8 @@ def format_hart_comparison(comparison: Dict[str, Any]) -> str:
         "",
         "loop TFLOPs per scale (transformer + diffusion head; a grouped pass is counted on its first scale; "
         "skipped scales are 0):",
-        "scale |   h x w | " + " | ".join(f"{n[:14]:>14}" for n in names),
+        *per_scale_lines(comparison, hw_width=7),
     ]
-    for s in comparison["per_scale"]:
-        lines.append(
-            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>7} | "
-            + " | ".join(f"{s[n]:>14.3f}" for n in names)
-        )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from ..flop_meter import (
     compare_methods,
     make_flop_counter,
     meter_generation,
+    per_scale_lines,
     sublayer_flops,
 )
 from .pipeline_infinity import InfinityScaleFamily, check_token_layout
@@ -429,7 +430,6 @@ def format_report(result: Dict[str, Any]) -> str:
 
 def format_comparison(comparison: Dict[str, Any]) -> str:
     """The table of :func:`~diffusers_var_accel.bench.flops.compare_methods` for Infinity counts."""
-    names = [row["method"] for row in comparison["summary"]]
     lines = [
         f"{comparison['model']} {comparison['height']}x{comparison['width']}, cfg={comparison['cfg']}: TFLOPs per generation",
         f"{'method':<32} {'total':>9} {'transformer':>12} {'ratio':>7} {'paper':>8} {'paper ratio':>12}",
@@ -443,13 +443,8 @@ def format_comparison(comparison: Dict[str, Any]) -> str:
     lines += [
         "",
         "transformer TFLOPs per scale (a grouped pass is counted on its first scale; skipped scales are 0):",
-        "scale |     h x w | " + " | ".join(f"{n[:14]:>14}" for n in names),
+        *per_scale_lines(comparison, hw_width=9),
     ]
-    for s in comparison["per_scale"]:
-        lines.append(
-            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | "
-            + " | ".join(f"{s[n]:>14.3f}" for n in names)
-        )
     return "\n".join(lines)
 
 
