@@ -427,11 +427,10 @@ def test_json_round_trip_with_overrides(tmp_path):
 
 def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
-    # the preset stores the paper's rotation step 0.25; the class default is 0 (by measurement, docs/depthvar.md)
-    assert (
-        infinity.to_dict() == DepthVARScheduler(rotation_step=0.25, model_family="infinity").to_dict()
-        and infinity.config.reference_scale == 9
-    )
+    # the preset is the class's defaults for the family: R = 9 and no rotation (decided from the paper's worked
+    # example, test_the_papers_worked_example_edges_outscore_background_at_deep_scales; docs/depthvar.md)
+    assert infinity.to_dict() == DepthVARScheduler(model_family="infinity").to_dict()
+    assert infinity.config.reference_scale == 9 and infinity.config.rotation_step == 0.0
     assert DepthVARScheduler().config.rotation_step == 0.0 and DepthVARScheduler().model_family is None
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
@@ -476,13 +475,15 @@ def _edge_scene_ranking(side: int) -> torch.Tensor:
     return torch.where(edge, torch.full_like(change, 1.0), change).flatten()[None], edge, inside
 
 
-@pytest.mark.parametrize("rotation_step, edges_win", [(None, True), (0.25, False)])
+@pytest.mark.parametrize(
+    "rotation_step, edges_win", [(None, True), (0.0, True), (0.05, False), (0.1, False), (0.25, False)]
+)
 def test_the_papers_worked_example_edges_outscore_background_at_deep_scales(rotation_step, edges_win):
     """The paper's worked example: at a deep scale with R = 7 an edge token still scores high (0.78) and a background
     token low (0.16). With the default settings an edge outscores the background, and runs more layers, at every
-    dynamic scale of Infinity's 1M schedule. A rotation step of 0.25 (the packaged presets' reading) wraps the top of
-    the ranking to the shallow end, so at the second dynamic scale the edges score below the background: why the
-    default is 0 (docs/depthvar.md)."""
+    dynamic scale of Infinity's 1M schedule. Every positive rotation step tried (0.05, 0.1, and 0.25, the value the
+    packaged presets once stored) wraps the top of the ranking to the shallow end, so at the second dynamic scale the
+    edges score below the background: why the default, and every packaged preset, is 0 (docs/depthvar.md)."""
     kwargs = {} if rotation_step is None else dict(rotation_step=rotation_step)
     scheduler = DepthVARScheduler(reference_scale=7, **kwargs)
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
@@ -508,3 +509,21 @@ def test_the_papers_worked_example_edges_outscore_background_at_deep_scales(rota
         assert all(outcomes)
     else:
         assert outcomes[0] and not outcomes[1]  # the first dynamic scale is never rotated
+
+
+@pytest.mark.parametrize("preset", ["infinity-2b/depthvar", "hart-0.7b/depthvar", "embedded/depthvar"])
+def test_every_packaged_preset_keeps_the_decided_rotation(preset):
+    """What `enable_depthvar()` loads on every model follows the worked-example decision above: no rotation."""
+    assert DepthVARScheduler.from_pretrained(preset).config.rotation_step == 0.0
+
+
+def test_the_calibration_grids_do_not_search_the_decided_rotation():
+    grids = DepthVARScheduler.calibration_grid(DEPTH) + DepthVARScheduler.composition_calibration_grid(DEPTH)
+    assert {setting["rotation_step"] for setting in grids} == {0.0}
+    assert {setting["reference_scale"] for setting in DepthVARScheduler.calibration_grid(DEPTH)} == {
+        -2,
+        -3,
+        -4,
+        -5,
+        -6,
+    }
