@@ -508,11 +508,11 @@ def test_the_record_holds_what_reproducing_it_needs(result):
     assert result["sampling"] == EMBEDDED_SAMPLING  # the arguments used, never {}
 
 
-@pytest.mark.parametrize("method", ["lazyvar", "fastvar"])
+@pytest.mark.parametrize("method", ["lazyvar", "fastvar", "depthvar", "arvar", "stagevar"])
 def test_a_packaged_calibration_reproduces(pipe, method):
     """The chosen setting's recorded fidelity and FLOPs come back from its record alone: the same prompts, seeds and
-    sampling give the same SSIM, PSNR and counted FLOPs ratio (the two calibrations that once recorded the wrong
-    sampling, re-made with today's code)."""
+    sampling give the same SSIM, PSNR and counted FLOPs ratio (every packaged embedded calibration, each made with
+    today's code by its documented command)."""
     from diffusers_var_accel.calibration import _count_flops, _fidelity, _generate, _mean
     from diffusers_var_accel.schedulers.presets import PRESETS_DIR
 
