@@ -50,6 +50,7 @@ import torch
 
 from .schedulers.registry import COMPOSE_SEPARATOR, get_method, method_names
 from .schedulers.composition import ComposedScheduler
+from .schedulers.scheduling_var_base import CALIBRATION_RECORD_NAME
 from .schedulers.scheduling_var_base import VARAccelScheduler
 
 #: Seed of the default calibration prompts (the held-out set uses ``HELDOUT_SEED``; validation used seed 1).
@@ -61,7 +62,7 @@ PSNR_CAP_DB = 60.0
 #: The metrics ``select`` may name: the mean to maximise (``lpips``: to minimise).
 SELECT_METRICS = ("ssim", "psnr", "accuracy", "lpips")
 
-CALIBRATION_FILE = "calibration.json"
+CALIBRATION_FILE = CALIBRATION_RECORD_NAME  # "calibration.json", read back by VARAccelScheduler.from_pretrained
 FRONTIER_FILE = "frontier.png"
 
 
@@ -309,7 +310,9 @@ def calibrate(
         select (`str`): the fidelity the choice maximises: ``"ssim"`` (default), ``"psnr"``, ``"accuracy"`` (shapes
             prompts only) or ``"lpips"`` (minimised; needs its cached weights).
         sampling (`dict`, *optional*): call arguments (default: ``EMBEDDED_SAMPLING`` for the embedded model, else the
-            pipeline's defaults).
+            pipeline's defaults). The record holds them with every argument of ``pipe.sampling_arguments`` resolved
+            (the call's default where not given); a scheduler loaded from the record warns on a call that samples
+            otherwise.
         timing_repeats (`int`): interleaved timed calls per candidate (and per baseline beside it).
         use_lpips (`bool`): compute LPIPS when its weights are cached.
         progress (`bool`): print the cost up front and one line per candidate on stderr.
@@ -353,6 +356,9 @@ def calibrate(
         raise ValueError(f"select='lpips' but LPIPS is unavailable: {lpips_note}")
     if sampling is None:
         sampling = dict(EMBEDDED_SAMPLING) if getattr(pipe, "preset_model", None) == "embedded" else {}
+    # the record holds the arguments the calls used, the pipeline's defaults included (never {}: a default that
+    # changes later must not change what an old record means)
+    sampling = {**{name: pipe.call_default(name) for name in getattr(pipe, "sampling_arguments", ())}, **sampling}
     family = pipe.model_family
     pipe.set_progress_bar_config(disable=True)
 

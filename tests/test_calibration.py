@@ -534,3 +534,72 @@ def test_a_packaged_calibration_reproduces(pipe, method):
         pipe, first, seed, scheduler, record["sampling"]
     )
     assert ratio == pytest.approx(chosen["flops_ratio"], rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a calibration knows its sampling: the record resolves it, a scheduler loaded from it warns on other sampling
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_record_resolves_the_pipelines_default_sampling():
+    from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
+
+    tiny = build_tiny_infinity_pipeline(seed=0, depth=2)
+    record = calibrate(
+        tiny,
+        "arvar",
+        target_flops_ratio=1.0,
+        prompts=["a red fox"],
+        seeds=[0],
+        grid=[dict(branch_halving_scales=[-1])],
+        timing_repeats=1,
+        progress=False,
+        use_lpips=False,
+    )
+    defaults = {name: tiny.call_default(name) for name in ("guidance_scale", "tau", "top_k", "top_p")}
+    assert record["sampling"] == defaults == dict(guidance_scale=4.0, tau=0.5, top_k=900, top_p=0.97)
+
+
+def _call(pipe, scheduler, **sampling):
+    return pipe(
+        PROMPTS[0], generator=torch.Generator().manual_seed(0), output_type="pt", acceleration=scheduler, **sampling
+    )
+
+
+def test_a_calibrated_scheduler_warns_when_the_call_samples_otherwise(pipe, recwarn):
+    scheduler = VARAccelScheduler.from_pretrained("embedded/lazyvar")
+    assert scheduler.calibration_sampling == EMBEDDED_SAMPLING
+    assert scheduler.calibration_record.endswith("embedded/lazyvar/calibration.json")
+    _call(pipe, scheduler, **EMBEDDED_SAMPLING)  # the calibration's own sampling: silent
+    assert not [w for w in recwarn if "calibrated with" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"calibrated with tau=1\.0 .*calibration\.json.*samples with tau=0\.5"):
+        _call(pipe, scheduler, **{**EMBEDDED_SAMPLING, "tau": 0.5})
+    with pytest.warns(UserWarning, match=r"guidance_scale=2\.0, tau=1\.0, top_k=0, top_p=None .* guidance_scale=4\.0"):
+        _call(pipe, scheduler)  # the pipeline's defaults are another regime
+
+
+def test_enable_method_and_compositions_carry_the_members_calibrations(pipe):
+    pipe.enable_acceleration("lazyvar+arvar")  # the embedded model's presets of both members
+    try:
+        with pytest.warns(UserWarning) as caught:
+            _call(pipe, None, **{**EMBEDDED_SAMPLING, "top_k": 2})
+        said = [str(w.message) for w in caught if "calibrated with" in str(w.message)]
+        assert len(said) == 2 and said[0].startswith("LazyVARScheduler") and said[1].startswith("ARVARScheduler")
+    finally:
+        pipe.disable_acceleration()
+
+
+def test_no_calibration_no_warning(tmp_path):
+    assert VARAccelScheduler.from_pretrained("infinity-2b/lazyvar").calibration_sampling is None  # a paper preset
+    # overridden, the setting is no longer the one calibrated: its record does not describe it
+    assert VARAccelScheduler.from_pretrained("embedded/lazyvar", keep_ratios=[0.3, 0.2]).calibration_sampling is None
+    LazyVARScheduler().save_pretrained(tmp_path)
+    assert LazyVARScheduler.from_pretrained(tmp_path).calibration_sampling is None
+
+
+@pytest.mark.parametrize(
+    "content, says", [("{not json", "not a readable calibration record"), ('{"sampling": []}', "'sampling' must be")]
+)
+def test_a_corrupted_calibration_record_fails_at_load_naming_the_file(tmp_path, content, says):
+    LazyVARScheduler().save_pretrained(tmp_path)
+    (tmp_path / CALIBRATION_FILE).write_text(content)
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / CALIBRATION_FILE)) + ".*" + re.escape(says)):
+        LazyVARScheduler.from_pretrained(tmp_path)

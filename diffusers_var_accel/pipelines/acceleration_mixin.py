@@ -8,7 +8,8 @@ registers, removed when it is unregistered, and ``enable_acceleration(name)`` ta
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Optional, Type, Union
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 
 import torch
 
@@ -71,6 +72,38 @@ class VARAccelerationMixin:
         scheduler.check_model_family(self.model_family)
         self.register_modules(acceleration=scheduler)
         return scheduler
+
+    #: The call arguments that choose how tokens are sampled (each pipeline names its own). A calibration records
+    #: them (``calibration.json``'s ``sampling``), resolved to the call's defaults where it did not pass them.
+    sampling_arguments: Tuple[str, ...] = ()
+
+    def _warn_if_sampling_differs_from_calibration(
+        self, scheduler: Optional[VARAccelScheduler], call_sampling: Dict[str, Any]
+    ) -> None:
+        """Warn when a scheduler loaded from a calibration (or a member of a composition that was) is used with other
+        sampling arguments than the calibration measured it with: its recorded fidelity and the choice itself were
+        made under that sampling, not this call's."""
+        if scheduler is None:
+            return
+        for member in (scheduler, *getattr(scheduler, "members", ())):
+            recorded = member.calibration_sampling
+            if not recorded:
+                continue
+            differ = {
+                name: (value, call_sampling[name])
+                for name, value in recorded.items()
+                if name in call_sampling and not _same_argument(call_sampling[name], value)
+            }
+            if differ:
+                calibrated = ", ".join(f"{name}={value!r}" for name, (value, _) in differ.items())
+                used = ", ".join(f"{name}={value!r}" for name, (_, value) in differ.items())
+                warnings.warn(
+                    f"{type(member).__name__} was calibrated with {calibrated} ({member.calibration_record}), but this "
+                    f"call samples with {used}: the calibration's fidelity numbers and its choice of setting were "
+                    f"measured under its own sampling, not this one (pass the recorded arguments to match it)",
+                    UserWarning,
+                    stacklevel=3,
+                )
 
     def disable_acceleration(self) -> None:
         """Detach the acceleration scheduler: calls run the baseline again, bit for bit."""
@@ -367,3 +400,12 @@ def _follow_registry(name: str, scheduler_class: Optional[type]) -> None:
 
 
 add_registry_listener(_follow_registry)
+
+
+def _same_argument(given: Any, recorded: Any) -> bool:
+    """A call argument equals its recorded value (JSON keeps lists where the call may pass tuples; 2 == 2.0)."""
+    if isinstance(given, (list, tuple)) and isinstance(recorded, (list, tuple)):
+        return len(given) == len(recorded) and all(_same_argument(g, r) for g, r in zip(given, recorded))
+    if given is None or recorded is None:
+        return given is recorded
+    return given == recorded

@@ -82,6 +82,12 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     _compatibles: List[str] = []
     #: Per model family, the constructor arguments of the method's published setting.
     presets: Dict[str, Dict[str, Any]] = {}
+    #: The sampling arguments its calibration used (``calibration.json``'s ``sampling``) when it was loaded from a
+    #: folder written by ``var-accel calibrate`` (or a packaged calibrated preset), else ``None``: a pipeline call that
+    #: samples otherwise warns that the calibration's measurements do not apply to it.
+    calibration_sampling: Optional[Dict[str, Any]] = None
+    #: The path of that record (``None`` with it).
+    calibration_record: Optional[str] = None
 
     def __init_subclass__(cls, method: Optional[str] = None, **kwargs):
         """Record the class by name (configurations name it) and, with ``method="name"`` on the class line, register
@@ -209,6 +215,12 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
                     raise ValueError(f"{where}: {err}") from None
                 raise
             raise ValueError(f"{where}: {err}") from None
+        if (
+            not overrides and isinstance(where, str) and os.path.isfile(where)
+        ):  # overridden, it is no longer calibrated
+            scheduler.calibration_sampling = read_calibration_sampling(os.path.dirname(where))
+            if scheduler.calibration_sampling is not None:
+                scheduler.calibration_record = os.path.join(os.path.dirname(where), CALIBRATION_RECORD_NAME)
         return (scheduler, {}) if return_unused_kwargs else scheduler
 
     @classmethod
@@ -362,3 +374,32 @@ def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)
     return cls(**settings)
+
+
+#: The record ``var-accel calibrate`` writes beside ``acceleration_config.json``.
+CALIBRATION_RECORD_NAME = "calibration.json"
+
+
+def read_calibration_sampling(folder: "os.PathLike | str") -> Optional[Dict[str, Any]]:
+    """The ``sampling`` of the calibration record in ``folder``, or ``None`` when it holds none.
+
+    A record that is not JSON, or whose ``sampling`` is not an object of call arguments, is an error naming the file
+    (a corrupted folder fails at load time, not at the first call).
+    """
+    import json
+
+    path = os.path.join(os.fspath(folder), CALIBRATION_RECORD_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable calibration record ({err})") from None
+    sampling = record.get("sampling") if isinstance(record, dict) else None
+    if not isinstance(sampling, dict) or not all(isinstance(k, str) for k in sampling):
+        raise ValueError(
+            f"{path}: 'sampling' must be an object of the call's sampling arguments (what var-accel calibrate "
+            f"writes), got {sampling!r}"
+        )
+    return dict(sampling)

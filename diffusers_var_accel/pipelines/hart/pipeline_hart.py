@@ -331,6 +331,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     model_cpu_offload_seq = "text_encoder->transformer"
     _exclude_from_cpu_offload = ["vae"]
     _optional_components = ["acceleration"]
+    sampling_arguments = ("guidance_scale", "top_k", "top_p", "more_smooth")
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
     def __init__(
@@ -698,6 +699,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
         self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
+        self._warn_if_sampling_differs_from_calibration(
+            scheduler,
+            dict(guidance_scale=guidance_scale, cfg_list=cfg_list, top_k=top_k, top_p=top_p, more_smooth=more_smooth),
+        )
         device = self._execution_device
 
         # 1. Text conditioning: conditional rows, then unconditional rows when any scale is guided

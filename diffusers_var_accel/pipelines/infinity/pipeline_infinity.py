@@ -349,6 +349,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     model_family = "infinity"
     model_cpu_offload_seq = "text_encoder->transformer->vae"
     _optional_components = ["acceleration"]
+    sampling_arguments = ("guidance_scale", "tau", "top_k", "top_p")
     _callback_tensor_inputs = ["latents", "tokens", "logits", "prompt_embeds"]
 
     def __init__(
@@ -696,6 +697,12 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             self, num_scales, lambda g, n: [g] * n, no_guidance=get_model_family(self.model_family).no_guidance
         )
         scheduler = self._acceleration_for_call(acceleration)
+        self._warn_if_sampling_differs_from_calibration(
+            scheduler,
+            dict(
+                guidance_scale=guidance_scale, cfg_list=cfg_list, tau=tau, tau_list=tau_list, top_k=top_k, top_p=top_p
+            ),
+        )
         device = self._execution_device
 
         # 2. Text conditioning: conditional rows, then unconditional rows when any scale is guided
