@@ -11,7 +11,7 @@ from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
 
 from ..next_scale.state import ScheduleTables
 from .compiled_passes import CompiledPassRunner, raise_graph_cache_limits, restore_graph_cache_limits
-from .sampling import check_sampling_mode
+from .sampling import DrawCheck, check_sampling_mode
 
 
 class NextScalePipelineMixin:
@@ -223,7 +223,9 @@ class NextScalePipelineMixin:
 
         Args:
             mode (`str`): ``"device"`` draws ``argmax(probs / Exp(1))`` on the generator's device, with no host check
-                (``torch.multinomial`` reads its probabilities back on CUDA, a sync per draw); ``"official"`` calls
+                per draw (``torch.multinomial`` reads its probabilities back on CUDA, a sync per draw): the call
+                checks every draw once after its loop and raises like ``multinomial`` on a row of NaN or zero mass
+                (:class:`~diffusers_var_accel.pipelines.sampling.DrawCheck`); ``"official"`` calls
                 ``torch.multinomial(probs, 1)`` as the official code does. Both consume the generators in the same way
                 and, on the CPU, give the same tokens bit for bit (``multinomial`` runs the same race for one sample).
 
@@ -278,21 +280,34 @@ class NextScalePipelineMixin:
 
         return on_scale_end
 
-    def _decode_output(self, latents: torch.Tensor, output_type: str, return_dict: bool, per_image: bool = False):
+    def _decode_output(
+        self,
+        latents: torch.Tensor,
+        output_type: str,
+        return_dict: bool,
+        per_image: bool = False,
+        draw_check: Optional[DrawCheck] = None,
+    ):
         """The images in ``output_type`` (``"latent"`` returns the summed latent as is).
 
         ``per_image`` (a list of generators was given: each image must not depend on its batch) decodes the images
         one by one: a convolution's result depends on the batch size in its last bits (the backend picks its kernel
-        by shape), which is enough to move a pixel by 1/255 after quantisation.
+        by shape), which is enough to move a pixel by 1/255 after quantisation. ``draw_check`` (the call's device
+        draws) is read once, after the decode is queued, and raises ``RuntimeError`` like ``multinomial`` when a draw
+        had a row of NaN or zero mass.
         """
         if output_type == "latent":
             image = latents
+            if draw_check is not None:
+                draw_check.raise_if_invalid()
         else:
             latents = latents.to(self.vae.dtype)
             if per_image and latents.shape[0] > 1:
                 image = torch.cat([self.vae.decode(latents[b : b + 1]) for b in range(latents.shape[0])])
             else:
                 image = self.vae.decode(latents)
+            if draw_check is not None:  # the decode is queued: its kernels run while the host reads the check
+                draw_check.raise_if_invalid()
             image = self.image_processor.postprocess(image, output_type=output_type)
         self.maybe_free_model_hooks()
         if not return_dict:

@@ -3,7 +3,8 @@ generator(s), in the official order or without host syncs (``pipe.set_sampling``
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -48,7 +49,52 @@ def check_sampling_mode(mode: Any) -> str:
     return mode
 
 
-def sample_categorical(masked_logits_BNV: torch.Tensor, generator: GeneratorArg, mode: str = "device") -> torch.Tensor:
+@dataclass
+class DrawCheck:
+    """The check ``torch.multinomial`` makes on the host, for the device draws of one call, made once after the loop.
+
+    ``multinomial`` refuses probabilities with ``inf``, ``nan`` or an entry ``< 0``, and rows of zero mass; after the
+    softmax only a row of NaN can occur (a NaN or ``+inf`` logit, or a row masked entirely to ``-inf``), and a row of
+    zeros only when probabilities are given directly. The exponential race keeps each row's winning value
+    ``max(p / q)``: NaN for a NaN row, 0 for a zero row, positive otherwise. Each draw adds the smallest of its
+    winners (one reduction on the device, no sync); :meth:`raise_if_invalid` reads them all in one host copy.
+    Per call: the family object of the call owns it, and it is gone when the call returns.
+    """
+
+    minima: List[torch.Tensor] = field(default_factory=list)
+    scale_indices: List[int] = field(default_factory=list)
+
+    def record(self, winners: torch.Tensor, scale_index: int) -> None:
+        """Add the smallest winning value of one draw at ``scale_index``."""
+        self.minima.append(winners.amin().reshape(1))
+        self.scale_indices.append(scale_index)
+
+    def raise_if_invalid(self) -> None:
+        """Raise ``RuntimeError`` like ``multinomial`` when a draw had a row of NaN or zero mass, naming its scale.
+
+        One host copy of every draw's minimum (the call's one sync for it); nothing when no draw ran on the device.
+        """
+        if not self.minima:
+            return
+        minima = torch.cat(self.minima).tolist()
+        self.minima, scale_indices, self.scale_indices = [], self.scale_indices, []
+        for value, scale_index in zip(minima, scale_indices):
+            if not value > 0:  # NaN compares false
+                kind = "contains `nan`" if value != value else "has a row of zero mass (sum of probabilities <= 0)"
+                raise RuntimeError(
+                    f"invalid multinomial distribution at scale {scale_index}: the probability tensor {kind} "
+                    f"(sampling='device' found it after the loop; sampling='official' raises at the draw, as "
+                    f"torch.multinomial does)"
+                )
+
+
+def sample_categorical(
+    masked_logits_BNV: torch.Tensor,
+    generator: GeneratorArg,
+    mode: str = "device",
+    check: Optional[DrawCheck] = None,
+    scale_index: int = -1,
+) -> torch.Tensor:
     """One draw from each of the ``B * N`` distributions of the (masked) logits: ``(B, N)`` int64.
 
     One generator draws all of the batch at once (the official draws), a list of generators one image each (an image
@@ -57,28 +103,42 @@ def sample_categorical(masked_logits_BNV: torch.Tensor, generator: GeneratorArg,
     ``mode="official"`` calls ``torch.multinomial(probs, 1)``; ``mode="device"`` draws the same exponential race
     ``argmax(probs / Exp(1))`` that ``multinomial`` computes for one sample, without its host-side checks of the
     probabilities (a device-to-host sync per call on CUDA). Both consume the generator identically and give the same
-    tokens on the CPU (``tests/test_sampling.py``).
+    tokens on the CPU (``tests/test_sampling.py``). In device mode, ``check`` (a :class:`DrawCheck`) receives the
+    smallest winning value of the draw, tagged with ``scale_index``, so that the call can raise once after its loop
+    where ``multinomial`` would have raised at the draw; without it, a row of NaN gives an arbitrary token.
     """
     B, N, V = masked_logits_BNV.shape
     probs = masked_logits_BNV.softmax(dim=-1)
     draw = _multinomial if check_sampling_mode(mode) == "official" else _exponential_race
     if isinstance(generator, (list, tuple)):
-        return torch.stack([draw(probs[b].view(-1, V), generator[b]).view(N) for b in range(B)])
-    return draw(probs.view(-1, V), generator).view(B, N)
+        drawn = [draw(probs[b].view(-1, V), generator[b]) for b in range(B)]
+        tokens = torch.stack([indices.view(N) for indices, _ in drawn])
+        winners = [w for _, w in drawn if w is not None]
+    else:
+        indices, winner = draw(probs.view(-1, V), generator)
+        tokens, winners = indices.view(B, N), [winner] if winner is not None else []
+    if check is not None:
+        for winner in winners:
+            check.record(winner, scale_index)
+    return tokens
 
 
-def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+def _multinomial(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> Tuple[torch.Tensor, None]:
     device = generator.device if generator is not None else probs_NV.device
     out = torch.multinomial(probs_NV.to(device), num_samples=1, replacement=True, generator=generator)
-    return out.to(probs_NV.device)
+    return out.to(probs_NV.device), None  # multinomial checks its input itself
 
 
-def _exponential_race(probs_NV: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    # the one-sample branch of torch.multinomial: q ~ Exp(1) of the probabilities' shape, argmax(p / q)
+def _exponential_race(
+    probs_NV: torch.Tensor, generator: Optional[torch.Generator]
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    # the one-sample branch of torch.multinomial: q ~ Exp(1) of the probabilities' shape, argmax(p / q); max gives
+    # the winning values with the indices in the same kernel (the indices are argmax's, first of ties and NaN)
     device = generator.device if generator is not None else probs_NV.device
     probs = probs_NV.to(device)
     race = probs.div(torch.empty_like(probs).exponential_(generator=generator))
-    return race.argmax(dim=-1, keepdim=True).to(probs_NV.device)
+    winners, indices = race.max(dim=-1, keepdim=True)
+    return indices.to(probs_NV.device), winners
 
 
 # ---------------------------------------------------------------------------------------------------------------------

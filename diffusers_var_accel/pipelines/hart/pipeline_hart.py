@@ -41,7 +41,7 @@ from ..pipeline_loading import (
     prepare_pipeline_loading,
     save_pipeline_folder,
 )
-from ..sampling import mask_top_k_top_p, sample_categorical
+from ..sampling import DrawCheck, mask_top_k_top_p, sample_categorical
 from ...next_scale import ScaleModelFamily, ScalePrediction, run_next_scale_loop
 from ...next_scale.state import concat_scale_inputs, schedule_slice
 
@@ -120,6 +120,7 @@ class HARTScaleFamily(ScaleModelFamily):
     ):
         self.transformer, self.vae = transformer, vae
         self.sampling = sampling
+        self.draw_check = DrawCheck()  # the device draws' multinomial check, read once after the loop
         self.patch_nums = tuple(transformer.config.patch_nums)
         self.num_scales = len(self.patch_nums)
         self.scale_schedule = [(1, pn, pn) for pn in self.patch_nums]
@@ -185,7 +186,11 @@ class HARTScaleFamily(ScaleModelFamily):
         logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
         if tokens is None:
             tokens = sample_categorical(
-                mask_top_k_top_p(logits, self._top_k(scale_index), self.top_p), generator, self.sampling
+                mask_top_k_top_p(logits, self._top_k(scale_index), self.top_p),
+                generator,
+                self.sampling,
+                self.draw_check,
+                scale_index,
             )
         codes = self.tokens_to_codes(tokens, scale_index, logits, hidden_RLC, guidance, generator, residual_tokens)
         return ScalePrediction(tokens, codes, raw)
@@ -802,7 +807,13 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         latents = state.f_hat
 
         # 3. Decode
-        return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
+        return self._decode_output(
+            latents,
+            output_type,
+            return_dict,
+            per_image=isinstance(generator, (list, tuple)),
+            draw_check=family.draw_check,
+        )
 
     def _given_embeds(self, embeds, position_ids, device, num_images_per_prompt):
         embeds = embeds.to(device).float().repeat_interleave(num_images_per_prompt, dim=0)

@@ -49,7 +49,7 @@ from ..pipeline_loading import (
     prepare_pipeline_loading,
     save_pipeline_folder,
 )
-from ..sampling import mask_top_k_top_p, sample_categorical
+from ..sampling import DrawCheck, mask_top_k_top_p, sample_categorical
 from ...next_scale import ScaleModelFamily, run_next_scale_loop
 from ...next_scale.state import ScalePrediction, ScheduleTables, concat_scale_inputs, schedule_slice
 
@@ -77,6 +77,8 @@ def sample_bits(
     top_p: Optional[float],
     generator: Union[None, torch.Generator, List[torch.Generator]],
     sampling: str = "device",
+    check: Optional[DrawCheck] = None,
+    scale_index: int = -1,
 ) -> torch.Tensor:
     """Sample every bit independently from its two logits (official ``sample_with_top_k_top_p``).
 
@@ -84,11 +86,12 @@ def sample_bits(
     classes (k=1 is greedy), then top-p (the minority bit is dropped when its probability is <= 1 - top_p), then one
     ``torch.multinomial`` over all bits of the batch, or one per image when a list of generators is given (or the
     same draws without host checks, ``sampling="device"``: see :func:`sample_categorical`). Sampling runs on the
-    generator's device. Returns (B, L, d) int64 bits.
+    generator's device; ``check`` and ``scale_index`` as in :func:`sample_categorical`. Returns (B, L, d) int64
+    bits.
     """
     B, L, V = logits_BLV.shape
     masked = mask_top_k_top_p(logits_BLV.reshape(B, -1, 2), top_k, top_p)
-    return sample_categorical(masked, generator, sampling).view(B, L, V // 2)
+    return sample_categorical(masked, generator, sampling, check, scale_index).view(B, L, V // 2)
 
 
 class InfinityScaleFamily(ScaleModelFamily):
@@ -109,6 +112,7 @@ class InfinityScaleFamily(ScaleModelFamily):
     ):
         self.transformer, self.vae = transformer, vae
         self.sampling = sampling
+        self.draw_check = DrawCheck()  # the device draws' multinomial check, read once after the loop
         self.scale_schedule = [tuple(s) for s in scale_schedule]
         self.num_layers = len(transformer.blocks)
         self.num_start_tokens = int(self.scale_schedule[0][-2]) * int(self.scale_schedule[0][-1])
@@ -182,7 +186,9 @@ class InfinityScaleFamily(ScaleModelFamily):
     ) -> ScalePrediction:
         logits, raw = self.guided_logits(hidden_RLC, condition, scale_index, guidance, temperature, batch_size)
         if tokens is None:
-            tokens = sample_bits(logits, self.top_k, self.top_p, generator, self.sampling)
+            tokens = sample_bits(
+                logits, self.top_k, self.top_p, generator, self.sampling, self.draw_check, scale_index
+            )
         return ScalePrediction(tokens, self.tokens_to_codes(tokens, scale_index), raw)
 
     def add_codes(self, f_hat, codes, scale_index):
@@ -805,7 +811,13 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         latents = state.f_hat
 
         # 4. Decode
-        return self._decode_output(latents, output_type, return_dict, per_image=isinstance(generator, (list, tuple)))
+        return self._decode_output(
+            latents,
+            output_type,
+            return_dict,
+            per_image=isinstance(generator, (list, tuple)),
+            draw_check=family.draw_check,
+        )
 
 
 def _concat_padded(
