@@ -24,8 +24,13 @@ FIXTURE_DIR, MANIFEST, RUNS = FIXTURE.folder, FIXTURE.manifest, FIXTURE.runs
 _require_fixture = FIXTURE.require
 #: The fork's sublayer names -> the router's sublayer kinds.
 SUBLAYER_KINDS = {"attn": "self_attn", "ffn": "ffn"}
-#: FIXTURE.md, suggested checks for this layout: ``f_hat_final`` atol 1e-2 (the public fixture's own bound is 2e-3).
-F_HAT_ATOL = 1e-2
+#: FIXTURE.md, suggested checks for this layout: ``f_hat_final`` atol 2e-3 (the public fixture's bound; observed
+#: 2.4e-4), and 1e-2 for the few elements of a run whose 4-step diffusion head multiplies epsilon errors by ~1e4 before
+#: its clamp (one hidden run of this layout: 6.2e-3 on a few elements). So every element within F_HAT_ATOL_FEW and
+#: all but F_HAT_FEW_FRACTION of them within F_HAT_ATOL.
+F_HAT_ATOL = 2e-3
+F_HAT_ATOL_FEW = 1e-2
+F_HAT_FEW_FRACTION = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +95,12 @@ def test_reference_run(pipe, inputs, run):
 
     # 2. the decoder input and the image
     if "f_hat_final" in ref:
-        # FIXTURE.md's tolerance for fixtures of this layout (1e-2; the public one happens to stay within 2e-3): the
-        # 4-step diffusion head multiplies epsilon errors by ~1e4 before its clamp on some weights and guidance values
-        torch.testing.assert_close(recorded[num_scales - 1]["latents"], ref["f_hat_final"], atol=F_HAT_ATOL, rtol=0)
+        # FIXTURE.md's bounds for this layout: 2e-3 everywhere but a few elements, which the 4-step diffusion head can
+        # push to 1e-2 on some weights and guidance values (it multiplies epsilon errors by ~1e4 before its clamp)
+        f_hat = recorded[num_scales - 1]["latents"]
+        torch.testing.assert_close(f_hat, ref["f_hat_final"], atol=F_HAT_ATOL_FEW, rtol=0)
+        beyond = ((f_hat.float() - ref["f_hat_final"].float()).abs() > F_HAT_ATOL).float().mean().item()
+        assert beyond <= F_HAT_FEW_FRACTION, f"{beyond:.2%} of f_hat_final beyond {F_HAT_ATOL}"
     key, step = ("image", 1) if "image" in ref else ("image_sub2", 2)
     torch.testing.assert_close(image[:, :, ::step, ::step], ref[key], atol=1e-3, rtol=0)
 
