@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -133,29 +133,46 @@ def build_candidate(method: str, settings: Dict[str, Any], model_family: str) ->
 # ---------------------------------------------------------------------------------------------------------------------
 # prompts
 # ---------------------------------------------------------------------------------------------------------------------
-def calibration_prompts(n: int = 8, seed: int = CALIBRATION_PROMPT_SEED) -> List[str]:
+def calibration_prompts(
+    n: int = 8,
+    seed: int = CALIBRATION_PROMPT_SEED,
+    grammar: str = "original",
+    words: Optional[Iterable[str]] = None,
+) -> List[str]:
     """``n`` shapes prompts, categories interleaved, none of whose strings is among the 200 held-out prompts.
 
-    Drawn with :func:`~diffusers_var_accel.data.shapes.heldout_prompts` (its grammar and category round robin) under
-    ``seed``; a draw whose string occurs in the held-out set, or earlier in this list, is dropped.
+    Drawn with :func:`~diffusers_var_accel.data.shapes.heldout_prompts` (its category round robin) in ``grammar``
+    under ``seed``; a draw whose string occurs in the held-out set, or earlier in this list, is dropped. In the
+    original grammar (the default, the embedded model's world) only ``counting``, ``position`` and ``color_attr``
+    (and a few ``colors``) strings lie outside the held-out set; ``grammar="enlarged"`` draws prompts of every
+    category outside it, for a model that knows the enlarged grammar's words. ``words``: keep only prompts made of
+    these words (e.g. a word-level tokenizer's vocabulary).
     """
-    from .data.shapes import heldout_prompts
+    from .data.shapes import get_grammar, heldout_prompts
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of calibration prompts must be an integer >= 1, got {n!r}")
+    get_grammar(grammar)
+    allowed = None if words is None else set(words)
     held_out = {e["prompt"] for e in heldout_prompts()}
     chosen: List[str] = []
     draws = 4 * n + 200
     while len(chosen) < n:
-        for entry in heldout_prompts(draws, seed=seed):
-            if entry["prompt"] not in held_out and entry["prompt"] not in chosen:
-                chosen.append(entry["prompt"])
-                if len(chosen) == n:
-                    break
+        for entry in heldout_prompts(draws, seed=seed, grammar=grammar):
+            prompt = entry["prompt"]
+            if prompt in held_out or prompt in chosen:
+                continue
+            if allowed is not None and not set(prompt.split()) <= allowed:
+                continue
+            chosen.append(prompt)
+            if len(chosen) == n:
+                break
         if len(chosen) < n:
             if draws > 20000:
                 raise ValueError(
-                    f"the shapes grammar has only {len(chosen)} prompts outside the held-out set; ask for fewer"
+                    f"the shapes grammar {grammar!r} has only {len(chosen)} prompts outside the held-out set"
+                    + ("" if allowed is None else " made of the given words")
+                    + "; ask for fewer"
                 )
             chosen, draws = [], draws * 4
     return chosen

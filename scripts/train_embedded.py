@@ -25,7 +25,8 @@ final map with a patch-8 VAE), ``--decoder-steps`` (fine-tune the VAE decoder on
 tokens), ``--self-correction`` (feed the model its own samples from a random scale on, with re-quantised targets),
 ``--pipeline-path`` / ``--resume`` (start from a trained pipeline folder), ``--vae-only`` / ``--vae-path`` (train the
 tokenizer alone / reuse one), the training world (``--lattice``, ``--object-sizes``, ``--layout``,
-``--unnamed-color``, ``--background``, ``--category-weights``: see ``shapes.sample_scene`` and ``make_dataset``) and
+``--unnamed-color``, ``--background``, ``--category-weights``, ``--grammar``: see ``shapes.sample_scene`` and
+``make_dataset``) and
 ``--eval-every`` (a validation learning curve).
 
 Fixed seeds; every stage prints its losses. ``--device cuda`` runs the same recipe on a GPU in minutes, with other
@@ -101,6 +102,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="training scenes: 'category=weight,...' relative weights of the caption categories (missing "
         "ones weigh 0; default: uniform)",
+    )
+    p.add_argument(
+        "--grammar",
+        choices=("original", "enlarged"),
+        default="original",
+        help="the captions' words (shapes.GRAMMARS): the original world of the held-out prompts, or the enlarged "
+        "one (adds a diamond, pink, cyan and four, so that calibration prompts of every category exist outside the "
+        "held-out set); the text tokenizer's vocabulary follows",
     )
     p.add_argument(
         "--patch-nums",
@@ -228,15 +237,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_text_encoder(text_dim: int, seed: int, max_length: int = 24):
-    """A 2-layer T5 encoder and a word-level tokenizer over the shapes world's vocabulary (unknown words -> <unk>)."""
+def build_text_encoder(text_dim: int, seed: int, max_length: int = 24, grammar: str = "original"):
+    """A 2-layer T5 encoder and a word-level tokenizer over the vocabulary of the shapes world's ``grammar`` (unknown
+    words -> <unk>)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
     from diffusers_var_accel.data.shapes import vocabulary
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for word in vocabulary():
+    for word in vocabulary(grammar):
         vocab.setdefault(word, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
@@ -296,6 +306,7 @@ def world_options(args) -> dict:
         "unnamed_color": args.unnamed_color,
         "background": args.background,
         "category_weights": weights,
+        "grammar": args.grammar,
     }
 
 
@@ -435,7 +446,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
         transformer.requires_grad_(True)
         text_encoder.requires_grad_(True)
     else:
-        text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3)
+        text_encoder, tokenizer = build_text_encoder(args.text_dim, args.seed + 3, grammar=args.grammar)
         torch.manual_seed(args.seed + 4)
         transformer = InfinityTransformer(
             depth=args.depth,
@@ -687,7 +698,7 @@ def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae")
     with torch.no_grad():
         f_hat, _ = multiscale_f_hat(vae, vae.encode(x.to(args.device)), schedule)
         decoded = ((vae.decode(f_hat).cpu() + 1) / 2).permute(0, 2, 3, 1).numpy()
-    report = score_batch([caption for _, caption, _ in held], list(decoded))
+    report = score_batch([caption for _, caption, _ in held], list(decoded), grammar=args.grammar)
     print(
         f"[{label}] scorer accuracy on decoded ground-truth tokens (240 unseen scenes): {report['overall']:.3f} "
         f"{ {k: round(v, 2) for k, v in report['per_category'].items()} }  ({(time.time() - t0) / 60:.1f} min)",

@@ -286,6 +286,26 @@ def test_calibration_prompts_are_disjoint_from_the_held_out_set():
         calibration_prompts(0)
 
 
+def test_enlarged_calibration_prompts_cover_every_category_outside_the_held_out_set():
+    """In the enlarged grammar, string-disjoint calibration prompts exist for all six categories; ``words`` keeps
+    only prompts a tokenizer of those words can read (the original grammar's words give the original categories'
+    disjoint prompts only)."""
+    from diffusers_var_accel.data.shapes import CATEGORIES, heldout_prompts, parse_prompt, vocabulary
+
+    held = {e["prompt"] for e in heldout_prompts()}
+    prompts = calibration_prompts(36, grammar="enlarged")
+    assert not set(prompts) & held and len(set(prompts)) == 36
+    assert {parse_prompt(p)["category"] for p in prompts} == set(CATEGORIES)
+    assert calibration_prompts(8) == calibration_prompts(8, grammar="original")  # the default is unchanged
+    known = calibration_prompts(24, grammar="enlarged", words=vocabulary("original"))
+    assert all(set(p.split()) <= set(vocabulary("original")) for p in known)
+    assert not set(known) & held
+    with pytest.raises(ValueError, match="unknown grammar"):
+        calibration_prompts(4, grammar="bigger")
+    with pytest.raises(ValueError, match="made of the given words"):
+        calibration_prompts(4, words=["a", "circle"])
+
+
 #: Every library method alone and every pair of the methods that take composition settings (from the registry).
 GRID_CASES = sorted(METHODS) + [
     COMPOSE_SEPARATOR.join(pair) for pair in itertools.combinations(calibrated_methods(as_member=True), 2)

@@ -274,3 +274,59 @@ def test_score_batch_aggregates():
     with pytest.raises(ValueError):
         score_batch(["a circle"], [])
     assert PALETTE  # palette exported for documentation
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the enlarged grammar (diamond, pink, cyan, four)
+# ----------------------------------------------------------------------------------------------------------------
+def _enlarged_scenes(category: str, n: int, seed: int) -> List[ShapeScene]:
+    return [sample_scene(np.random.default_rng([seed, i]), category, grammar="enlarged") for i in range(n)]
+
+
+@pytest.mark.parametrize("size", [64, 128])
+def test_enlarged_ground_truth_and_degradation(size):
+    """Ground truth of the enlarged world is judged correct, clean and with noise or blur, read within that world."""
+    scenes = [s for c in CATEGORIES for s in _enlarged_scenes(c, 50, seed=801)]
+    assert {o.shape for s in scenes for o in s.objects} >= {"diamond"}
+    assert {o.color for s in scenes for o in s.objects} >= {"pink", "cyan"}
+    prompts = [s.caption for s in scenes]
+    clean = score_batch(prompts, [render_scene(s, size) for s in scenes], grammar="enlarged")
+    assert min(clean["per_category"].values()) >= 0.98, clean["per_category"]
+    blurred = [render_scene(s, size).filter(ImageFilter.GaussianBlur(size / 64)) for s in scenes]
+    r = score_batch(prompts, blurred, grammar="enlarged")
+    assert min(r["per_category"].values()) >= 0.95, r["per_category"]
+
+
+def test_enlarged_words_are_checked():
+    """Read within the enlarged world: a diamond is no square or circle and the reverse; pink and cyan are told from
+    their neighbours; four means exactly four; a prompt's words must be in the grammar it is read in."""
+    base = sample_scene(np.random.default_rng(9), "colors", grammar="enlarged")
+    for src, dst in (("diamond", "square"), ("square", "diamond"), ("diamond", "circle"), ("circle", "diamond")):
+        for color, other in (("pink", "red"), ("cyan", "blue"), ("red", "pink"), ("blue", "cyan")):
+            obj = dataclasses.replace(base.objects[0], shape=src, color=color)
+            prompt = f"a {color} {src}"
+            assert score(prompt, render_scene(_with_objects(base, [obj])), "enlarged")["correct"], prompt
+            wrong_shape = render_scene(_with_objects(base, [dataclasses.replace(obj, shape=dst)]))
+            assert not score(prompt, wrong_shape, "enlarged")["correct"], (prompt, dst)
+            wrong_colour = render_scene(_with_objects(base, [dataclasses.replace(obj, color=other)]))
+            assert not score(prompt, wrong_colour, "enlarged")["correct"], (prompt, other)
+    four = [s for s in _enlarged_scenes("counting", 80, seed=802) if s.metadata["objects"][0]["count"] == 4]
+    assert four
+    for s in four[:10]:
+        assert score(s.caption, render_scene(s), grammar="enlarged")["correct"], s.caption
+        assert not score(s.caption, render_scene(_with_objects(s, s.objects[:3])), grammar="enlarged")["correct"]
+    with pytest.raises(ValueError, match="outside the grammar 'original'"):
+        score("a pink circle", render_scene(base), grammar="original")
+
+
+def test_original_prompts_are_judged_as_before_the_grammar_grew():
+    """By default a prompt of the original grammar is read with the six colours and three shapes only, so a pink
+    object is no object and a diamond is read as its nearest original shape, or none (as before the enlarged words
+    existed)."""
+    base = sample_scene(np.random.default_rng(11), "colors")
+    pink = render_scene(_with_objects(base, [dataclasses.replace(base.objects[0], color="pink", shape="circle")]))
+    assert detect_objects(pink) == [] and detect_objects(pink, "enlarged")[0]["color"] == "pink"
+    diamond = render_scene(_with_objects(base, [dataclasses.replace(base.objects[0], shape="diamond")]))
+    assert detect_objects(diamond)[0]["shape"] in ("circle", "square", "triangle", None)
+    assert detect_objects(diamond, "enlarged")[0]["shape"] == "diamond"
+    assert set(detect_objects(render_scene(base))[0]["features"]) == {"circle", "square", "triangle", "aspect"}

@@ -212,7 +212,7 @@ def test_parse_prompt_examples():
         "a red",
         "red circle",
         "two circle",
-        "four circles",
+        "five circles",
         "a circles",
         "one circle",
         "a circle and",
@@ -223,7 +223,8 @@ def test_parse_prompt_examples():
         "a circle to the left a square",
         "a blue square above a triangle",
         "a circle above a square please",
-        "a pink circle",
+        "a magenta circle",
+        "a star",
     ],
 )
 def test_parse_prompt_rejects(bad):
@@ -233,6 +234,43 @@ def test_parse_prompt_rejects(bad):
         parse_prompt(bad)
     except ValueError as e:
         assert repr(bad) in str(e)
+
+
+def test_enlarged_grammar_adds_words_and_keeps_the_original_draws():
+    """The enlarged grammar adds a shape, two colours and a count; the parser reads them; the sampler draws the
+    original grammar's prompts exactly as before (the held-out digest above) and, in the enlarged grammar, prompts of
+    every category whose strings are not held out."""
+    original, enlarged = shapes.GRAMMARS["original"], shapes.GRAMMARS["enlarged"]
+    assert vocabulary() == vocabulary("original") == original.words()
+    assert set(vocabulary("enlarged")) - set(vocabulary()) == {"diamond", "diamonds", "pink", "cyan", "four"}
+    assert parse_prompt("four pink diamonds")["objects"] == [{"shape": "diamond", "color": "pink", "count": 4}]
+    assert parse_prompt("a cyan diamond")["category"] == "colors"
+    assert shapes.grammar_of(parse_prompt("a cyan circle")) is enlarged
+    assert shapes.grammar_of(parse_prompt("four circles")) is enlarged
+    assert shapes.grammar_of(parse_prompt("a red circle to the left of a blue square")) is original
+    with pytest.raises(ValueError, match="unknown grammar 'larger'"):
+        shapes.get_grammar("larger")
+    held = {p["prompt"] for p in heldout_prompts()}
+    drawn = heldout_prompts(600, seed=5, grammar="enlarged")
+    for category in CATEGORIES:
+        fresh = {p["prompt"] for p in drawn if p["category"] == category} - held
+        assert fresh, category  # string-disjoint prompts of every category exist
+    for p in drawn:
+        assert parse_prompt(p["prompt"]) == p["metadata"]
+        assert caption_from_metadata(p["metadata"]) == p["prompt"]
+        assert set(p["prompt"].split()) <= set(vocabulary("enlarged"))
+    # every scene of the enlarged world, in either layout, shows what its caption says and its unnamed objects take
+    # the enlarged palette's colours
+    colors = set()
+    for layout, sizes in (("random", None), ("canonical", ((0.25, 0.3), (0.25, 0.3)))):
+        for image, caption, scene in make_dataset(60, seed=2, grammar="enlarged", layout=layout, sizes=sizes):
+            assert parse_prompt(caption) == scene.metadata
+            assert len(scene.objects) == sum(o["count"] for o in scene.metadata["objects"])
+            colors |= {o.color for o in scene.objects}
+    assert colors & {"pink", "cyan"}
+    with pytest.raises(ValueError, match="unnamed_color 'pink'"):
+        sample_scene(0, unnamed_color="pink")  # the original world has no pink
+    assert sample_scene(0, unnamed_color="pink", grammar="enlarged").objects
 
 
 def test_render_rejects_unknown_background():

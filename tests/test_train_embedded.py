@@ -98,6 +98,7 @@ def test_world_options_map_the_scene_flags(train):
         "unnamed_color": "blue",
         "background": "black",
         "category_weights": {"position": 3.0, "colors": 0.5},
+        "grammar": "original",
     }
     assert train.world_options(train.parse_args([])) == {
         "lattice": None,
@@ -106,7 +107,11 @@ def test_world_options_map_the_scene_flags(train):
         "unnamed_color": None,
         "background": None,
         "category_weights": None,
+        "grammar": "original",
     }
+    assert train.world_options(train.parse_args(["--grammar", "enlarged"]))["grammar"] == "enlarged"
+    _, tokenizer = train.build_text_encoder(16, 0, grammar="enlarged")
+    assert tokenizer("four pink diamonds").input_ids[:3] != [2, 2, 2]  # known words, not <unk>
     with pytest.raises(SystemExit, match="object-sizes"):
         train.world_options(train.parse_args(["--object-sizes", "0.4,0.3,0.3,0.4"]))
     with pytest.raises(SystemExit, match="category-weights"):

@@ -11,6 +11,8 @@ Detection (:func:`detect_objects`)
 2. **Colour.** A pixel is *chromatic* when its chroma ``max(r, g, b) - min(r, g, b)`` is at least 40; it takes the
    palette colour nearest in hue (neighbouring palette hues are 26-92 degrees apart, see
    :data:`~diffusers_var_accel.data.shapes.PALETTE`) if that hue is within 30 degrees, else it stays unassigned.
+   The palette is the prompt's grammar's: the original six colours, or with pink and cyan for a prompt that uses a
+   word of the enlarged grammar (:func:`~diffusers_var_accel.data.shapes.grammar_of`; hues 26-53 degrees apart).
    Hue, not RGB distance, is compared because mixing a colour with any grey (antialiased or blurred edges, shading,
    a darker or lighter rendition) keeps its hue and only lowers its chroma.
 3. **Components.** Pixels of the same colour are grouped into 4-connected components (a vectorised label
@@ -19,7 +21,8 @@ Detection (:func:`detect_objects`)
    core gives the object's area and box (GenEval's box); components whose core has fewer than ``0.004 * H * W``
    pixels (16 px at 64x64; the smallest object has 72) or a box side under ``H / 16`` are noise and are dropped.
 4. **Shape** (:func:`classify_shape`). The coverage map (contrast doubled around 1/2, which undoes most of a mild
-   blur) is compared with each shape hypothesis: circle, square, and triangle with its apex up, down, left or right.
+   blur) is compared with each shape hypothesis: circle, square, and triangle with its apex up, down, left or right
+   (and the diamond, for a prompt of the enlarged grammar).
    Each hypothesis's box is fitted to the map's centroid and second moments (a square of side ``s`` has variance
    ``s^2 / 12`` along each axis, a circle of diameter ``d`` ``d^2 / 16``, an upright triangle of base ``b`` and
    height ``h`` ``b^2 / 24`` and ``h^2 / 18``, its centroid ``2h / 3`` below its apex), the shape is rendered there
@@ -49,7 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
-from .shapes import CATEGORIES, COLORS, PALETTE_HUE, parse_prompt
+from .shapes import ALL_PALETTE_HUE, CATEGORIES, Grammar, get_grammar, grammar_of, parse_prompt
 
 __all__ = ["classify_shape", "detect_objects", "relations_between", "score", "score_batch"]
 
@@ -72,7 +75,9 @@ MIN_SHAPE_IOU = 0.7
 #: GenEval's relative-position threshold (fraction of the two boxes' summed size per axis).
 POSITION_THRESHOLD = 0.1
 
-_HUES = np.array([PALETTE_HUE[c] for c in COLORS], dtype=np.float32)
+
+def _hues(colors) -> np.ndarray:
+    return np.array([ALL_PALETTE_HUE[c] for c in colors], dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -175,6 +180,8 @@ def _inside(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         return (u - 0.5) ** 2 + (v - 0.5) ** 2 <= 0.25
     if shape == "square":
         return (u >= 0.0) & (u <= 1.0) & (v >= 0.0) & (v <= 1.0)
+    if shape == "diamond":
+        return np.abs(u - 0.5) + np.abs(v - 0.5) <= 0.5
     along, across = {"up": (v, u), "down": (1.0 - v, u), "left": (u, v), "right": (1.0 - u, v)}[shape.split("_")[1]]
     return (along >= 0.0) & (along <= 1.0) & (np.abs(across - 0.5) <= 0.5 * along)
 
@@ -188,10 +195,13 @@ _HYPOTHESES: Dict[str, Tuple[float, float, float, float]] = {
     "triangle_down": (1 / 24, 1 / 18, -1 / 2, -1 / 3),
     "triangle_left": (1 / 18, 1 / 24, -2 / 3, -1 / 2),
     "triangle_right": (1 / 18, 1 / 24, -1 / 3, -1 / 2),
+    "diamond": (1 / 24, 1 / 24, -1 / 2, -1 / 2),
 }
 
 
-def classify_shape(coverage: np.ndarray) -> Tuple[Optional[str], Dict[str, float]]:
+def classify_shape(
+    coverage: np.ndarray, shapes: Sequence[str] = ("circle", "square", "triangle")
+) -> Tuple[Optional[str], Dict[str, float]]:
     """``(shape or None, features)`` of one object's coverage map (boolean or in [0, 1], zero off the object).
 
     For each hypothesis (circle, square, and the triangle with its apex up, down, left or right) the shape's box is
@@ -199,13 +209,15 @@ def classify_shape(coverage: np.ndarray) -> Tuple[Optional[str], Dict[str, float
     each axis, a circle of diameter ``d`` ``d^2 / 16``), the shape is rendered in that box at 4x supersampling, and
     compared with the map by soft IoU (sum of minima over sum of maxima). The best hypothesis names the shape if its
     IoU is at least :data:`MIN_SHAPE_IOU` and the fitted box's aspect ratio is within [0.5, 2]. ``features`` holds
-    each shape's IoU (the best orientation's for the triangle) and ``aspect`` (box width / height).
+    each shape's IoU (the best orientation's for the triangle) and ``aspect`` (box width / height). ``shapes``: the
+    hypotheses, a grammar's shapes (the enlarged grammar adds the diamond, a square on its corner: variance ``s^2 /
+    24`` along each axis).
     """
     m = np.asarray(coverage, dtype=np.float64)
     h, w = m.shape
     mass = float(m.sum())
     if mass <= 0:
-        return None, {"circle": 0.0, "square": 0.0, "triangle": 0.0, "aspect": 1.0}
+        return None, {**{shape: 0.0 for shape in shapes}, "aspect": 1.0}
     ys, xs = np.arange(h) + 0.5, np.arange(w) + 0.5
     px, py = m.sum(0), m.sum(1)
     cx, cy = float(px @ xs) / mass, float(py @ ys) / mass
@@ -217,6 +229,8 @@ def classify_shape(coverage: np.ndarray) -> Tuple[Optional[str], Dict[str, float
     feats: Dict[str, float] = {}
     best, best_iou, best_aspect = None, -1.0, 1.0
     for name, (kx, ky, ox, oy) in _HYPOTHESES.items():
+        if name.split("_")[0] not in shapes:
+            continue
         bw, bh = max(np.sqrt(vx / kx), 1e-3), max(np.sqrt(vy / ky), 1e-3)
         u = (gx - (cx + ox * bw)) / bw
         v = (gy - (cy + oy * bh)) / bh
@@ -233,17 +247,21 @@ def classify_shape(coverage: np.ndarray) -> Tuple[Optional[str], Dict[str, float
     return best, feats
 
 
-def detect_objects(image: ImageLike) -> List[Dict[str, Any]]:
+def detect_objects(image: ImageLike, grammar: Union[str, Grammar] = "original") -> List[Dict[str, Any]]:
     """The objects seen in an image, largest first.
 
     Each is ``{"shape": str | None, "color": str, "area": int, "box": (x0, y0, x1, y1), "center": (x, y),
     "features": {...}}`` with the box in pixels (x1, y1 exclusive) and the box centre as fractions of the image
-    width and height; ``shape`` is None for blobs that are no circle, square or triangle.
+    width and height; ``shape`` is None for blobs that are none of the grammar's shapes. Colours and shapes are
+    those of ``grammar`` (:data:`~diffusers_var_accel.data.shapes.GRAMMARS`; the original one: circle, square,
+    triangle in six colours).
     """
+    grammar = get_grammar(grammar)
+    colors = grammar.colors
     rgb = _to_rgb(image)
     h, w, _ = rgb.shape
     hue, chroma = _hue_chroma(rgb)
-    dist = np.abs(hue[..., None] - _HUES)
+    dist = np.abs(hue[..., None] - _hues(colors))
     dist = np.minimum(dist, 360.0 - dist)
     nearest = dist.argmin(-1)
     chromatic = (chroma >= CHROMA_MIN) & (np.take_along_axis(dist, nearest[..., None], -1)[..., 0] <= HUE_TOL)
@@ -273,8 +291,8 @@ def detect_objects(image: ImageLike) -> List[Dict[str, Any]]:
             continue
         coverage = np.where(member, np.clip((chroma / max(ref, 1e-6) - 0.5) * EDGE_GAIN + 0.5, 0.0, 1.0), 0.0)
         cy0, cy1, cx0, cx1 = max(y0 - 2, 0), min(y1 + 2, h), max(x0 - 2, 0), min(x1 + 2, w)
-        shape, feats = classify_shape(coverage[cy0:cy1, cx0:cx1])
-        color = COLORS[int(labels.flat[int(cid)])]
+        shape, feats = classify_shape(coverage[cy0:cy1, cx0:cx1], grammar.shapes)
+        color = colors[int(labels.flat[int(cid)])]
         objects.append(
             {
                 "shape": shape,
@@ -325,15 +343,25 @@ def _describe(want: Dict[str, Any]) -> str:
     return " ".join(x for x in (want["color"], want["shape"]) if x)
 
 
-def score(prompt: str, image: ImageLike) -> Dict[str, Any]:
+def score(prompt: str, image: ImageLike, grammar: Union[str, Grammar, None] = None) -> Dict[str, Any]:
     """Whether ``image`` satisfies ``prompt`` (GenEval-style rules in the module docstring).
 
     Returns ``{"correct": bool, "category": str, "details": {"parsed", "objects", "reason"}}``; raises
-    ``ValueError`` for a prompt outside the shapes grammar.
+    ``ValueError`` for a prompt outside the shapes grammar. Colours and shapes are read within ``grammar``, the world
+    the image was drawn for (:data:`~diffusers_var_accel.data.shapes.GRAMMARS`); by default the smallest grammar that
+    says the prompt (:func:`~diffusers_var_accel.data.shapes.grammar_of`), so a prompt of the original grammar is
+    judged as it was before the grammar grew. Give ``"enlarged"`` for images of a model of the enlarged world, whose
+    objects of unnamed colour may be pink or cyan.
     """
     meaning = parse_prompt(prompt)
     category = meaning["category"]
-    objects = detect_objects(image)
+    world = grammar_of(meaning)
+    if grammar is not None:
+        grammar = get_grammar(grammar)
+        if not (set(world.shapes) <= set(grammar.shapes) and set(world.colors) <= set(grammar.colors)):
+            raise ValueError(f"prompt {prompt!r} uses words outside the grammar {grammar.name!r}")
+        world = grammar
+    objects = detect_objects(image, world)
     wants = meaning["objects"]
     found = [_matches(objects, want) for want in wants]
     correct, reason = True, "ok"
@@ -357,8 +385,10 @@ def score(prompt: str, image: ImageLike) -> Dict[str, Any]:
     }
 
 
-def score_batch(prompts: Sequence[str], images: Sequence[ImageLike]) -> Dict[str, Any]:
-    """Score many (prompt, image) pairs.
+def score_batch(
+    prompts: Sequence[str], images: Sequence[ImageLike], grammar: Union[str, Grammar, None] = None
+) -> Dict[str, Any]:
+    """Score many (prompt, image) pairs (``grammar``: see :func:`score`).
 
     Returns ``{"per_category": {category: accuracy}, "overall": mean of the per-category accuracies (GenEval's
     score), "overall_images": accuracy over all images, "n": number of images, "n_per_category": {...},
@@ -369,7 +399,7 @@ def score_batch(prompts: Sequence[str], images: Sequence[ImageLike]) -> Dict[str
     hits: Dict[str, List[bool]] = {}
     flags = []
     for prompt, image in zip(prompts, images):
-        r = score(prompt, image)
+        r = score(prompt, image, grammar)
         hits.setdefault(r["category"], []).append(r["correct"])
         flags.append(r["correct"])
     per_category = {c: float(np.mean(hits[c])) for c in CATEGORIES if c in hits}

@@ -52,6 +52,13 @@ Captions are lower case, without punctuation; ``<det>`` is ``a`` (``an`` before 
                    where <np> is <det> [<color>] <shape> (both with a colour or both without) and <relation> is
                    "to the left of" | "to the right of" | "above" | "below"
 
+**The enlarged grammar** (:data:`GRAMMARS` ``["enlarged"]``) adds the shape ``diamond`` (a square standing on a
+corner, filling its box), the colours ``pink`` and ``cyan`` (:data:`EXTRA_PALETTE`) and the count ``four``. The
+200 held-out prompts use the original words only, and nearly all strings of ``single_object`` (3), ``two_objects``
+(6) and ``colors`` (18) occur among them; the enlarged grammar has prompts of every category outside that set, for
+calibrating a model trained on it. :func:`parse_prompt` reads every word of both; :func:`sample_scene`,
+:func:`make_dataset` and :func:`heldout_prompts` draw from the original grammar unless given ``grammar``.
+
 A colour on a lone object makes the caption a ``colors`` caption, so every caption has exactly one category (a
 coloured single object reads as GenEval's ``colors`` task). Two-object captions never name the same object twice
 (:func:`parse_prompt` also accepts the same shape in two different colours, which the sampler does not produce).
@@ -91,11 +98,17 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 __all__ = [
+    "ALL_PALETTE",
     "BACKGROUNDS",
     "CANONICAL_CENTERS",
     "CATEGORIES",
     "COLORS",
     "COUNT_WORDS",
+    "EXTRA_COUNT_WORDS",
+    "EXTRA_PALETTE",
+    "EXTRA_SHAPES",
+    "GRAMMARS",
+    "Grammar",
     "HELDOUT_SEED",
     "LARGE_SIZE",
     "MARGIN",
@@ -109,6 +122,8 @@ __all__ = [
     "ShapeObject",
     "ShapeScene",
     "caption_from_metadata",
+    "get_grammar",
+    "grammar_of",
     "heldout_prompts",
     "make_dataset",
     "parse_prompt",
@@ -120,7 +135,6 @@ __all__ = [
 RGB = Tuple[int, int, int]
 
 SHAPES: Tuple[str, ...] = ("circle", "square", "triangle")
-PLURALS: Dict[str, str] = {s: s + "s" for s in SHAPES}
 
 #: Object colours (see the module docstring for their hues and chromas).
 PALETTE: Dict[str, RGB] = {
@@ -161,6 +175,86 @@ RELATIONS: Dict[str, str] = {
     "above": "above",
     "below": "below",
 }
+
+#: The words of the enlarged grammar beyond the original one: a fourth shape (a square standing on a corner, filling
+#: its box), two colours hue-separated from the six (pink 326 degrees: 34 from red, 47 from purple; cyan 186: 53 from
+#: green, 39 from blue; chroma 175 and 190) and a fourth count (four objects: a 2 x 2 grid in the canonical layout).
+EXTRA_SHAPES: Tuple[str, ...] = ("diamond",)
+EXTRA_PALETTE: Dict[str, RGB] = {"pink": (235, 60, 160), "cyan": (20, 190, 210)}
+EXTRA_COUNT_WORDS: Dict[int, str] = {4: "four"}
+#: Every colour a scene can be drawn in (the renderer's and the parser's palette).
+ALL_PALETTE: Dict[str, RGB] = {**PALETTE, **EXTRA_PALETTE}
+ALL_PALETTE_HUE: Dict[str, float] = {
+    c: 360.0 * colorsys.rgb_to_hsv(*(v / 255.0 for v in rgb))[0] for c, rgb in ALL_PALETTE.items()
+}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The words a caption may use: shapes, colours, counts and relations (the categories are the same for all).
+
+    ``"original"`` is the world of the 200 held-out prompts (3 shapes, 6 colours, counts two and three); its strings
+    of ``single_object`` (3), ``two_objects`` (6) and ``colors`` (18) all but fill the held-out set. ``"enlarged"``
+    adds :data:`EXTRA_SHAPES`, :data:`EXTRA_PALETTE` and :data:`EXTRA_COUNT_WORDS`, so that prompts of every category
+    exist whose strings are not held out. A grammar's sampler draws exactly as the original one did when given the
+    original words, so :func:`heldout_prompts` is unchanged.
+    """
+
+    name: str
+    shapes: Tuple[str, ...]
+    colors: Tuple[str, ...]
+    count_words: Tuple[Tuple[int, str], ...]
+
+    @property
+    def counts(self) -> Dict[int, str]:
+        return dict(self.count_words)
+
+    def words(self) -> List[str]:
+        """Every word a caption of this grammar can contain, sorted (for a word-level tokenizer)."""
+        words = {"a", "an", "and"} | set(self.shapes) | {s + "s" for s in self.shapes} | set(self.colors)
+        words |= set(self.counts.values())
+        for phrase in RELATIONS.values():
+            words |= set(phrase.split())
+        return sorted(words)
+
+
+#: Plural of every shape of every grammar.
+PLURALS: Dict[str, str] = {s: s + "s" for s in SHAPES + EXTRA_SHAPES}
+#: Every count word of every grammar.
+ALL_COUNT_WORDS: Dict[int, str] = {**COUNT_WORDS, **EXTRA_COUNT_WORDS}
+
+GRAMMARS: Dict[str, Grammar] = {
+    "original": Grammar("original", ("circle", "square", "triangle"), tuple(PALETTE), tuple(COUNT_WORDS.items())),
+    "enlarged": Grammar(
+        "enlarged",
+        ("circle", "square", "triangle") + EXTRA_SHAPES,
+        tuple(ALL_PALETTE),
+        tuple({**COUNT_WORDS, **EXTRA_COUNT_WORDS}.items()),
+    ),
+}
+
+
+def get_grammar(grammar: Union[str, Grammar]) -> Grammar:
+    """A :class:`Grammar` by name (``"original"`` or ``"enlarged"``), or the one given."""
+    if isinstance(grammar, Grammar):
+        return grammar
+    if grammar not in GRAMMARS:
+        raise ValueError(f"unknown grammar {grammar!r}; expected one of {sorted(GRAMMARS)}")
+    return GRAMMARS[grammar]
+
+
+def grammar_of(meaning: Dict[str, Any]) -> Grammar:
+    """The smallest grammar whose words say ``meaning`` (a caption's metadata): the original one unless the caption
+    uses a word of the enlarged one. The scorer reads colours and shapes within it, so that its verdicts on prompts
+    of the original grammar stay what they were before the grammar grew."""
+    original = GRAMMARS["original"]
+    for o in meaning["objects"]:
+        if o["shape"] not in original.shapes or (o["color"] and o["color"] not in original.colors):
+            return GRAMMARS["enlarged"]
+        if o["count"] != 1 and o["count"] not in original.counts:
+            return GRAMMARS["enlarged"]
+    return original
+
 
 #: Object size ranges, as fractions of the canvas side (12-17 px and 19-26 px at 64x64).
 SMALL_SIZE: Tuple[float, float] = (0.19, 0.27)
@@ -226,7 +320,7 @@ def caption_from_metadata(meta: Dict[str, Any]) -> str:
         return _noun_phrase(objs[0]["shape"], objs[0]["color"])
     if cat == "counting":
         o = objs[0]
-        words = [COUNT_WORDS[o["count"]]] + ([o["color"]] if o["color"] else []) + [PLURALS[o["shape"]]]
+        words = [ALL_COUNT_WORDS[o["count"]]] + ([o["color"]] if o["color"] else []) + [PLURALS[o["shape"]]]
         return " ".join(words)
     a = _noun_phrase(objs[0]["shape"], objs[0]["color"])
     b = _noun_phrase(objs[1]["shape"], objs[1]["color"])
@@ -249,7 +343,8 @@ def parse_prompt(prompt: str) -> Dict[str, Any]:
     """The structured meaning of a caption of the grammar (see the module docstring).
 
     Case, surrounding blanks, repeated blanks and one final ``.`` are ignored; either article is accepted before any
-    word. Raises ``ValueError`` naming the prompt for any text outside the grammar.
+    word. Every word of the enlarged grammar is read (:data:`GRAMMARS`; :func:`grammar_of` tells which grammar a
+    meaning needs). Raises ``ValueError`` naming the prompt for any text outside the grammar.
     """
     if not isinstance(prompt, str):
         raise ValueError(f"prompt {prompt!r} is not a string")
@@ -266,19 +361,19 @@ def parse_prompt(prompt: str) -> Dict[str, Any]:
             raise fail(f"expected 'a' or 'an' at word {i + 1}")
         i += 1
         color = None
-        if i < len(toks) and toks[i] in PALETTE:
+        if i < len(toks) and toks[i] in ALL_PALETTE:
             color, i = toks[i], i + 1
-        if i >= len(toks) or toks[i] not in SHAPES:
-            raise fail(f"expected a shape ({', '.join(SHAPES)}) at word {i + 1}")
+        if i >= len(toks) or toks[i] not in PLURALS:
+            raise fail(f"expected a shape ({', '.join(PLURALS)}) at word {i + 1}")
         return _obj(toks[i], color), i + 1
 
     if not toks:
         raise fail("empty")
-    counts = {w: n for n, w in COUNT_WORDS.items()}
+    counts = {w: n for n, w in ALL_COUNT_WORDS.items()}
     if toks[0] in counts:
         rest = toks[1:]
         color = None
-        if rest and rest[0] in PALETTE:
+        if rest and rest[0] in ALL_PALETTE:
             color, rest = rest[0], rest[1:]
         plural_to_shape = {p: s for s, p in PLURALS.items()}
         if len(rest) != 1 or rest[0] not in plural_to_shape:
@@ -311,12 +406,9 @@ def parse_prompt(prompt: str) -> Dict[str, Any]:
     raise fail(f"expected 'and' or a relation ({', '.join(RELATIONS.values())}) at word {i + 1}")
 
 
-def vocabulary() -> List[str]:
-    """Every word a caption can contain, sorted (for a word-level tokenizer)."""
-    words = {"a", "an", "and"} | set(SHAPES) | set(PLURALS.values()) | set(COLORS) | set(COUNT_WORDS.values())
-    for phrase in RELATIONS.values():
-        words |= set(phrase.split())
-    return sorted(words)
+def vocabulary(grammar: Union[str, "Grammar"] = "original") -> List[str]:
+    """Every word a caption of ``grammar`` can contain, sorted (for a word-level tokenizer)."""
+    return get_grammar(grammar).words()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -334,26 +426,29 @@ def _choice(rng: np.random.Generator, seq: Sequence[Any]) -> Any:
     return seq[int(rng.integers(len(seq)))]
 
 
-def _sample_meaning(rng: np.random.Generator, category: str) -> Dict[str, Any]:
-    """A random meaning of the category (a caption's metadata)."""
+def _sample_meaning(rng: np.random.Generator, category: str, grammar: Optional["Grammar"] = None) -> Dict[str, Any]:
+    """A random meaning of the category (a caption's metadata) in ``grammar`` (default: the original one; the same
+    draws from ``rng`` for any grammar, so the original grammar's draws are those it always made)."""
+    grammar = grammar or GRAMMARS["original"]
+    shapes, colors = grammar.shapes, grammar.colors
     if category == "single_object":
-        return _meaning(category, [_obj(_choice(rng, SHAPES), None)])
+        return _meaning(category, [_obj(_choice(rng, shapes), None)])
     if category == "colors":
-        return _meaning(category, [_obj(_choice(rng, SHAPES), _choice(rng, COLORS))])
+        return _meaning(category, [_obj(_choice(rng, shapes), _choice(rng, colors))])
     if category == "counting":
-        n = _choice(rng, sorted(COUNT_WORDS))
-        color = _choice(rng, COLORS) if rng.random() < 0.5 else None
-        return _meaning(category, [_obj(_choice(rng, SHAPES), color, n)])
-    s1, s2 = (SHAPES[int(k)] for k in rng.permutation(len(SHAPES))[:2])
+        n = _choice(rng, sorted(grammar.counts))
+        color = _choice(rng, colors) if rng.random() < 0.5 else None
+        return _meaning(category, [_obj(_choice(rng, shapes), color, n)])
+    s1, s2 = (shapes[int(k)] for k in rng.permutation(len(shapes))[:2])
     if category == "two_objects":
         return _meaning(category, [_obj(s1, None), _obj(s2, None)])
     if category == "color_attr":
-        c1, c2 = (COLORS[int(k)] for k in rng.permutation(len(COLORS))[:2])
+        c1, c2 = (colors[int(k)] for k in rng.permutation(len(colors))[:2])
         return _meaning(category, [_obj(s1, c1), _obj(s2, c2)])
     if category == "position":
         relation = _choice(rng, tuple(RELATIONS))
         if rng.random() < 0.5:
-            c1, c2 = (COLORS[int(k)] for k in rng.permutation(len(COLORS))[:2])
+            c1, c2 = (colors[int(k)] for k in rng.permutation(len(colors))[:2])
         else:
             c1 = c2 = None
         return _meaning(category, [_obj(s1, c1), _obj(s2, c2)], relation)
@@ -425,6 +520,7 @@ CANONICAL_CENTERS: Dict[str, Tuple[Tuple[float, float], ...]] = {
     "row": ((0.28, 0.5), (0.72, 0.5)),
     "column": ((0.5, 0.28), (0.5, 0.72)),
     "three": ((0.28, 0.28), (0.72, 0.28), (0.5, 0.72)),
+    "four": ((0.28, 0.28), (0.72, 0.28), (0.28, 0.72), (0.72, 0.72)),
 }
 
 
@@ -437,13 +533,15 @@ def _place_canonical(
 ) -> List[ShapeObject]:
     """Objects at the fixed centres of :data:`CANONICAL_CENTERS` (one size per scene): the layout follows from the
     caption (one object in the middle; two side by side in the order named, or one above the other for ``above`` /
-    ``below``; three in a triangle), so only sizes and colours are random."""
+    ``below``; three in a triangle; four in a 2 x 2 grid), so only sizes and colours are random."""
     small, large = sizes if sizes is not None else (SMALL_SIZE, LARGE_SIZE)
     size = _snap(float(rng.uniform(*(large if rng.random() < 0.5 and len(specs) < 3 else small))), lattice)
     if len(specs) == 1:
         centers = CANONICAL_CENTERS["one"]
     elif len(specs) == 3:
         centers = CANONICAL_CENTERS["three"]
+    elif len(specs) == 4:
+        centers = CANONICAL_CENTERS["four"]
     else:
         centers = CANONICAL_CENTERS["column" if relation in ("above", "below") else "row"]
         if relation in ("right of", "below"):
@@ -468,6 +566,7 @@ def sample_scene(
     layout: str = "random",
     unnamed_color: Optional[str] = None,
     background: Optional[str] = None,
+    grammar: Union[str, Grammar] = "original",
 ) -> ShapeScene:
     """A random scene whose caption holds; the category is drawn uniformly from :data:`CATEGORIES` unless given.
 
@@ -481,20 +580,22 @@ def sample_scene(
     ``unnamed_color`` (one of :data:`COLORS`) is the colour of every object whose caption names none, instead of a
     random colour each; ``background`` (one of :data:`BACKGROUNDS`) replaces the random background. With the
     canonical layout and one object size these make a scene a function of its caption (see docs/embedded.md).
+    ``grammar`` (a name of :data:`GRAMMARS`): the words its captions use, and the colours of unnamed objects.
     """
+    grammar = get_grammar(grammar)
     if layout not in ("random", "canonical"):
         raise ValueError(f"unknown layout {layout!r}; expected 'random' or 'canonical'")
-    if unnamed_color is not None and unnamed_color not in COLORS:
-        raise ValueError(f"unknown unnamed_color {unnamed_color!r}; expected one of {COLORS}")
+    if unnamed_color is not None and unnamed_color not in grammar.colors:
+        raise ValueError(f"unknown unnamed_color {unnamed_color!r}; expected one of {grammar.colors}")
     if background is not None and background not in BACKGROUNDS:
         raise ValueError(f"unknown background {background!r}; expected one of {BACKGROUNDS}")
     rng = _as_rng(rng)
     if category is None:
         category = _choice(rng, CATEGORIES)
-    meaning = _sample_meaning(rng, category)
+    meaning = _sample_meaning(rng, category, grammar)
     # Objects without a named colour get a random one each (or ``unnamed_color``).
     specs = [
-        (o["shape"], o["color"] or unnamed_color or _choice(rng, COLORS))
+        (o["shape"], o["color"] or unnamed_color or _choice(rng, grammar.colors))
         for o in meaning["objects"]
         for _ in range(o["count"])
     ]
@@ -539,15 +640,18 @@ def render_scene(scene: ShapeScene, size: int = 64, antialias: bool = True) -> I
     elif split == "h":
         draw.rectangle([0, side // 2, side, side], fill=(levels[1],) * 3)
     for obj in scene.objects:
-        if obj.color not in PALETTE or obj.shape not in SHAPES:
+        if obj.color not in ALL_PALETTE or obj.shape not in PLURALS:
             raise ValueError(f"unknown object {obj}")
-        fill = PALETTE[obj.color]
+        fill = ALL_PALETTE[obj.color]
         x0, y0, x1, y1 = (v * side for v in obj.box())
         # PIL fills pixel (i, j) when its centre (i + 0.5, j + 0.5) is inside the shape, boundaries included.
         if obj.shape == "circle":
             draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=fill)
         elif obj.shape == "square":
             draw.rectangle([round(x0), round(y0), round(x1) - 1, round(y1) - 1], fill=fill)
+        elif obj.shape == "diamond":
+            cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+            draw.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=fill)
         else:
             draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=fill)
     return canvas.reduce(ss) if ss > 1 else canvas
@@ -568,9 +672,10 @@ def make_dataset(
     unnamed_color: Optional[str] = None,
     background: Optional[str] = None,
     category_weights: Optional[Dict[str, float]] = None,
+    grammar: Union[str, Grammar] = "original",
 ) -> List[Tuple[Image.Image, str, ShapeScene]]:
     """``n`` samples ``(image, caption, scene)``; sample ``i`` is drawn from ``default_rng([seed, i])`` (``lattice``,
-    ``sizes``, ``layout``, ``unnamed_color``, ``background``: see :func:`sample_scene`).
+    ``sizes``, ``layout``, ``unnamed_color``, ``background``, ``grammar``: see :func:`sample_scene`).
 
     ``category_weights`` (category -> relative weight; missing categories weigh 0) draws each sample's category with
     these weights instead of uniformly: a training set can give more of its images to the categories with many
@@ -597,23 +702,28 @@ def make_dataset(
             layout=layout,
             unnamed_color=unnamed_color,
             background=background,
+            grammar=grammar,
         )
         out.append((render_scene(scene, size), scene.caption, scene))
     return out
 
 
-def heldout_prompts(n: int = 200, seed: int = HELDOUT_SEED) -> List[Dict[str, Any]]:
-    """A fixed evaluation set of ``n`` prompts, balanced over :data:`CATEGORIES` (round robin).
+def heldout_prompts(
+    n: int = 200, seed: int = HELDOUT_SEED, grammar: Union[str, Grammar] = "original"
+) -> List[Dict[str, Any]]:
+    """A fixed evaluation set of ``n`` prompts, balanced over :data:`CATEGORIES` (round robin), of the original
+    grammar (the 200 held-out prompts) or of another (``grammar``: other sets of prompts with the same sampler).
 
     Each entry is ``{"prompt", "category", "metadata", "seed"}``; ``seed`` is a per-prompt integer a benchmark may use
     to seed the generation of that prompt's image. Some categories have few distinct prompts (``single_object`` has
     3), so prompts repeat, as in GenEval; the set is held out in its draws, not in its prompt strings.
     """
+    grammar = get_grammar(grammar)
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         category = CATEGORIES[i % len(CATEGORIES)]
-        meaning = _sample_meaning(rng, category)
+        meaning = _sample_meaning(rng, category, grammar)
         out.append(
             {
                 "prompt": caption_from_metadata(meaning),
