@@ -164,6 +164,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(self-correction with the model's errors instead of random flips)",
     )
     p.add_argument(
+        "--prefix-scales",
+        type=int,
+        default=0,
+        help="K > 1: each step also runs the first K scales alone (a short sequence, cheap) on --prefix-batch-size "
+        "more scenes, with the bit loss of scales 1..K-1 weighted by --prefix-weight: more training where the "
+        "first multi-token scale must tell left from right (docs/embedded.md, sixth round); 0 = off",
+    )
+    p.add_argument("--prefix-batch-size", type=int, default=64)
+    p.add_argument("--prefix-weight", type=float, default=1.0)
+    p.add_argument(
         "--resume",
         action="store_true",
         help="with --pipeline-path: continue training its transformer and text encoder for --steps steps",
@@ -471,6 +481,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     rope = family.rope_cos_sin(range(len(schedule)))
     token_weight = torch.cat([torch.full((n,), float(n) ** -args.scale_loss_weight) for n in lengths])
     token_weight = (token_weight / token_weight.sum()).to(device)  # (L,): the loss is a weighted mean over tokens
+    prefix_len = sum(lengths[: args.prefix_scales])
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.97), weight_decay=0.02)
     warmup = max(1, args.steps // 30)
@@ -506,6 +517,10 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
         logits = transformer.head_logits(hidden, condition.cond_RC).float()  # (B, L, 2d)
         bit_loss = F.cross_entropy(logits.reshape(-1, 2), target.reshape(-1), reduction="none").view(target.shape)
         loss = (bit_loss.mean(dim=(0, 2)) * token_weight).sum()
+        if args.prefix_scales:  # the first scales alone: block-causal, so the same as the full pass's first tokens
+            loss = loss + args.prefix_weight * prefix_loss(
+                args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, prefix_len, g
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 2.0)
@@ -540,6 +555,34 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
             print(f"[transformer] time limit reached at step {step}", flush=True)
             break
     return transformer.eval(), text_encoder.eval(), tokenizer
+
+
+def prefix_loss(args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, prefix_len, g):
+    """Bit cross-entropy of scales 1..K-1 (``--prefix-scales K``) on ``--prefix-batch-size`` scenes, from a pass over
+    their first ``prefix_len`` tokens only (the block-causal mask makes it the full pass's prefix), with the same
+    caption dropout."""
+    from diffusers_var_accel.next_scale.context import VARForwardContext
+
+    device, K = args.device, args.prefix_scales
+    lengths = [h * w for _, h, w in schedule[:K]]
+    idx = torch.randint(0, len(captions), (args.prefix_batch_size,), generator=g)
+    drop = torch.rand(args.prefix_batch_size, generator=g) < 0.1
+    tokens = tokenizer([captions[i] for i in idx.tolist()], padding="longest", return_tensors="pt").to(device)
+    text = text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+    mask = tokens.attention_mask.bool()
+    text = torch.where(drop.to(device).view(-1, 1, 1), transformer.null_text_embeds(mask).to(text.dtype), text)
+    condition = transformer.encode_condition(text, mask)
+    with torch.no_grad():
+        inputs, target = teacher_batch(vae, latents[idx].to(device), schedule)
+    scale_ids = torch.repeat_interleave(torch.arange(K), torch.tensor(lengths)).to(device)
+    rope = family.rope_cos_sin(range(K))
+    x = torch.cat(
+        (transformer.embed_start(condition), family.embed_inputs(inputs[:, : prefix_len - 1], scale_ids[1:])), dim=1
+    )
+    context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
+    logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float()[:, 1:]
+    target = target[:, 1:prefix_len]
+    return F.cross_entropy(logits.reshape(-1, 2), target.reshape(-1))
 
 
 def summed_codes(vae, bits_BLd: torch.Tensor, schedule, keep=None) -> torch.Tensor:
@@ -717,6 +760,8 @@ def main(argv=None) -> int:
         raise SystemExit(
             f"--decoder-tokens {args.decoder_tokens} needs --decoder-steps N > 0 (the decoder stage is off)"
         )
+    if args.prefix_scales and not 1 < args.prefix_scales <= len(args.patch_nums):
+        raise SystemExit(f"--prefix-scales {args.prefix_scales}: expected 0 (off) or 2..{len(args.patch_nums)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -174,3 +174,87 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
     a = pipe("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
     b = pipe("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
     assert a.shape == (1, 3, 64, 64) and torch.equal(a, b)
+
+
+def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
+    """``scripts/diagnose_embedded_scales.py`` on the packaged model: a row per category, a cell per scale; the true
+    tokens of two-colour scenes differ between left and right at 2 x 2 (one-object scenes barely do), and the
+    packaged model's teacher-forced predictions there differ less often than the truth (docs/embedded.md, sixth
+    round)."""
+    spec = importlib.util.spec_from_file_location(
+        "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    two = module.scale_report(pipe, "color_attr", 12)
+    one = module.scale_report(pipe, "colors", 12)
+    schedule = pipe.transformer.config.scale_schedule
+    assert [s["hw"] for s in two["scales"]] == [list(s[1:]) for s in schedule]
+    assert all(0 <= s["tokens_right"] <= 1 and 0.5 <= s["bit_confidence"] <= 1 for s in two["scales"])
+    assert two["first_split_scale"]["hw"] == [2, 2]
+    assert two["first_split_scale"]["true_left_right_differ"] > one["first_split_scale"]["true_left_right_differ"]
+    split = two["first_split_scale"]
+    assert split["predicted"] < split["true_left_right_differ"]
+    assert module.main(["--scenes", "2", "--categories", "colors"]) == 0
+    assert capsys.readouterr().out.count("| colors |") == 1
+    with pytest.raises(SystemExit, match="--scenes 0"):
+        module.main(["--scenes", "0"])
+
+
+def test_prefix_loss_is_the_full_pass_loss_of_the_first_scales(train):
+    """``--prefix-scales K``: the extra pass over the first K scales alone gives the loss the full block-causal pass
+    gives those tokens (the same scenes, caption dropout and targets), so it trains exactly those predictions."""
+    import types
+
+    import numpy as np
+    import torch.nn.functional as F
+
+    from diffusers_var_accel.data.shapes import make_dataset
+    from diffusers_var_accel.next_scale.context import VARForwardContext
+    from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
+
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    transformer, vae = pipe.transformer.eval(), pipe.vae.eval()
+    schedule = tuple(tuple(s) for s in transformer.config.scale_schedule)
+    family = InfinityScaleFamily(transformer, vae, schedule, schedule[-1][-2:], top_k=0, top_p=None)
+    scenes = make_dataset(6, seed=1, size=64)
+    images = torch.from_numpy(np.stack([np.asarray(i) for i, _, _ in scenes])).permute(0, 3, 1, 2).float() / 127.5 - 1
+    captions = [c for _, c, _ in scenes]
+    args = types.SimpleNamespace(device="cpu", prefix_scales=3, prefix_batch_size=6)
+    prefix_len = 1 + 4 + 9
+    with torch.no_grad():
+        latents = vae.encode(images)
+        loss = train.prefix_loss(
+            args,
+            transformer,
+            pipe.text_encoder,
+            pipe.tokenizer,
+            family,
+            vae,
+            captions,
+            latents,
+            schedule,
+            prefix_len,
+            torch.Generator().manual_seed(0),
+        )
+        g = torch.Generator().manual_seed(0)  # the same draws: scenes, then dropout
+        idx = torch.randint(0, 6, (6,), generator=g)
+        drop = torch.rand(6, generator=g) < 0.1
+        tokens = pipe.tokenizer([captions[i] for i in idx.tolist()], padding="longest", return_tensors="pt")
+        text = pipe.text_encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+        mask = tokens.attention_mask.bool()
+        text = torch.where(drop.view(-1, 1, 1), transformer.null_text_embeds(mask).to(text.dtype), text)
+        condition = transformer.encode_condition(text, mask)
+        inputs, target = train.teacher_batch(vae, latents[idx], schedule)
+        lengths = [h * w for _, h, w in schedule]
+        scale_ids = torch.repeat_interleave(torch.arange(len(schedule)), torch.tensor(lengths))
+        x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
+        context = VARForwardContext(
+            kv_cache=None, rope_cos_sin=family.rope_cos_sin(range(len(schedule))), token_scale_ids=scale_ids
+        )
+        logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float()
+        full = F.cross_entropy(logits[:, 1:prefix_len].reshape(-1, 2), target[:, 1:prefix_len].reshape(-1))
+    torch.testing.assert_close(loss, full, rtol=1e-5, atol=1e-6)
+    with pytest.raises(SystemExit, match="--prefix-scales 1"):
+        train.main(["--prefix-scales", "1"])
