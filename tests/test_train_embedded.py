@@ -179,8 +179,9 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
 def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     """``scripts/diagnose_embedded_scales.py`` on the packaged model: a row per category, a cell per scale; the true
     tokens of two-colour scenes differ between left and right at 2 x 2 (one-object scenes barely do), and the
-    packaged model's teacher-forced predictions there differ less often than the truth (docs/embedded.md, sixth
-    round)."""
+    packaged model's teacher-forced predictions there differ nearly as often (0.625 against 0.667 on these 12
+    scenes; the fifth round's model, which drew both objects in one colour, 0.14 against 0.58 on 48: docs/embedded.md,
+    sixth and seventh rounds)."""
     spec = importlib.util.spec_from_file_location(
         "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
     )
@@ -195,7 +196,8 @@ def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     assert two["first_split_scale"]["hw"] == [2, 2]
     assert two["first_split_scale"]["true_left_right_differ"] > one["first_split_scale"]["true_left_right_differ"]
     split = two["first_split_scale"]
-    assert split["predicted"] < split["true_left_right_differ"]
+    assert split["predicted"] >= 0.75 * split["true_left_right_differ"]
+    assert split["predicted"] > 2 * one["first_split_scale"]["predicted"]
     assert module.main(["--scenes", "2", "--categories", "colors"]) == 0
     assert capsys.readouterr().out.count("| colors |") == 1
     with pytest.raises(SystemExit, match="--scenes 0"):
