@@ -148,11 +148,10 @@ def calibration_prompts(
     category outside it, for a model that knows the enlarged grammar's words. ``words``: keep only prompts made of
     these words (e.g. a word-level tokenizer's vocabulary).
     """
-    from .data.shapes import get_grammar, heldout_prompts
+    from .data.shapes import heldout_prompts
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of calibration prompts must be an integer >= 1, got {n!r}")
-    get_grammar(grammar)
     allowed = None if words is None else set(words)
     held_out = {e["prompt"] for e in heldout_prompts()}
     chosen: List[str] = []

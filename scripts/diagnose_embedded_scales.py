@@ -19,6 +19,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_embedded's teacher_batch
 
 #: The training world of the packaged model's transformer stage (scripts/train_embedded.py, docs/embedded.md).
 CAPTION_DECIDED_WORLD = dict(
@@ -40,7 +41,6 @@ def scale_report(pipe, category: str, num_scenes: int, seed: int = 999) -> dict:
     from diffusers_var_accel.next_scale.context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from train_embedded import teacher_batch
 
     transformer, vae = pipe.transformer.eval(), pipe.vae.eval()

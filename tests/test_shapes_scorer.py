@@ -317,6 +317,8 @@ def test_enlarged_words_are_checked():
         assert not score(s.caption, render_scene(_with_objects(s, s.objects[:3])), grammar="enlarged")["correct"]
     with pytest.raises(ValueError, match="outside the grammar 'original'"):
         score("a pink circle", render_scene(base), grammar="original")
+    with pytest.raises(ValueError, match="outside the grammar 'original'"):  # a count of the enlarged grammar
+        score("four circles", render_scene(base), grammar="original")
 
 
 def test_original_prompts_are_judged_as_before_the_grammar_grew():

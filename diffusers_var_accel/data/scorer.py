@@ -358,7 +358,7 @@ def score(prompt: str, image: ImageLike, grammar: Union[str, Grammar, None] = No
     world = grammar_of(meaning)
     if grammar is not None:
         grammar = get_grammar(grammar)
-        if not (set(world.shapes) <= set(grammar.shapes) and set(world.colors) <= set(grammar.colors)):
+        if not set(world.words()) <= set(grammar.words()):
             raise ValueError(f"prompt {prompt!r} uses words outside the grammar {grammar.name!r}")
         world = grammar
     objects = detect_objects(image, world)

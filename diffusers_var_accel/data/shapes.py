@@ -99,6 +99,7 @@ from PIL import Image, ImageDraw
 
 __all__ = [
     "ALL_PALETTE",
+    "ALL_SHAPES",
     "BACKGROUNDS",
     "CANONICAL_CENTERS",
     "CATEGORIES",
@@ -147,9 +148,13 @@ PALETTE: Dict[str, RGB] = {
 }
 COLORS: Tuple[str, ...] = tuple(PALETTE)
 #: Hue of each palette colour in degrees [0, 360).
-PALETTE_HUE: Dict[str, float] = {
-    c: 360.0 * colorsys.rgb_to_hsv(*(v / 255.0 for v in rgb))[0] for c, rgb in PALETTE.items()
-}
+
+
+def _hue(rgb: RGB) -> float:
+    return 360.0 * colorsys.rgb_to_hsv(*(v / 255.0 for v in rgb))[0]
+
+
+PALETTE_HUE: Dict[str, float] = {c: _hue(rgb) for c, rgb in PALETTE.items()}
 
 #: Neutral background tones (grey levels); never confusable with a palette colour (chroma 0 against >= 140).
 NEUTRAL_TONES: Dict[str, int] = {"white": 255, "light_gray": 210, "dark_gray": 70, "black": 15}
@@ -184,9 +189,12 @@ EXTRA_PALETTE: Dict[str, RGB] = {"pink": (235, 60, 160), "cyan": (20, 190, 210)}
 EXTRA_COUNT_WORDS: Dict[int, str] = {4: "four"}
 #: Every colour a scene can be drawn in (the renderer's and the parser's palette).
 ALL_PALETTE: Dict[str, RGB] = {**PALETTE, **EXTRA_PALETTE}
-ALL_PALETTE_HUE: Dict[str, float] = {
-    c: 360.0 * colorsys.rgb_to_hsv(*(v / 255.0 for v in rgb))[0] for c, rgb in ALL_PALETTE.items()
-}
+ALL_PALETTE_HUE: Dict[str, float] = {c: _hue(rgb) for c, rgb in ALL_PALETTE.items()}
+#: Every shape a scene can hold, and the plural of each.
+ALL_SHAPES: Tuple[str, ...] = SHAPES + EXTRA_SHAPES
+PLURALS: Dict[str, str] = {s: s + "s" for s in ALL_SHAPES}
+#: Every count word of every grammar.
+ALL_COUNT_WORDS: Dict[int, str] = {**COUNT_WORDS, **EXTRA_COUNT_WORDS}
 
 
 @dataclass(frozen=True)
@@ -211,26 +219,16 @@ class Grammar:
 
     def words(self) -> List[str]:
         """Every word a caption of this grammar can contain, sorted (for a word-level tokenizer)."""
-        words = {"a", "an", "and"} | set(self.shapes) | {s + "s" for s in self.shapes} | set(self.colors)
+        words = {"a", "an", "and"} | set(self.shapes) | {PLURALS[s] for s in self.shapes} | set(self.colors)
         words |= set(self.counts.values())
         for phrase in RELATIONS.values():
             words |= set(phrase.split())
         return sorted(words)
 
 
-#: Plural of every shape of every grammar.
-PLURALS: Dict[str, str] = {s: s + "s" for s in SHAPES + EXTRA_SHAPES}
-#: Every count word of every grammar.
-ALL_COUNT_WORDS: Dict[int, str] = {**COUNT_WORDS, **EXTRA_COUNT_WORDS}
-
 GRAMMARS: Dict[str, Grammar] = {
-    "original": Grammar("original", ("circle", "square", "triangle"), tuple(PALETTE), tuple(COUNT_WORDS.items())),
-    "enlarged": Grammar(
-        "enlarged",
-        ("circle", "square", "triangle") + EXTRA_SHAPES,
-        tuple(ALL_PALETTE),
-        tuple({**COUNT_WORDS, **EXTRA_COUNT_WORDS}.items()),
-    ),
+    "original": Grammar("original", SHAPES, tuple(PALETTE), tuple(COUNT_WORDS.items())),
+    "enlarged": Grammar("enlarged", ALL_SHAPES, tuple(ALL_PALETTE), tuple(ALL_COUNT_WORDS.items())),
 }
 
 
@@ -363,8 +361,8 @@ def parse_prompt(prompt: str) -> Dict[str, Any]:
         color = None
         if i < len(toks) and toks[i] in ALL_PALETTE:
             color, i = toks[i], i + 1
-        if i >= len(toks) or toks[i] not in PLURALS:
-            raise fail(f"expected a shape ({', '.join(PLURALS)}) at word {i + 1}")
+        if i >= len(toks) or toks[i] not in ALL_SHAPES:
+            raise fail(f"expected a shape ({', '.join(ALL_SHAPES)}) at word {i + 1}")
         return _obj(toks[i], color), i + 1
 
     if not toks:
@@ -426,10 +424,9 @@ def _choice(rng: np.random.Generator, seq: Sequence[Any]) -> Any:
     return seq[int(rng.integers(len(seq)))]
 
 
-def _sample_meaning(rng: np.random.Generator, category: str, grammar: Optional["Grammar"] = None) -> Dict[str, Any]:
-    """A random meaning of the category (a caption's metadata) in ``grammar`` (default: the original one; the same
-    draws from ``rng`` for any grammar, so the original grammar's draws are those it always made)."""
-    grammar = grammar or GRAMMARS["original"]
+def _sample_meaning(rng: np.random.Generator, category: str, grammar: Grammar) -> Dict[str, Any]:
+    """A random meaning of the category (a caption's metadata) in ``grammar`` (the same draws from ``rng`` for any
+    grammar, so the original grammar's draws are those it always made)."""
     shapes, colors = grammar.shapes, grammar.colors
     if category == "single_object":
         return _meaning(category, [_obj(_choice(rng, shapes), None)])
@@ -640,7 +637,7 @@ def render_scene(scene: ShapeScene, size: int = 64, antialias: bool = True) -> I
     elif split == "h":
         draw.rectangle([0, side // 2, side, side], fill=(levels[1],) * 3)
     for obj in scene.objects:
-        if obj.color not in ALL_PALETTE or obj.shape not in PLURALS:
+        if obj.color not in ALL_PALETTE or obj.shape not in ALL_SHAPES:
             raise ValueError(f"unknown object {obj}")
         fill = ALL_PALETTE[obj.color]
         x0, y0, x1, y1 = (v * side for v in obj.box())
