@@ -405,7 +405,9 @@ def encode_dataset(vae, images, device, batch: int = 256) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, replace_bits=None, replace_from=None):
+def teacher_batch(
+    vae, z, schedule, flip_max: float = 0.0, generator=None, replace_bits=None, replace_from=None, num_scales=None
+):
     """Teacher-forcing inputs (scales 1..) and target bits (all scales) of latents ``z`` (B, d, H, W).
 
     This is the multi-scale residual quantisation of generation (``quantize_multiscale``, ``add_scale_codes``,
@@ -414,12 +416,17 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, repla
     are the bits of the residual left by the flipped sum, so the model learns to correct its own earlier mistakes.
     With ``replace_bits`` (B, L, d) and ``replace_from`` (B,), image b adds ``replace_bits`` instead of its true bits
     at scales ``>= replace_from[b]`` (the model's own samples: self-correction with the errors it actually makes).
+    With ``num_scales`` K, only the first K scales are quantised (each scale depends on the earlier ones only): the
+    inputs of scales 1..K-1 and the targets of scales 0..K-1, equal to the first tokens of the full result.
     """
     B, d = z.shape[:2]
     final = schedule[-1]
+    K = len(schedule) if num_scales is None else num_scales
+    if not 1 <= K <= len(schedule):
+        raise ValueError(f"num_scales={num_scales}: expected 1..{len(schedule)} (the schedule's scales)")
     p = torch.rand(B, generator=generator) * flip_max if flip_max > 0 else None
     f_hat, inputs, targets = None, [], []
-    for si, (_, h, w) in enumerate(schedule):
+    for si, (_, h, w) in enumerate(schedule[:K]):
         residual = (z if f_hat is None else z - f_hat).unsqueeze(2)
         if (h, w) != tuple(final[-2:]):
             residual = F.interpolate(residual, size=(1, h, w), mode="area")
@@ -437,9 +444,10 @@ def teacher_batch(vae, z, schedule, flip_max: float = 0.0, generator=None, repla
             bits = torch.where((replace_from <= si).view(B, 1, 1, 1), own, bits)
         codes = vae.bits_to_codes(bits.permute(0, 2, 3, 1))
         f_hat = vae.add_scale_codes(f_hat, codes, final, is_last_scale=si == len(schedule) - 1)
-        if si < len(schedule) - 1:
+        if si < K - 1:
             inputs.append(vae.next_scale_input(f_hat, schedule[si + 1][-2:]))
-    return torch.cat(inputs, dim=1), torch.cat(targets, dim=1).long()
+    empty = z.new_zeros(B, 0, d)  # K = 1: no scale has an input yet
+    return (torch.cat(inputs, dim=1) if inputs else empty), torch.cat(targets, dim=1).long()
 
 
 def train_transformer(args, vae, captions, latents, schedule, resume=None):
@@ -481,7 +489,6 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     rope = family.rope_cos_sin(range(len(schedule)))
     token_weight = torch.cat([torch.full((n,), float(n) ** -args.scale_loss_weight) for n in lengths])
     token_weight = (token_weight / token_weight.sum()).to(device)  # (L,): the loss is a weighted mean over tokens
-    prefix_len = sum(lengths[: args.prefix_scales])
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.97), weight_decay=0.02)
     warmup = max(1, args.steps // 30)
@@ -519,7 +526,7 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
         loss = (bit_loss.mean(dim=(0, 2)) * token_weight).sum()
         if args.prefix_scales:  # the first scales alone: block-causal, so the same as the full pass's first tokens
             loss = loss + args.prefix_weight * prefix_loss(
-                args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, prefix_len, g
+                args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, g
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -557,9 +564,9 @@ def train_transformer(args, vae, captions, latents, schedule, resume=None):
     return transformer.eval(), text_encoder.eval(), tokenizer
 
 
-def prefix_loss(args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, prefix_len, g):
+def prefix_loss(args, transformer, text_encoder, tokenizer, family, vae, captions, latents, schedule, g):
     """Bit cross-entropy of scales 1..K-1 (``--prefix-scales K``) on ``--prefix-batch-size`` scenes, from a pass over
-    their first ``prefix_len`` tokens only (the block-causal mask makes it the full pass's prefix), with the same
+    their tokens of the first K scales only (the block-causal mask makes it the full pass's prefix), with the same
     caption dropout."""
     from diffusers_var_accel.next_scale.context import VARForwardContext
 
@@ -572,16 +579,14 @@ def prefix_loss(args, transformer, text_encoder, tokenizer, family, vae, caption
     mask = tokens.attention_mask.bool()
     text = torch.where(drop.to(device).view(-1, 1, 1), transformer.null_text_embeds(mask).to(text.dtype), text)
     condition = transformer.encode_condition(text, mask)
-    with torch.no_grad():
-        inputs, target = teacher_batch(vae, latents[idx].to(device), schedule)
+    with torch.no_grad():  # only the first K scales are quantised
+        inputs, target = teacher_batch(vae, latents[idx].to(device), schedule, num_scales=K)
     scale_ids = torch.repeat_interleave(torch.arange(K), torch.tensor(lengths)).to(device)
     rope = family.rope_cos_sin(range(K))
-    x = torch.cat(
-        (transformer.embed_start(condition), family.embed_inputs(inputs[:, : prefix_len - 1], scale_ids[1:])), dim=1
-    )
+    x = torch.cat((transformer.embed_start(condition), family.embed_inputs(inputs, scale_ids[1:])), dim=1)
     context = VARForwardContext(kv_cache=None, rope_cos_sin=rope, token_scale_ids=scale_ids)
     logits = transformer.head_logits(transformer(x, condition, context), condition.cond_RC).float()[:, 1:]
-    target = target[:, 1:prefix_len]
+    target = target[:, 1:]
     return F.cross_entropy(logits.reshape(-1, 2), target.reshape(-1))
 
 

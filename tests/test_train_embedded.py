@@ -46,6 +46,23 @@ def test_teacher_targets_are_the_multiscale_quantisation(train, vae_and_latents)
     assert inputs.shape == (3, sum(h * w for _, h, w in schedule[1:]), z.shape[1])
 
 
+def test_teacher_batch_of_the_first_scales_is_the_full_batch_prefix(train, vae_and_latents):
+    """``num_scales=K`` (the prefix pass) quantises K scales only; its inputs and targets are the full batch's first
+    tokens, bit for bit."""
+    vae, z, schedule = vae_and_latents
+    lengths = [h * w for _, h, w in schedule]
+    with torch.no_grad():
+        inputs, target = train.teacher_batch(vae, z, schedule)
+        for K in range(1, len(schedule) + 1):
+            inputs_k, target_k = train.teacher_batch(vae, z, schedule, num_scales=K)
+            n = sum(lengths[:K])
+            assert target_k.shape[1] == n and inputs_k.shape[1] == n - lengths[0]
+            assert torch.equal(target_k, target[:, :n]) and torch.equal(inputs_k, inputs[:, : n - lengths[0]])
+        for bad in (0, len(schedule) + 1):
+            with pytest.raises(ValueError, match=f"num_scales={bad}: expected 1..{len(schedule)}"):
+                train.teacher_batch(vae, z, schedule, num_scales=bad)
+
+
 def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_rest(train, vae_and_latents):
     vae, z, schedule = vae_and_latents
     n = len(schedule)
@@ -224,7 +241,7 @@ def test_prefix_loss_is_the_full_pass_loss_of_the_first_scales(train):
     images = torch.from_numpy(np.stack([np.asarray(i) for i, _, _ in scenes])).permute(0, 3, 1, 2).float() / 127.5 - 1
     captions = [c for _, c, _ in scenes]
     args = types.SimpleNamespace(device="cpu", prefix_scales=3, prefix_batch_size=6)
-    prefix_len = 1 + 4 + 9
+    prefix_len = 1 + 4 + 9  # the tokens of the first three scales
     with torch.no_grad():
         latents = vae.encode(images)
         loss = train.prefix_loss(
@@ -237,7 +254,6 @@ def test_prefix_loss_is_the_full_pass_loss_of_the_first_scales(train):
             captions,
             latents,
             schedule,
-            prefix_len,
             torch.Generator().manual_seed(0),
         )
         g = torch.Generator().manual_seed(0)  # the same draws: scenes, then dropout
