@@ -4,9 +4,9 @@
 Teacher forcing on unseen scenes of the training world (the true prefix of every scale, one block-causal pass, no
 guidance): per scale, the share of tokens whose 16 bits all come out right under argmax and the mean confidence of
 their bits; then, at the first scale with more than one token in each row (2 x 2 on the embedded model's
-schedule), whether the model makes the left and right halves differ where the true tokens do. A model that cannot
-tell left from right there draws both objects of "a red circle and a green square" in one colour: every later scale
-follows that symmetric prefix.
+schedule), whether the model makes the left and right halves differ where the true tokens do, and the top and bottom
+halves ("above", "below"). A model that cannot tell left from right there draws both objects of "a red circle and a
+green square" in one colour: every later scale follows that symmetric prefix.
 
     python scripts/diagnose_embedded_scales.py [--model embedded] [--scenes 48]
 """
@@ -33,7 +33,7 @@ CAPTION_DECIDED_WORLD = dict(
 
 def scale_report(pipe, category: str, num_scenes: int, seed: int = 999) -> dict:
     """Teacher-forced per-scale token accuracy and bit confidence on ``num_scenes`` scenes of ``category``, and the
-    left/right agreement of the first scale whose rows hold two or more tokens."""
+    left/right and top/bottom agreement of the first scale whose rows hold two or more tokens."""
     import numpy as np
     import torch
 
@@ -83,13 +83,21 @@ def scale_report(pipe, category: str, num_scenes: int, seed: int = 999) -> dict:
     part = slice(sum(lengths[:first]), sum(lengths[: first + 1]))
     pred = predicted[:, part].reshape(num_scenes, h, w, -1)
     true = target[:, part].reshape(num_scenes, h, w, -1)
-    half = w // 2
-    left, right_half = slice(0, half), slice(w - half, w)  # the middle column of an odd width belongs to neither
+    half_w, half_h = w // 2, h // 2  # the middle column (row) of an odd width (height) belongs to neither half
 
-    def differ(t):
-        return (t[:, :, left] != t[:, :, right_half].flip(2)).any(-1).float().mean().item()
+    def differ_left_right(t):  # a row's left half against its right half, mirrored
+        return (t[:, :, :half_w] != t[:, :, w - half_w :].flip(2)).any(-1).float().mean().item()
 
-    report["first_split_scale"] = {"hw": [h, w], "true_left_right_differ": differ(true), "predicted": differ(pred)}
+    def differ_top_bottom(t):  # a column's top half against its bottom half, mirrored ("above" / "below")
+        return (t[:, :half_h] != t[:, h - half_h :].flip(1)).any(-1).float().mean().item()
+
+    report["first_split_scale"] = {
+        "hw": [h, w],
+        "true_left_right_differ": differ_left_right(true),
+        "predicted_left_right_differ": differ_left_right(pred),
+        "true_top_bottom_differ": differ_top_bottom(true),
+        "predicted_top_bottom_differ": differ_top_bottom(pred),
+    }
     return report
 
 
@@ -110,7 +118,9 @@ def main(argv=None) -> int:
         cells = " | ".join(f"{s['tokens_right']:.2f} / {s['bit_confidence']:.2f}" for s in report["scales"])
         split = report["first_split_scale"]
         print(
-            f"| {report['category']} | {cells} | {split['true_left_right_differ']:.2f} | {split['predicted']:.2f} |",
+            f"| {report['category']} | {cells} | {split['true_left_right_differ']:.2f} | "
+            f"{split['predicted_left_right_differ']:.2f} | {split['true_top_bottom_differ']:.2f} | "
+            f"{split['predicted_top_bottom_differ']:.2f} |",
             flush=True,
         )
     return 0

@@ -195,7 +195,8 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
 
 def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     """``scripts/diagnose_embedded_scales.py`` on the packaged model: a row per category, a cell per scale; the true
-    tokens of two-colour scenes differ between left and right at 2 x 2 (one-object scenes barely do), and the
+    tokens of two-colour scenes differ between left and right at 2 x 2 (one-object scenes barely do; position scenes
+    differ between top and bottom), and the
     packaged model's teacher-forced predictions there differ nearly as often (0.625 against 0.667 on these 12
     scenes; the fifth round's model, which drew both objects in one colour, 0.14 against 0.58 on 48: docs/embedded.md,
     sixth and seventh rounds)."""
@@ -213,8 +214,11 @@ def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     assert two["first_split_scale"]["hw"] == [2, 2]
     assert two["first_split_scale"]["true_left_right_differ"] > one["first_split_scale"]["true_left_right_differ"]
     split = two["first_split_scale"]
-    assert split["predicted"] >= 0.75 * split["true_left_right_differ"]
-    assert split["predicted"] > 2 * one["first_split_scale"]["predicted"]
+    assert split["predicted_left_right_differ"] >= 0.75 * split["true_left_right_differ"]
+    assert split["predicted_left_right_differ"] > 2 * one["first_split_scale"]["predicted_left_right_differ"]
+    # "above" / "below" scenes split top from bottom, where a centred single object does not
+    stacked = module.scale_report(pipe, "position", 12)["first_split_scale"]
+    assert stacked["true_top_bottom_differ"] > one["first_split_scale"]["true_top_bottom_differ"]
     assert module.main(["--scenes", "2", "--categories", "colors"]) == 0
     assert capsys.readouterr().out.count("| colors |") == 1
     with pytest.raises(SystemExit, match="--scenes 0"):
