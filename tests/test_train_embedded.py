@@ -197,9 +197,8 @@ def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     """``scripts/diagnose_embedded_scales.py`` on the packaged model: a row per category, a cell per scale; the true
     tokens of two-colour scenes differ between left and right at 2 x 2 (one-object scenes barely do; position scenes
     differ between top and bottom), and the
-    packaged model's teacher-forced predictions there differ nearly as often (0.625 against 0.667 on these 12
-    scenes; the fifth round's model, which drew both objects in one colour, 0.14 against 0.58 on 48: docs/embedded.md,
-    sixth and seventh rounds)."""
+    packaged model's teacher-forced predictions there differ nearly as often (the fifth round's model, which drew
+    both objects in one colour, 0.14 against 0.58 on 48 scenes: docs/embedded.md, sixth and seventh rounds)."""
     spec = importlib.util.spec_from_file_location(
         "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
     )
