@@ -7,7 +7,6 @@ Nothing here asserts on wall-clock values; times are only checked for their book
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -362,10 +361,9 @@ def test_bench_fidelity_matches_the_saved_images(bench_run):
 
 def embedded_lazyvar_preset() -> dict:
     """The packaged ``embedded/lazyvar`` setting that the bench's ``lazyvar`` runs on the embedded model."""
-    import diffusers_var_accel
+    from diffusers_var_accel import LazyVARScheduler
 
-    path = Path(diffusers_var_accel.__file__).parent / "presets" / "embedded" / "lazyvar" / "acceleration_config.json"
-    return json.loads(path.read_text())
+    return dict(LazyVARScheduler.from_pretrained("embedded/lazyvar").config)
 
 
 def test_bench_timing_flops_and_scorer_bookkeeping(bench_run):
