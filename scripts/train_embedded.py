@@ -179,6 +179,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --pipeline-path: continue training its transformer and text encoder for --steps steps",
     )
     p.add_argument(
+        "--reschedule",
+        action="store_true",
+        help="with --resume: train the loaded transformer on --patch-nums although it was trained on another "
+        "schedule of the same final map (the level embedding has a row per scale index and RoPE follows the "
+        "schedule, so the weights carry over; the scales that moved are learned anew)",
+    )
+    p.add_argument(
         "--scale-loss-weight",
         type=float,
         default=0.5,
@@ -759,6 +766,8 @@ def main(argv=None) -> int:
     args.patch_nums = tuple(int(v) for v in args.patch_nums.split(","))
     if args.resume and not args.pipeline_path:
         raise SystemExit("--resume continues the transformer of --pipeline-path FOLDER; give that folder")
+    if args.reschedule and not args.resume:
+        raise SystemExit("--reschedule changes the schedule of the transformer that --resume continues; give --resume")
     if args.eval_every and not args.eval_prompts:
         raise SystemExit(f"--eval-every {args.eval_every} scores --eval-prompts N validation prompts; give N > 0")
     if args.decoder_tokens != "own" and not args.decoder_steps:
@@ -785,7 +794,21 @@ def main(argv=None) -> int:
     if args.pipeline_path:
         pipe = InfinityPipeline.from_pretrained(args.pipeline_path).to(args.device)
         vae = pipe.vae.eval()
-        if [list(s) for s in pipe.transformer.config.scale_schedule] != [list(s) for s in schedule]:
+        loaded = [list(s) for s in pipe.transformer.config.scale_schedule]
+        if args.reschedule and loaded != [list(s) for s in schedule]:
+            if loaded[-1] != list(schedule[-1]):
+                raise SystemExit(
+                    f"--reschedule keeps the final map: {args.pipeline_path} ends at {loaded[-1]}, --patch-nums at "
+                    f"{list(schedule[-1])}"
+                )
+            if len(schedule) > pipe.transformer.config.num_levels:
+                raise SystemExit(
+                    f"--patch-nums has {len(schedule)} scales; the transformer's level embedding has "
+                    f"{pipe.transformer.config.num_levels} rows"
+                )
+            pipe.transformer.register_to_config(scale_schedule=[list(s) for s in schedule])
+            print(f"[pipeline] rescheduled {loaded} -> {[list(s) for s in schedule]}", flush=True)
+        elif loaded != [list(s) for s in schedule]:
             raise SystemExit(
                 f"--pipeline-path {args.pipeline_path} has the schedule {pipe.transformer.config.scale_schedule}, "
                 f"not {schedule} (--patch-nums)"

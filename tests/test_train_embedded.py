@@ -192,6 +192,24 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
     b = pipe("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
     assert a.shape == (1, 3, 64, 64) and torch.equal(a, b)
 
+    # --reschedule: the same weights trained on another schedule of the same final map (the ninth round's recipe)
+    finer = list(train.PATCH_NUMS[:-1]) + [train.PATCH_NUMS[-1] - 1, train.PATCH_NUMS[-1]]
+    resumed = tmp_path / "rescheduled"
+    common = ["--pipeline-path", str(output), "--resume", "--num-images", "48", "--steps", "1", "--batch-size", "4"]
+    finer_arg = ["--patch-nums", ",".join(map(str, finer))]
+    with pytest.raises(SystemExit, match="not .* \\(--patch-nums\\)"):  # a schedule change is never silent
+        train.main(common + finer_arg + ["--output", str(resumed)])
+    with pytest.raises(SystemExit, match="--reschedule keeps the final map"):
+        train.main(common + ["--reschedule", "--patch-nums", "1,2,4,8", "--output", str(resumed)])
+    with pytest.raises(SystemExit, match="give --resume"):
+        train.main(["--reschedule", "--output", str(resumed)])
+    assert train.main(common + ["--reschedule"] + finer_arg + ["--output", str(resumed)]) == 0
+    rescheduled = InfinityPipeline.from_pretrained(resumed)
+    assert [tuple(s) for s in rescheduled.transformer.config.scale_schedule] == [(1, p, p) for p in finer]
+    rescheduled.set_progress_bar_config(disable=True)
+    c = rescheduled("two red circles", generator=torch.Generator().manual_seed(0), output_type="pt").images
+    assert c.shape == (1, 3, 64, 64)
+
 
 def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     """``scripts/diagnose_embedded_scales.py`` on the packaged model: a row per category, a cell per scale; the true
@@ -279,3 +297,43 @@ def test_prefix_loss_is_the_full_pass_loss_of_the_first_scales(train):
     torch.testing.assert_close(loss, full, rtol=1e-5, atol=1e-6)
     with pytest.raises(SystemExit, match="--prefix-scales 1"):
         train.main(["--prefix-scales", "1"])
+
+
+def test_late_scale_oracle_thins_the_last_scales_of_any_schedule(capsys):
+    """``scripts/diagnose_late_scales.py``: with every code kept the scorer judges the tokenizer's own reconstruction;
+    with the last scales' codes all dropped the image loses what those scales draw, so accuracy cannot rise above a
+    schedule's all-codes accuracy by more than noise, and it falls when the dropped scales hold most of the latent
+    (every scale after 2 x 2)."""
+    spec = importlib.util.spec_from_file_location("diagnose_late_scales", SCRIPT.parent / "diagnose_late_scales.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import numpy as np
+
+    from diffusers_var_accel.data.shapes import make_dataset
+
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    schedule = [tuple(s) for s in pipe.transformer.config.scale_schedule]
+    scenes = make_dataset(12, seed=3, size=64, category_weights={"color_attr": 1}, **module_world())
+    images = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in scenes]))
+    images = images.permute(0, 3, 1, 2).float() / 127.5 - 1
+    captions = [c for _, c, _ in scenes]
+    coarse = len(schedule) - 2  # every scale after 2 x 2
+    results = module.late_scale_accuracy(pipe.vae, schedule, images, captions, last=[1, coarse], keep=[1.0, 0.0])
+    assert results[(1, 1.0)] == results[(coarse, 1.0)] == results[(0, 1.0)] >= 0.9  # all codes kept: no change
+    assert results[(coarse, 0.0)] < 0.5 * results[(0, 1.0)]  # the coarse 2 x 2 sum alone draws no two-colour scene
+    with pytest.raises(ValueError, match="--last 99"):
+        module.late_scale_accuracy(pipe.vae, schedule, images[:1], captions[:1], last=[99], keep=[0.5])
+    assert module.main(["--scenes", "1", "--last", "1", "--keep", "0.5", "--schedule", "1,2,4,8,16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("schedule 1,2,4,8,16: all codes ") and "last 1 thinned: keep 0.5: " in out
+    with pytest.raises(SystemExit, match="final map"):
+        module.main(["--scenes", "1", "--schedule", "1,2,4,8"])
+
+
+def module_world():
+    spec = importlib.util.spec_from_file_location(
+        "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CAPTION_DECIDED_WORLD
