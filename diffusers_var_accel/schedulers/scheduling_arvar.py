@@ -78,6 +78,10 @@ def retrospect_tokens(saliency_Rhw: torch.Tensor, hw, ratio: float, mode: str = 
     return torch.sort(score_RL, dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
 
 
+#: Branch halving on the last 8 scales, the widest setting of the calibration grids.
+_LAST_8 = list(range(-8, 0))
+
+
 @dataclass
 class ARVARCallState:
     """What ARVAR keeps during one call.
@@ -235,10 +239,12 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
     # -- calibration ----------------------------------------------------------------------------------------------------
     @classmethod
     def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
-        """Branch halving at none / the 2nd last / the last / the last 2, 3, 4 or 5 scales, and attention retrospect
-        pruning of none / the last / the last 2 scales at 25, 50 or 75 %."""
+        """Branch halving at none / the 2nd last / the last / the last 2, 3, 4, 5 or 8 scales, and attention
+        retrospect pruning of none / the last / the last 2 scales at 25, 50 or 75 %. (The last 8: on a schedule with
+        many small late steps, such as the embedded model's 13 scales, halving only the last 5 leaves most of the
+        guided cost; a model with fewer than 8 scales records those settings as not runnable.)"""
         grid = []
-        for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1]):
+        for halved in ([], [-2], [-1], [-2, -1], [-3, -2, -1], [-4, -3, -2, -1], [-5, -4, -3, -2, -1], _LAST_8):
             for pruned, ratio in [([], None)] + [(p, r) for p in ([-1], [-2, -1]) for r in (0.25, 0.5, 0.75)]:
                 if not halved and not pruned:
                     continue
@@ -249,11 +255,11 @@ class ARVARScheduler(VARAccelScheduler, method="arvar"):
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
-        """Branch halving only (the last 1, 2, 3 or 5 scales): its attention-retrospect pruning routes the same blocks
-        as the other methods' token selections, which a composition refuses."""
+        """Branch halving only (the last 1, 2, 3, 5 or 8 scales): its attention-retrospect pruning routes the same
+        blocks as the other methods' token selections, which a composition refuses."""
         return [
             dict(branch_halving_scales=h, pruned_scales=[], prune_ratios=[0.75])
-            for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1])
+            for h in ([-1], [-2, -1], [-3, -2, -1], [-5, -4, -3, -2, -1], _LAST_8)
         ]
 
     # -- extension points ---------------------------------------------------------------------------------------------

@@ -295,7 +295,7 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
-        """The last one, two or three scales, pruned scale by scale or as one parallel group."""
+        """The last one, two, three or four scales, pruned scale by scale or as one parallel group."""
         return [
             dict(group_scales=[-1], keep_ratios=[0.5], parallel_decoding=False),
             dict(group_scales=[-1], keep_ratios=[0.2], parallel_decoding=False),
@@ -303,6 +303,8 @@ class LazyVARScheduler(VARAccelScheduler, method="lazyvar"):
             dict(group_scales=[-2, -1], keep_ratios=[0.35, 0.35], parallel_decoding=False),
             dict(group_scales=[-2, -1], keep_ratios=[0.2, 0.1], parallel_decoding=True),
             dict(group_scales=[-3, -2, -1], keep_ratios=[0.5, 0.25, 0.125], parallel_decoding=True),
+            dict(group_scales=[-4, -3, -2, -1], keep_ratios=[0.25, 0.25, 0.25, 0.25], parallel_decoding=False),
+            dict(group_scales=[-4, -3, -2, -1], keep_ratios=[0.1, 0.1, 0.1, 0.1], parallel_decoding=False),
         ]
 
     # -- extension points ---------------------------------------------------------------------------------------------
