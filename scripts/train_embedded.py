@@ -40,6 +40,10 @@ encoder on scenes that follow from their captions; docs/embedded.md says why):
         --output diffusers_var_accel/embedded/shapes-infinity-tiny \
         --lattice 16 --object-sizes 0.375,0.375,0.375,0.375 --layout canonical --unnamed-color blue --background black \
         --steps 1700 --eval-prompts 120 --eval-every 400 --eval-settings 3:0.5:0,2:0.5:0,3:1:0
+
+Those are the first two of six commands: four more continue the transformer (docs/embedded.md, sixth to ninth
+rounds); the ninth (``--reschedule --patch-nums 1,2,3,4,5,6,8,10,12,13,14,15,16``) moves it to the packaged 13-scale
+schedule, whose last four scales carry detail rather than layout (``scripts/diagnose_late_scales.py``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-#: The fixed schedule of the embedded model: 10 scales to a 16x16 final map (VAR's ImageNet-256 schedule).
+#: The fixed schedule of the from-scratch stages: 10 scales to a 16x16 final map (VAR's ImageNet-256 schedule). The
+#: packaged model was moved to 13 scales in its last stage (--reschedule, docs/embedded.md, ninth round).
 PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 
 

@@ -138,18 +138,21 @@ def test_split_acceleration_specs_keeps_overrides_together():
 
 
 def test_a_bad_override_names_the_preset_it_was_given_over():
-    """An override that fits the paper's preset but not the model's own (four keep ratios for the embedded model's
-    two-scale group) says which preset and what it holds."""
-    from diffusers_var_accel import InfinityPipeline
+    """An override that fits the paper's preset but not the model's own (one keep ratio more than the embedded
+    preset's group has scales) says which preset and what it holds."""
+    from diffusers_var_accel import InfinityPipeline, LazyVARScheduler
 
+    group = list(LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales)
+    too_many = tuple(round(0.4 / 2**i, 4) for i in range(len(group) + 1))
     pipe = InfinityPipeline.from_pretrained("embedded")
     with pytest.raises(ValueError) as err:
-        pipe.enable_lazyvar(keep_ratios=(0.4, 0.2, 0.1, 0.02))
+        pipe.enable_lazyvar(keep_ratios=too_many)
     message = str(err.value)
-    assert message.startswith("lazyvar with keep_ratios=(0.4, 0.2, 0.1, 0.02) over the preset embedded/lazyvar (")
+    assert message.startswith(f"lazyvar with keep_ratios={too_many} over the preset embedded/lazyvar (")
     assert (
-        "group_scales=[-2, -1]" in message
-        and "need one keep ratio per scale of the group: 2 scales, 4 ratios" in message
+        f"group_scales={group}" in message
+        and f"need one keep ratio per scale of the group: {len(group)} scales, {len(too_many)} ratios" in message
     )
     assert pipe.acceleration is None  # nothing attached
-    assert pipe.enable_lazyvar(keep_ratios=(0.2, 0.1)).config.keep_ratios == (0.2, 0.1)
+    fitting = too_many[: len(group)]
+    assert pipe.enable_lazyvar(keep_ratios=fitting).config.keep_ratios == fitting

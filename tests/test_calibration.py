@@ -266,11 +266,11 @@ def test_bad_arguments_raise_naming_the_value(pipe, kwargs, named):
 
 
 def test_a_setting_the_model_cannot_run_is_recorded_not_chosen(pipe):
-    grid = [dict(group_scales=[-12, -11], keep_ratios=[0.5, 0.5]), TINY_GRID[1]]  # the model has 10 scales
+    grid = [dict(group_scales=[-20, -19], keep_ratios=[0.5, 0.5]), TINY_GRID[1]]  # the model has 13 scales
     out = calibrate(
         pipe, "lazyvar", target_flops_ratio=1.5, prompts=PROMPTS[:1], grid=grid, timing_repeats=1, progress=False
     )
-    assert "error" in out["tried"][0] and "-12" in out["tried"][0]["error"]
+    assert "error" in out["tried"][0] and "-20" in out["tried"][0]["error"]
     assert out["chosen"]["settings"] == TINY_GRID[1]
 
 
@@ -440,10 +440,10 @@ def test_the_embedded_model_picks_its_own_presets(pipe):
             json.dumps(cls.from_pretrained(f"infinity-2b/{method}").to_dict())
         )
     pipe.disable_acceleration()
-    lazy = pipe.enable_lazyvar(keep_ratios=[0.3, 0.2])  # overrides apply to the own preset
-    assert list(lazy.config.keep_ratios) == [0.3, 0.2] and list(lazy.config.group_scales) == list(
-        LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales
-    )
+    own_group = list(LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales)
+    ratios = [0.3] * len(own_group)
+    lazy = pipe.enable_lazyvar(keep_ratios=ratios)  # overrides apply to the own preset
+    assert list(lazy.config.keep_ratios) == ratios and list(lazy.config.group_scales) == own_group
     pipe.disable_acceleration()
     composed = pipe.enable_acceleration("lazyvar+arvar")
     assert [m.to_dict() for m in composed.members] == [
@@ -610,7 +610,9 @@ def test_enable_method_and_compositions_carry_the_members_calibrations(pipe):
 def test_no_calibration_no_warning(tmp_path):
     assert VARAccelScheduler.from_pretrained("infinity-2b/lazyvar").calibration_sampling is None  # a paper preset
     # overridden, the setting is no longer the one calibrated: its record does not describe it
-    assert VARAccelScheduler.from_pretrained("embedded/lazyvar", keep_ratios=[0.3, 0.2]).calibration_sampling is None
+    group = LazyVARScheduler.from_pretrained("embedded/lazyvar").config.group_scales
+    overridden = VARAccelScheduler.from_pretrained("embedded/lazyvar", keep_ratios=[0.3] * len(group))
+    assert overridden.calibration_sampling is None
     LazyVARScheduler().save_pretrained(tmp_path)
     assert LazyVARScheduler.from_pretrained(tmp_path).calibration_sampling is None
 
