@@ -194,12 +194,15 @@ def test_graph_runners_refuse_projected_passes_and_run_the_unguided_ones(monkeyp
     def run():
         return emb("two red circles", generator=g(3), output_type="pt", **EMBEDDED_SAMPLING).images
 
-    scheduler = emb.enable_stagevar()  # the embedded preset projects scale -2
+    own = StageVARScheduler.from_pretrained("embedded/stagevar").config
+    unguided_run = [s for s in own.unconditional_scales if s not in own.skipped_scales]  # unguided scales that run
+    projected = dict(projected_scales=unguided_run[:1], rank_ratios=[[0.25] * own.num_chunks])
+    scheduler = emb.enable_stagevar(**projected)  # the embedded preset with its first running unguided scale projected
     assert (
         scheduler.draws_inside_passes
         and not emb.enable_stagevar(projected_scales=(), rank_ratios=()).draws_inside_passes
     )
-    emb.enable_stagevar()
+    emb.enable_stagevar(**projected)
     try:
         for enable, name in (
             (lambda: emb.enable_cuda_graphs(capture="trace"), "enable_cuda_graphs"),

@@ -62,11 +62,13 @@ def test_edited_settings_build_the_edited_scheduler(pipe, service):
     settings = service.settings_of(["lazyvar"])
     unchanged = service.schedulers(["lazyvar"], json.dumps(settings), "")
     assert list(unchanged) == ["lazyvar"]  # the same values: the preset itself
-    settings["lazyvar"]["keep_ratios"] = [0.5, 0.25]
-    edited = service.schedulers(["lazyvar"], json.dumps(settings), "lazyvar:keep_ratios=[0.3,0.1]")
-    assert list(edited) == ["lazyvar (edited)", "lazyvar:keep_ratios=[0.3,0.1]"]
-    assert tuple(edited["lazyvar (edited)"].config.keep_ratios) == (0.5, 0.25)
-    assert tuple(edited["lazyvar:keep_ratios=[0.3,0.1]"].config.keep_ratios) == (0.3, 0.1)
+    n = len(settings["lazyvar"]["group_scales"])  # the preset's group: one keep ratio per scale
+    settings["lazyvar"]["keep_ratios"] = [0.5] * n
+    spec = "lazyvar:keep_ratios=[" + ",".join(["0.3"] * n) + "]"
+    edited = service.schedulers(["lazyvar"], json.dumps(settings), spec)
+    assert list(edited) == ["lazyvar (edited)", spec]
+    assert tuple(edited["lazyvar (edited)"].config.keep_ratios) == (0.5,) * n
+    assert tuple(edited[spec].config.keep_ratios) == (0.3,) * n
 
 
 @pytest.mark.parametrize(
