@@ -313,7 +313,9 @@ def test_late_scale_oracle_thins_the_last_scales_of_any_schedule(capsys):
 
     pipe = InfinityPipeline.from_pretrained("embedded")
     schedule = [tuple(s) for s in pipe.transformer.config.scale_schedule]
-    scenes = make_dataset(12, seed=3, size=64, category_weights={"color_attr": 1}, **module_world())
+    from diagnose_embedded_scales import CAPTION_DECIDED_WORLD  # importable: the script put scripts/ on sys.path
+
+    scenes = make_dataset(12, seed=3, size=64, category_weights={"color_attr": 1}, **CAPTION_DECIDED_WORLD)
     images = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in scenes]))
     images = images.permute(0, 3, 1, 2).float() / 127.5 - 1
     captions = [c for _, c, _ in scenes]
@@ -328,12 +330,3 @@ def test_late_scale_oracle_thins_the_last_scales_of_any_schedule(capsys):
     assert out.startswith("schedule 1,2,4,8,16: all codes ") and "last 1 thinned: keep 0.5: " in out
     with pytest.raises(SystemExit, match="final map"):
         module.main(["--scenes", "1", "--schedule", "1,2,4,8"])
-
-
-def module_world():
-    spec = importlib.util.spec_from_file_location(
-        "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.CAPTION_DECIDED_WORLD
