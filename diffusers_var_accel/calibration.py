@@ -10,7 +10,9 @@ one whose images are closest to the baseline image of the same prompt and seed:
   measured latency ratio on the current device (``target_speedup``: baseline and candidate timed interleaved), or both;
 * **fidelity**: SSIM and PSNR to the baseline image, always; LPIPS when its weights are cached; the shapes scorer's
   accuracy when the prompts are shapes prompts. The chosen candidate has the highest mean of the ``select`` metric
-  (SSIM by default) among those that meet the budget; ties go to the earlier candidate of the grid.
+  (SSIM by default) among those that meet the budget; ties go to the earlier candidate of the grid. Accuracy counts
+  verdicts over a few prompts, so many candidates tie on it (every one that keeps all the baseline's verdicts): its
+  ties go to the higher SSIM first.
 
 The default calibration prompts for the embedded model (:func:`calibration_prompts`) are drawn from the shapes grammar
 with their own seed, and every prompt string of the 200 held-out evaluation prompts
@@ -488,7 +490,12 @@ def calibrate(
             f"FLOPs: one real call (first prompt and seed) counted with var-accel bench's counter, text encoder and "
             f"decoder included; speed-up: median of {timing_repeats} interleaved baseline/candidate calls of the first "
             f"prompt on this device; PSNR of identical images counted as {PSNR_CAP_DB:g} dB; selection: highest mean "
-            f"{select} among the candidates that meet the budget, the earlier candidate on ties"
+            f"{select} among the candidates that meet the budget, "
+            + (
+                "the higher SSIM, then the earlier candidate on ties"
+                if select == "accuracy"
+                else "the earlier candidate on ties"
+            )
         ),
     )
     result["scheduler"] = None if chosen is None else build_candidate(method, chosen["settings"], family)
@@ -522,14 +529,15 @@ def choose(
     select: str = "ssim",
 ) -> Optional[Dict[str, Any]]:
     """The tried setting :func:`calibrate` picks for a budget: the highest mean ``select`` among those meeting it, the
-    earlier one on ties; ``None`` when none meets it. Applied to a ``calibration.json``'s ``tried`` list it gives the
+    earlier one on ties (for ``"accuracy"``, a count over few prompts that many settings tie on, the higher SSIM
+    first); ``None`` when none meets it. Applied to a ``calibration.json``'s ``tried`` list it gives the
     choice of the same search under another budget (FLOPs and fidelity do not depend on the budget)."""
     if select not in SELECT_METRICS:
         raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
     key = {
         "ssim": lambda r: r["ssim_mean"],
         "psnr": lambda r: r["psnr_mean"],
-        "accuracy": lambda r: r["accuracy"],
+        "accuracy": lambda r: (r["accuracy"], r["ssim_mean"]),
         "lpips": lambda r: -r["lpips_mean"],
     }[select]
     chosen = None

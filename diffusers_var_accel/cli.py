@@ -1015,8 +1015,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--select",
         default="ssim",
         choices=["ssim", "psnr", "accuracy", "lpips"],
-        help="the fidelity the choice maximises (default ssim; accuracy: shapes prompts; lpips: minimised, "
-        "needs its cached weights)",
+        help="the fidelity the choice maximises (default ssim; accuracy: shapes prompts, its ties go to the higher "
+        "SSIM; lpips: minimised, needs its cached weights)",
     )
     cal.add_argument(
         "--grid",

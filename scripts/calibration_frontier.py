@@ -9,8 +9,8 @@ presets, scheduler folders) beside them. Per setting: the scorer's accuracy (mea
 (one real call, ``var-accel bench``'s counter) and the measured CPU speed-up (every chunk of prompts runs the baseline
 and every setting in turn, so drift hits all alike; total baseline time / total setting time).
 
-    python scripts/calibration_frontier.py CAL_DIR [CAL_DIR ...] --budgets 1.5,2,3 [--extra infinity-2b/lazyvar ...]
-        [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
+    python scripts/calibration_frontier.py CAL_DIR [CAL_DIR ...] --budgets 1.5,2,3 [--select ssim,accuracy]
+        [--extra infinity-2b/lazyvar ...] [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--all", action="store_true", help="every setting tried in the calibrations, not only the chosen ones"
     )
+    parser.add_argument(
+        "--select",
+        help="comma-separated fidelities to choose by from each record's tried list (ssim, psnr, accuracy, lpips; "
+        "default: the record's own --select); one row per distinct setting, with the selections that chose it",
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more acceleration specs (preset names, folders)")
     parser.add_argument("--num-prompts", type=int, default=200, help="the first N held-out prompts (default all 200)")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -51,7 +56,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from diffusers_var_accel.calibration import build_candidate, choose
+    from diffusers_var_accel.calibration import SELECT_METRICS, build_candidate, choose
     from diffusers_var_accel.data.scorer import score_batch
     from diffusers_var_accel.data.shapes import heldout_prompts
     from diffusers_var_accel.bench.probe import count_call_flops
@@ -63,6 +68,10 @@ def main(argv=None) -> int:
     pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)
     budgets = [float(b) for b in args.budgets.split(",")]
+    selects = None if args.select is None else [m.strip() for m in args.select.split(",")]
+    for metric in selects or []:
+        if metric not in SELECT_METRICS:
+            parser.error(f"--select: {metric!r} is not one of {list(SELECT_METRICS)}")
     settings = {"baseline": dict(scheduler=None, source="baseline")}
     for folder in args.calibrations:
         record = json.loads((Path(folder) / "calibration.json").read_text())
@@ -75,6 +84,7 @@ def main(argv=None) -> int:
                         method=record["method"],
                         settings=t["settings"],
                         budgets=[],
+                        selected_by=[],
                         calibration=dict(
                             flops_ratio=t["flops_ratio"],
                             ssim=t["ssim_mean"],
@@ -84,39 +94,42 @@ def main(argv=None) -> int:
                         source=portable_source(folder),
                     )
             continue
-        for budget in budgets:
-            chosen = choose(record["tried"], budget, None, record.get("select", "ssim"))
-            if chosen is None:
-                print(
-                    f"{record['method']} at {budget}x: unreachable (grid max "
-                    f"{max((t['flops_ratio'] for t in record['tried'] if 'flops_ratio' in t), default=0):.2f}x)",
-                    file=sys.stderr,
+        for metric in selects or [record.get("select", "ssim")]:
+            for budget in budgets:
+                chosen = choose(record["tried"], budget, None, metric)
+                if chosen is None:
+                    print(
+                        f"{record['method']} at {budget}x: unreachable (grid max "
+                        f"{max((t['flops_ratio'] for t in record['tried'] if 'flops_ratio' in t), default=0):.2f}x)",
+                        file=sys.stderr,
+                    )
+                    continue
+                same = [
+                    k
+                    for k, v in settings.items()
+                    if v.get("method") == record["method"] and v.get("settings") == chosen["settings"]
+                ]
+                if same:
+                    settings[same[0]]["budgets"].append(budget)
+                    settings[same[0]]["selected_by"].append(f"{metric}@{budget:g}x")
+                    continue
+                label = f"{record['method']} @{budget:g}x" + (f" ({metric})" if selects and len(selects) > 1 else "")
+                settings[label] = dict(
+                    scheduler=build_candidate(record["method"], chosen["settings"], "infinity"),
+                    method=record["method"],
+                    settings=chosen["settings"],
+                    budgets=[budget],
+                    selected_by=[f"{metric}@{budget:g}x"],
+                    calibration=dict(
+                        flops_ratio=chosen["flops_ratio"],
+                        ssim=chosen["ssim_mean"],
+                        psnr=chosen["psnr_mean"],
+                        accuracy=chosen.get("accuracy"),
+                        prompts=len(record["prompts"]),
+                        seeds=record["seeds"],
+                    ),
+                    source=portable_source(folder),
                 )
-                continue
-            label = f"{record['method']} @{budget:g}x"
-            same = [
-                k
-                for k, v in settings.items()
-                if v.get("method") == record["method"] and v.get("settings") == chosen["settings"]
-            ]
-            if same:
-                settings[same[0]]["budgets"].append(budget)
-                continue
-            settings[label] = dict(
-                scheduler=build_candidate(record["method"], chosen["settings"], "infinity"),
-                method=record["method"],
-                settings=chosen["settings"],
-                budgets=[budget],
-                calibration=dict(
-                    flops_ratio=chosen["flops_ratio"],
-                    ssim=chosen["ssim_mean"],
-                    psnr=chosen["psnr_mean"],
-                    accuracy=chosen.get("accuracy"),
-                    prompts=len(record["prompts"]),
-                    seeds=record["seeds"],
-                ),
-                source=portable_source(folder),
-            )
     for spec in args.extra:
         settings[spec] = dict(scheduler=load_acceleration(spec, "infinity"), source=spec)
 
@@ -168,6 +181,7 @@ def main(argv=None) -> int:
                 method=entry.get("method"),
                 settings=entry.get("settings"),
                 budgets=entry.get("budgets"),
+                selected_by=entry.get("selected_by"),
                 calibration=entry.get("calibration"),
                 flops_ratio=settings["baseline"]["flops"] / entry["flops"],
                 speedup=seconds["baseline"] / seconds[name],
@@ -180,11 +194,11 @@ def main(argv=None) -> int:
             )
         )
     print(
-        "| setting | budget | counted FLOPs ratio | CPU speed-up | held-out SSIM | held-out PSNR (dB) | held-out accuracy |"
+        "| setting | chosen by | counted FLOPs ratio | CPU speed-up | held-out SSIM | held-out PSNR (dB) | held-out accuracy |"
     )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        budget = ", ".join(f"{b:g}x" for b in r["budgets"]) if r["budgets"] else "-"
+        budget = ", ".join(r["selected_by"]) if r["selected_by"] else "-"
         print(
             f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r['heldout_ssim']:.3f} | "
             f"{r['heldout_psnr']:.2f} | {r['heldout_accuracy']:.1%} |"
@@ -205,15 +219,23 @@ def plot(rows, path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     groups = {}
     for r in rows:
-        groups.setdefault(r["method"] or ("baseline" if r["name"] == "baseline" else "paper presets"), []).append(r)
+        group = r["method"] or ("baseline" if r["name"] == "baseline" else "paper presets")
+        if (
+            r.get("selected_by")
+            and all(not s.startswith("ssim@") for s in r["selected_by"])
+            and len(set(s.split("@")[0] for s in r["selected_by"])) == 1
+        ):
+            group += f" (by {r['selected_by'][0].split('@')[0]})"  # another selection's picks: their own line
+        groups.setdefault(group, []).append(r)
     for ax, key, label in (
         (axes[0], "heldout_ssim", "held-out SSIM to the baseline"),
         (axes[1], "heldout_accuracy", "held-out scorer accuracy"),
     ):
         for group, items in groups.items():
             items = sorted(items, key=lambda r: r["flops_ratio"])
-            style = "x" if group == "paper presets" else "o-"
-            ax.plot([r["flops_ratio"] for r in items], [r[key] for r in items], style, label=group)
+            style = "x" if group == "paper presets" else ("s--" if "(by " in group else "o-")
+            color = plt.cm.tab20(list(groups).index(group) % 20)  # more groups than the default cycle's 10 colours
+            ax.plot([r["flops_ratio"] for r in items], [r[key] for r in items], style, color=color, label=group)
             if group == "paper presets":
                 for r in items:
                     ax.annotate(r["name"].split("/")[-1], (r["flops_ratio"], r[key]), fontsize=7)

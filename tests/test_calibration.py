@@ -476,6 +476,21 @@ def test_a_speedup_budget_keeps_by_measured_time_and_both_budgets_must_hold():
         choose(tried, 1.0, select="fid")
 
 
+def test_accuracy_ties_go_to_the_higher_ssim_then_the_earlier_setting():
+    """Accuracy is a count over a few prompts: settings that keep every verdict tie, and SSIM separates them."""
+    tried = [
+        dict(settings={"a": 1}, flops_ratio=3.1, ssim_mean=0.80, psnr_mean=20.0, accuracy=0.75),
+        dict(settings={"a": 2}, flops_ratio=3.2, ssim_mean=0.85, psnr_mean=21.0, accuracy=0.90),
+        dict(settings={"a": 3}, flops_ratio=3.3, ssim_mean=0.88, psnr_mean=22.0, accuracy=0.90),
+        dict(settings={"a": 4}, flops_ratio=3.4, ssim_mean=0.88, psnr_mean=23.0, accuracy=0.90),
+        dict(settings={"a": 5}, flops_ratio=1.5, ssim_mean=0.99, psnr_mean=40.0, accuracy=1.0),
+    ]
+    assert choose(tried, 3.0, select="accuracy")["settings"] == {"a": 3}  # ties 2-4 on accuracy, 3 and 4 on SSIM
+    assert choose(tried, 3.0, select="ssim")["settings"] == {"a": 3}
+    assert choose(tried, 3.35, select="accuracy")["settings"] == {"a": 4}
+    assert choose(tried, 1.0, select="accuracy")["settings"] == {"a": 5}
+
+
 def test_progress_gives_a_time_estimate_and_what_is_left(pipe, capsys):
     calibrate(
         pipe,
