@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 import re
 
 import pytest
@@ -543,19 +544,25 @@ def test_the_record_holds_what_reproducing_it_needs(result):
     assert result["sampling"] == EMBEDDED_SAMPLING  # the arguments used, never {}
 
 
-@pytest.mark.parametrize("method", ["lazyvar", "fastvar", "depthvar", "arvar", "stagevar"])
+#: The frontier's 3x setting (docs/calibration.md), committed beside the frontier as a scheduler folder.
+FRONTIER_3X = Path(__file__).resolve().parents[1] / "benchmarks" / "calibration" / "embedded_lazyvar+arvar_3x"
+
+
+@pytest.mark.parametrize("method", ["lazyvar", "fastvar", "depthvar", "arvar", "stagevar", "lazyvar+arvar@3x"])
 def test_a_packaged_calibration_reproduces(pipe, method):
     """The chosen setting's recorded fidelity and FLOPs come back from its record alone: the same prompts, seeds and
-    sampling give the same SSIM, PSNR and counted FLOPs ratio (every packaged embedded calibration, each made with
-    today's code by its documented command)."""
+    sampling give the same SSIM, PSNR (and accuracy) and counted FLOPs ratio (every packaged embedded calibration and
+    the frontier's committed 3x setting, each made with today's code by its documented command)."""
     from diffusers_var_accel.calibration import _count_flops, _fidelity, _generate, _mean
     from diffusers_var_accel.schedulers.presets import PRESETS_DIR
 
-    record = json.loads((PRESETS_DIR / "embedded" / method / CALIBRATION_FILE).read_text())
+    folder = FRONTIER_3X if method.endswith("@3x") else PRESETS_DIR / "embedded" / method
+    record = json.loads((folder / CALIBRATION_FILE).read_text())
     assert record["sampling"] == EMBEDDED_SAMPLING and record["grid"] and record["image_size"] == [64, 64]
+    assert record["model"] == "embedded"
     chosen = record["chosen"]
     assert chosen["settings"] in record["grid"]
-    scheduler = VARAccelScheduler.from_pretrained(f"embedded/{method}")
+    scheduler = VARAccelScheduler.from_pretrained(str(folder) if method.endswith("@3x") else f"embedded/{method}")
     images, baseline = [], []
     for seed in record["seeds"]:
         baseline.append(_generate(pipe, record["prompts"], seed, None, record["sampling"]))
@@ -564,6 +571,8 @@ def test_a_packaged_calibration_reproduces(pipe, method):
     fidelity = _fidelity(torch.cat(images), torch.cat(baseline), prompts, None, True)
     assert _mean(fidelity["ssim"]) == pytest.approx(chosen["ssim_mean"], abs=1e-6)
     assert _mean(fidelity["psnr"]) == pytest.approx(chosen["psnr_mean"], abs=1e-4)
+    if record["select"] == "accuracy":
+        assert _mean([float(c) for c in fidelity["correct"]]) == pytest.approx(chosen["accuracy"], abs=1e-9)
     first, seed = record["prompts"][0], record["seeds"][0]
     ratio = _count_flops(pipe, first, seed, None, record["sampling"]) / _count_flops(
         pipe, first, seed, scheduler, record["sampling"]
