@@ -7,10 +7,11 @@ search under another budget) is run once on the held-out prompts, with any extra
 presets, scheduler folders) beside them. Per setting: the scorer's accuracy (mean of categories, as
 ``scripts/eval_embedded.py``), PSNR and SSIM to the baseline image of the same prompt and seed, the counted FLOPs ratio
 (one real call, ``var-accel bench``'s counter) and the measured CPU speed-up (every chunk of prompts runs the baseline
-and every setting in turn, so drift hits all alike; total baseline time / total setting time).
+and every setting in turn, so drift hits all alike; total baseline time / total setting time). ``--prompt-set fresh``
+measures on calibration prompts the calibrations did not use instead (string-disjoint from the held-out set).
 
     python scripts/calibration_frontier.py CAL_DIR [CAL_DIR ...] --budgets 1.5,2,3 [--select ssim,accuracy]
-        [--extra infinity-2b/lazyvar ...] [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
+        [--extra infinity-2b/lazyvar ...] [--prompt-set heldout|fresh] [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
 """
 
 from __future__ import annotations
@@ -48,7 +49,23 @@ def main(argv=None) -> int:
         "default: the record's own --select); one row per distinct setting, with the selections that chose it",
     )
     parser.add_argument("--extra", nargs="*", default=[], help="more acceleration specs (preset names, folders)")
-    parser.add_argument("--num-prompts", type=int, default=200, help="the first N held-out prompts (default all 200)")
+    parser.add_argument(
+        "--prompt-set",
+        choices=["heldout", "fresh"],
+        default="heldout",
+        help="heldout (default): the 200 held-out prompts with their seeds; fresh: calibration prompts beyond the "
+        "first --calibration-prompts (string-disjoint from the held-out set, unseen by the calibrations), prompt i "
+        "with seed i (a second measurement that neither the calibrations nor the held-out results chose)",
+    )
+    parser.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=12,
+        help="fresh: how many calibration prompts the calibrations used (skipped; default 12)",
+    )
+    parser.add_argument(
+        "--num-prompts", type=int, default=200, help="the first N prompts of the set (default 200: all held-out ones)"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", help="write every number here")
     parser.add_argument("--plot", help="write the frontier plot (held-out SSIM and accuracy against FLOPs ratio) here")
@@ -56,7 +73,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from diffusers_var_accel.calibration import SELECT_METRICS, build_candidate, choose
+    from diffusers_var_accel.calibration import SELECT_METRICS, build_candidate, calibration_prompts, choose
     from diffusers_var_accel.data.scorer import score_batch
     from diffusers_var_accel.data.shapes import heldout_prompts
     from diffusers_var_accel.bench.probe import count_call_flops
@@ -133,7 +150,16 @@ def main(argv=None) -> int:
     for spec in args.extra:
         settings[spec] = dict(scheduler=load_acceleration(spec, "infinity"), source=spec)
 
-    entries = heldout_prompts()[: args.num_prompts]
+    if args.prompt_set == "heldout":
+        entries = heldout_prompts()[: args.num_prompts]
+    else:
+        for folder in args.calibrations:
+            used = json.loads((Path(folder) / "calibration.json").read_text())["prompts"]
+            if used != calibration_prompts(args.calibration_prompts):
+                parser.error(f"{folder} did not calibrate on calibration_prompts({args.calibration_prompts})")
+        fresh = calibration_prompts(args.calibration_prompts + args.num_prompts)[args.calibration_prompts :]
+        entries = [dict(prompt=prompt, seed=i) for i, prompt in enumerate(fresh)]
+    prefix = "heldout" if args.prompt_set == "heldout" else "fresh"
     first = entries[0]
     for name, entry in settings.items():
         entry["flops"] = count_call_flops(
@@ -186,31 +212,37 @@ def main(argv=None) -> int:
                 flops_ratio=settings["baseline"]["flops"] / entry["flops"],
                 speedup=seconds["baseline"] / seconds[name],
                 seconds_per_image=seconds[name] / len(texts),
-                heldout_accuracy=report["overall"],
-                heldout_per_category=report["per_category"],
-                heldout_psnr=sum(psnrs) / len(psnrs),
-                heldout_ssim=sum(ssims) / len(ssims),
+                prompt_set=args.prompt_set,
+                **{
+                    f"{prefix}_accuracy": report["overall"],
+                    f"{prefix}_per_category": report["per_category"],
+                    f"{prefix}_accuracy_images": report["overall_images"],
+                    f"{prefix}_n_per_category": report["n_per_category"],
+                    f"{prefix}_psnr": sum(psnrs) / len(psnrs),
+                    f"{prefix}_ssim": sum(ssims) / len(ssims),
+                },
                 n=len(texts),
             )
         )
     print(
-        "| setting | chosen by | counted FLOPs ratio | CPU speed-up | held-out SSIM | held-out PSNR (dB) | held-out accuracy |"
+        f"| setting | chosen by | counted FLOPs ratio | CPU speed-up | {prefix} SSIM | {prefix} PSNR (dB) | "
+        f"{prefix} accuracy |"
     )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         budget = ", ".join(r["selected_by"]) if r["selected_by"] else "-"
         print(
-            f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r['heldout_ssim']:.3f} | "
-            f"{r['heldout_psnr']:.2f} | {r['heldout_accuracy']:.1%} |"
+            f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r[prefix + '_ssim']:.3f} | "
+            f"{r[prefix + '_psnr']:.2f} | {r[prefix + '_accuracy']:.1%} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, prefix)
     return 0
 
 
-def plot(rows, path) -> None:
+def plot(rows, path, prefix: str = "heldout") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,8 +260,8 @@ def plot(rows, path) -> None:
             group += f" (by {r['selected_by'][0].split('@')[0]})"  # another selection's picks: their own line
         groups.setdefault(group, []).append(r)
     for ax, key, label in (
-        (axes[0], "heldout_ssim", "held-out SSIM to the baseline"),
-        (axes[1], "heldout_accuracy", "held-out scorer accuracy"),
+        (axes[0], f"{prefix}_ssim", f"{prefix} SSIM to the baseline"),
+        (axes[1], f"{prefix}_accuracy", f"{prefix} scorer accuracy"),
     ):
         for group, items in groups.items():
             items = sorted(items, key=lambda r: r["flops_ratio"])
