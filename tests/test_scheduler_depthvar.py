@@ -520,10 +520,24 @@ def test_every_packaged_preset_keeps_the_decided_rotation(preset):
 def test_the_calibration_grids_do_not_search_the_decided_rotation():
     grids = DepthVARScheduler.calibration_grid(DEPTH) + DepthVARScheduler.composition_calibration_grid(DEPTH)
     assert {setting["rotation_step"] for setting in grids} == {0.0}
-    assert {setting["reference_scale"] for setting in DepthVARScheduler.calibration_grid(DEPTH)} == {
-        -2,
-        -3,
-        -4,
-        -5,
-        -6,
-    }
+    grid = DepthVARScheduler.calibration_grid(DEPTH)
+    assert {s["reference_scale"] for s in grid if "start_scale" not in s} == {-2, -3, -4, -5, -6}
+    later = [s for s in grid if "start_scale" in s]  # deeper references whose dynamic scales start later
+    assert later and all(s["reference_scale"] < s["start_scale"] < 0 and s["code_blending"] for s in later)
+
+
+def test_the_later_starts_of_the_grid_fill_the_budgets_between_two_reference_scales():
+    """On a schedule with many small late steps (the embedded model's 13 scales), R alone jumps from about 1.5x to 2x
+    counted FLOPs; a setting whose dynamic scales start later lies between (budget: the mean depth fraction per token)."""
+    schedule = [(1, s, s) for s in (1, 2, 3, 4, 5, 6, 8, 10, 12, 13, 14, 15, 16)]
+    tokens = [s[1] * s[2] for s in schedule]
+
+    def depth_fraction(setting):
+        budgets = DepthVARScheduler(**setting).budgets(schedule)
+        return sum(tokens[i] * budgets.get(i, 1.0) for i in range(len(tokens))) / sum(tokens)
+
+    grid = DepthVARScheduler.calibration_grid(DEPTH)
+    after = sorted(depth_fraction(s) for s in grid if "start_scale" not in s and s["code_blending"])
+    low, high = max(zip(after[:-1], after[1:]), key=lambda pair: pair[1] - pair[0])  # R's widest step
+    assert low < 0.8 * high  # R = -6 -> -5: 0.61 -> 0.78 of the full depth
+    assert [s for s in grid if "start_scale" in s and low < depth_fraction(s) < high]

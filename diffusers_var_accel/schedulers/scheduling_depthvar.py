@@ -385,16 +385,25 @@ class DepthVARScheduler(VARAccelScheduler, method="depthvar"):
     # -- calibration ----------------------------------------------------------------------------------------------------
     @classmethod
     def calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
-        """Reference scale R = -2 .. -6 (from the end), code blending on or off; no rotation.
+        """Reference scale R = -2 .. -6 (from the end), code blending on or off; and, blending on, a deeper R = -6 ..
+        -8 whose dynamic scales start later (the last two or three scales); no rotation.
 
+        The later starts fill the budgets that R alone skips: with the dynamic scales right after R (the paper's
+        reading), each step of R changes the depth of every scale after it, and on a schedule with many small late
+        steps (the embedded model's 13 scales) R = -5 gives 1.48x counted FLOPs and R = -6 2.00x, nothing between.
         The rotation step is a decided default (0, from the paper's worked example), not a tuned knob, so the grid
-        does not search it.
+        does not search it. Settings that do not fit a short schedule are recorded as not runnable.
         """
-        return [
+        after_reference = [
             dict(reference_scale=reference, rotation_step=0.0, code_blending=blending)
             for reference in (-2, -3, -4, -5, -6)
             for blending in (True, False)
         ]
+        later_start = [
+            dict(reference_scale=reference, start_scale=start, rotation_step=0.0, code_blending=True)
+            for reference, start in ((-6, -2), (-7, -2), (-8, -2), (-7, -3), (-8, -3))
+        ]
+        return after_reference + later_start
 
     @classmethod
     def composition_calibration_grid(cls, num_layers: int) -> List[Dict[str, Any]]:
