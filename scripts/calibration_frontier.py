@@ -90,8 +90,8 @@ def main(argv=None) -> int:
         if metric not in SELECT_METRICS:
             parser.error(f"--select: {metric!r} is not one of {list(SELECT_METRICS)}")
     settings = {"baseline": dict(scheduler=None, source="baseline")}
-    for folder in args.calibrations:
-        record = json.loads((Path(folder) / "calibration.json").read_text())
+    records = {folder: json.loads((Path(folder) / "calibration.json").read_text()) for folder in args.calibrations}
+    for folder, record in records.items():
         if args.all:
             for t in record["tried"]:
                 if "flops_ratio" in t:
@@ -111,15 +111,14 @@ def main(argv=None) -> int:
                         source=portable_source(folder),
                     )
             continue
+        grid_max = max((t["flops_ratio"] for t in record["tried"] if "flops_ratio" in t), default=0)
+        for budget in budgets:
+            if grid_max < budget:
+                print(f"{record['method']} at {budget}x: unreachable (grid max {grid_max:.2f}x)", file=sys.stderr)
         for metric in selects or [record.get("select", "ssim")]:
             for budget in budgets:
                 chosen = choose(record["tried"], budget, None, metric)
                 if chosen is None:
-                    print(
-                        f"{record['method']} at {budget}x: unreachable (grid max "
-                        f"{max((t['flops_ratio'] for t in record['tried'] if 'flops_ratio' in t), default=0):.2f}x)",
-                        file=sys.stderr,
-                    )
                     continue
                 same = [
                     k
@@ -153,9 +152,8 @@ def main(argv=None) -> int:
     if args.prompt_set == "heldout":
         entries = heldout_prompts()[: args.num_prompts]
     else:
-        for folder in args.calibrations:
-            used = json.loads((Path(folder) / "calibration.json").read_text())["prompts"]
-            if used != calibration_prompts(args.calibration_prompts):
+        for folder, record in records.items():
+            if record["prompts"] != calibration_prompts(args.calibration_prompts):
                 parser.error(f"{folder} did not calibrate on calibration_prompts({args.calibration_prompts})")
         fresh = calibration_prompts(args.calibration_prompts + args.num_prompts)[args.calibration_prompts :]
         entries = [dict(prompt=prompt, seed=i) for i, prompt in enumerate(fresh)]
@@ -252,12 +250,9 @@ def plot(rows, path, prefix: str = "heldout") -> None:
     groups = {}
     for r in rows:
         group = r["method"] or ("baseline" if r["name"] == "baseline" else "paper presets")
-        if (
-            r.get("selected_by")
-            and all(not s.startswith("ssim@") for s in r["selected_by"])
-            and len(set(s.split("@")[0] for s in r["selected_by"])) == 1
-        ):
-            group += f" (by {r['selected_by'][0].split('@')[0]})"  # another selection's picks: their own line
+        metrics = {s.split("@")[0] for s in r.get("selected_by") or []}
+        if len(metrics) == 1 and metrics != {"ssim"}:
+            group += f" (by {metrics.pop()})"  # only another selection chose it: its own line
         groups.setdefault(group, []).append(r)
     for ax, key, label in (
         (axes[0], f"{prefix}_ssim", f"{prefix} SSIM to the baseline"),
