@@ -73,7 +73,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..next_scale.capture_check import HOST_COPY_METHODS, SYNC_OPS, UPLOAD_OPS, source_line
 from ..user_errors import positive_int_argument as _positive
+
+#: This file, passed over when a sync's source line is looked for.
+_THIS_FILE = frozenset({os.path.abspath(__file__)})
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -95,24 +99,6 @@ __all__ = [
     "main",
 ]
 
-#: ATen ops that make the host wait for the device, with how many syncs one call costs.
-SYNC_OPS: Dict[str, int] = {
-    "_local_scalar_dense": 1,
-    "nonzero": 1,
-    "nonzero_static": 0,
-    "masked_select": 1,
-    "unique": 1,
-    "_unique": 1,
-    "_unique2": 1,
-    "unique_consecutive": 1,
-    "unique_dim": 1,
-    "unique_dim_consecutive": 1,
-    "multinomial": 2,
-}
-#: ATen ops that copy host data to the device (``torch.tensor(data)``, ``torch.as_tensor(list)``).
-UPLOAD_OPS = frozenset({"lift_fresh", "lift_fresh_copy"})
-#: Tensor methods that copy to the host without dispatching an ATen op on the CPU.
-HOST_COPY_METHODS = frozenset({"tolist", "cpu", "numpy"})
 #: ATen ops that launch no kernel (besides views and aliases, found from their schema).
 NO_KERNEL_OPS = frozenset(
     {
@@ -146,10 +132,6 @@ NO_KERNEL_OPS = frozenset(
     }
 )
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PACKAGE_ROOT = os.path.dirname(_PACKAGE_DIR)
-_THIS_FILE = os.path.abspath(__file__)
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _VIEW_CACHE: Dict[Any, bool] = {}
 
 
@@ -161,22 +143,6 @@ def _launches_no_kernel(func) -> bool:
         view = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
         cached = _VIEW_CACHE[func] = view or name in NO_KERNEL_OPS
     return cached
-
-
-def _source_line() -> str:
-    """``path:line (function)`` of the innermost frame inside the package (else outside torch and this module)."""
-    frame = sys._getframe(2)
-    fallback = None
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if path != _THIS_FILE and not path.startswith(_TORCH_DIR):
-            where = f"{os.path.relpath(path, _PACKAGE_ROOT) if path.startswith(_PACKAGE_ROOT) else path}:{frame.f_lineno} ({frame.f_code.co_name})"
-            if path.startswith(_PACKAGE_DIR + os.sep):
-                return where
-            if fallback is None:
-                fallback = where
-        frame = frame.f_back
-    return fallback or "?"
 
 
 @dataclass
@@ -277,7 +243,7 @@ class LaunchCounter:
 
     def _sync(self, kind: str, n: int) -> None:
         self._counts().syncs += n
-        self.sync_sources[(self.phase, kind, _source_line())] += n
+        self.sync_sources[(self.phase, kind, source_line(_THIS_FILE))] += n
 
     def total(self, phases: Optional[Sequence[Any]] = None) -> PhaseCounts:
         """The sum over ``phases`` (default: every phase)."""
