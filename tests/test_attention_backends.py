@@ -194,3 +194,27 @@ def test_flex_runs_a_grouped_pass_as_per_scale_calls(hart, dispatch_calls):
         flex = _image(hart, _lazyvar(hart))
     assert dispatch_calls and not any(has_mask for _, has_mask in dispatch_calls)
     torch.testing.assert_close(flex, default, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["infinity", "hart"])
+def test_every_backend_gets_q_k_and_v_in_the_autocast_dtype(family, monkeypatch):
+    """Under autocast v leaves its projection in the autocast dtype; q and k are written in it too, whatever the
+    backend (flash-attn refuses mixed dtypes, and an SDPA backend would fill the KV cache with fp32 keys)."""
+    if family == "infinity":
+        pipe = build_tiny_infinity_pipeline(seed=0, depth=2)
+    else:
+        pipe = build_tiny_hart_pipeline(seed=0, depth=2, embed_dim=32, patch_nums=(1, 2, 3), tokenizer_ch_mult=(1,))
+    pipe = pipe.to(dtype=torch.bfloat16)  # half-precision weights: the pipeline runs under bf16 autocast
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+    real = attention_processor.dispatch_attention_fn
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(attention_processor, "dispatch_attention_fn", spy)
+    with attention_backend("_native_math"):
+        _image(pipe)
+    self_attention = [dtypes for dtypes in seen if dtypes[2] == torch.bfloat16]
+    assert self_attention and all(dtypes == (torch.bfloat16,) * 3 for dtypes in self_attention), set(seen)

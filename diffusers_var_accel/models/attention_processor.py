@@ -304,6 +304,14 @@ def self_attention(
             q, k_all, v_all, cache_length, lengths, attn.softmax_scale, processor._attention_backend
         )
     elif per_scale:
+        if context.static_pass:
+            raise ValueError(
+                f"layer {attn.layer_idx}: a grouped pass whose tokens carry no count per scale attends scale by scale "
+                f"only by reading the scale ids on the host (backend {resolve_backend(processor._attention_backend)!r}, "
+                f"grouped_attention={processor.grouped_attention!r}), which a captured or compiled pass cannot do: give "
+                "the route its scale_counts, use a backend that takes a mask (native SDPA) with grouped_attention "
+                "'auto' or 'mask', or run the passes eagerly (pipe.disable_cuda_graphs())"
+            )
         out = processor._attend_block_causal(
             q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale, processor._attention_backend
         )
@@ -474,15 +482,12 @@ class VARAttnProcessor:
         return q, k, qkv[:, :, 2]
 
     def _attention_dtype(self, device: torch.device) -> Optional[torch.dtype]:
-        """The dtype q and k are written in (``None``: the rotation's own). Under autocast SDPA casts its inputs to the
-        autocast dtype (and the recorded-map path's matmuls do too), so writing the rotation in it, before the KV
-        cache, gives the same values with no cast of q and of the whole cache per pass."""
+        """The dtype q and k are written in (``None``: the rotation's own). Under autocast v comes out of its projection
+        in the autocast dtype: q and k are written in it too, before the KV cache, whatever the backend (SDPA would
+        cast them itself, and the recorded-map path's matmuls do too, so for it the values are the same with no cast
+        of q and of the whole cache per pass; flash-attn and the other kernels refuse q, k and v of mixed dtypes)."""
         device_type = device.type
-        if (
-            device_type == "meta"
-            or not torch.is_autocast_enabled(device_type)
-            or resolve_backend(self._attention_backend) != "native"
-        ):
+        if device_type == "meta" or not torch.is_autocast_enabled(device_type):
             return None
         return torch.get_autocast_dtype(device_type)
 

@@ -61,6 +61,9 @@ class VARForwardContext:
             ``None`` computes them at every use (same values).
         pass_cache (`dict`): constants of these tokens derived once per pass (RoPE tables in the layout the
             processors use); a context for other tokens (:meth:`for_tokens`) starts an empty one.
+        static_pass (`bool`): the pass is captured as a graph or compiled (its runner sets it): nothing in it may read
+            the device on the host, so a step that would (a grouped pass whose tokens per scale are unknown, taken
+            scale by scale) raises instead.
     """
 
     kv_cache: Optional[ScaleKVCache]
@@ -79,6 +82,7 @@ class VARForwardContext:
     cache_row_start: int = 0
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
     rope_source: Optional[Tuple["VARForwardContext", torch.Tensor]] = field(default=None, repr=False, compare=False)
+    static_pass: bool = False
 
     def for_tokens(
         self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None, self_attention: bool = True
@@ -157,6 +161,10 @@ class PassRecords:
         block_deltas: ``{layer: (R, L, C)}`` block output minus input.
         sublayer_updates: ``{(layer, sublayer): (R, L, C)}`` full residual updates.
         selections: ``{(layer, sublayer): (R, K)}`` the positions a route chose (``RecordRequest.selections``).
+        buffers: ``buffers(name, shape, dtype, device) -> tensor``, where a record written whole into one buffer
+            (:attr:`block_delta_stack`) gets it; ``None``: a new tensor per pass. A pass runner that captures passes
+            gives its own, so that the buffer is made by the eager warm-up and kept across calls (as the KV cache is)
+            instead of being owned by each graph.
     """
 
     attention: Dict[int, torch.Tensor] = field(default_factory=dict)
@@ -168,6 +176,7 @@ class PassRecords:
     #: its slices) when every one has the first one's shape and dtype; ``None`` otherwise. A reader may reduce over
     #: all layers in a few kernels instead of a few per layer.
     block_delta_stack: Optional[torch.Tensor] = None
+    buffers: Optional[Callable[..., torch.Tensor]] = field(default=None, repr=False, compare=False)
 
     def record_block_delta(
         self, layers: FrozenSet[int], layer: int, out_RLC: torch.Tensor, x_RLC: torch.Tensor
@@ -177,7 +186,11 @@ class PassRecords:
         order = sorted(layers)
         dtype = torch.promote_types(out_RLC.dtype, x_RLC.dtype)
         if self.block_delta_stack is None and not self.block_deltas:
-            self.block_delta_stack = out_RLC.new_empty((len(order), *out_RLC.shape), dtype=dtype)
+            shape = (len(order), *out_RLC.shape)
+            if self.buffers is None:
+                self.block_delta_stack = out_RLC.new_empty(shape, dtype=dtype)
+            else:
+                self.block_delta_stack = self.buffers("block_delta_stack", shape, dtype, out_RLC.device)
         stack = self.block_delta_stack
         if stack is not None and stack.shape[1:] == out_RLC.shape and stack.dtype == dtype:
             self.block_deltas[layer] = torch.sub(out_RLC, x_RLC, out=stack[order.index(layer)])

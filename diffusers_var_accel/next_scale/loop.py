@@ -17,7 +17,7 @@ Shape legend: ``B`` images, ``R`` rows (``2B`` under CFG, conditional rows first
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -68,8 +68,9 @@ def run_next_scale_loop(
         should_stop: polled between passes; when it returns True the loop ends early (interrupt).
         pass_runner: runs the blocks of one pass, ``pass_runner(family, hidden_RLC, condition, context)``, instead of
             ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`,
-            or :class:`~.graphs.PassGraphs`). A runner with a ``kv_cache(key, num_layers, max_length)`` method
-            provides the call's KV cache (one per schedule, batch, rows, family and plan, reused across calls).
+            or :class:`~.graphs.PassGraphs`). A runner with a ``kv_cache(key, num_layers, max_length, rows)`` method
+            provides the call's KV cache (one per schedule, batch, rows, family, plan and scheduler configuration,
+            reused across calls).
         tables (`ScheduleTables`, *optional*): constant tables that outlive the call, owned by the caller (a pipeline
             keeps one, so calls with the same schedule share their scale-id and position tables); ``None``: a fresh
             one, dropped with the call.
@@ -97,10 +98,13 @@ def run_next_scale_loop(
     validate_plans(plans, num_scales)
     max_length = cached_positions(family.num_start_tokens, scale_schedule, plans)
     workspace_cache = getattr(pass_runner, "kv_cache", None)
-    if workspace_cache is not None:  # a runner replaying captured passes keeps one cache per plan (fixed addresses)
-        kv_cache = workspace_cache(
-            (family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans)), family.num_layers, max_length
-        )
+    if (
+        workspace_cache is not None
+    ):  # a runner replaying captured passes keeps one cache per workspace (fixed addresses)
+        # plans alone do not tell methods apart (the baseline's and DepthVAR's are equal, their routes are not): the
+        # scheduler's configuration, by value, is part of the workspace
+        key = (family.family, scale_schedule, batch_size, layout.cache_rows, tuple(plans), scheduler_key(scheduler))
+        kv_cache = workspace_cache(key, family.num_layers, max_length, layout.cache_rows)
     else:
         kv_cache = ScaleKVCache(family.num_layers, max_length=max_length)
     state = NextScaleState(scale_schedule, batch_size, layout.cache_rows, kv_cache)
@@ -162,6 +166,16 @@ def run_next_scale_loop(
             if on_scale_end is not None:
                 on_scale_end(si, state)
     return state
+
+
+def scheduler_key(scheduler) -> Hashable:
+    """What identifies ``scheduler``'s decisions by value (``scheduler.workspace_key``: its class and configuration),
+    so that two schedulers with the same settings (a method name builds a new one per call) share captured passes;
+    an object without one is identified by itself. ``None`` for no scheduler."""
+    if scheduler is None:
+        return None
+    key = getattr(scheduler, "workspace_key", None)
+    return key if key is not None else ("object", type(scheduler).__qualname__, id(scheduler))
 
 
 def run_family_blocks(

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict
 
 
 from ..next_scale.cache import ScaleKVCache
+from ..next_scale.graphs import SharedKVCaches
 
 #: The dynamo cache size limit ``compile_passes`` sets at least (each pass of each plan is one cached graph).
 PASS_GRAPH_CACHE_LIMIT = 256
@@ -54,7 +55,7 @@ class CompiledPassRunner:
     """The ``pass_runner`` of a pipeline whose passes are compiled: runs ``torch.compile(run_family_blocks)`` and
     reports, instead of hiding, the passes that ran without CUDA graphs when graphs were asked for.
 
-    The KV cache lives here, one per (schedule, batch, rows, family, plan), as in
+    The KV cache lives here, one per (schedule, batch, rows, family, plan, scheduler configuration), as in
     :class:`~diffusers_var_accel.next_scale.graphs.PassGraphs`: the loop asks :meth:`kv_cache` for it, and a call with
     the same key gets the same buffers back (reset), so compiled passes and their CUDA graphs see the same addresses
     call after call. The buffers are allocated by the first pass of a call (the start token alone: the smallest
@@ -74,17 +75,20 @@ class CompiledPassRunner:
         self.skipped_passes = self.eager_first_passes = 0
         self._warned = False
         self._caches: "collections.OrderedDict[Any, ScaleKVCache]" = collections.OrderedDict()
+        self._shared = SharedKVCaches()
 
-    def kv_cache(self, key, num_layers: int, max_length: int) -> ScaleKVCache:
-        """The KV cache of a call whose schedule, batch, rows, family and plan make ``key``: the one of the last call
-        with that key, reset (its buffers kept), or a new one (the least recently used beyond ``max_workspaces``
-        is dropped)."""
+    def kv_cache(self, key, num_layers: int, max_length: int, rows=None) -> ScaleKVCache:
+        """The KV cache of a call whose schedule, batch, rows, family, plan and scheduler configuration make ``key``:
+        the one of the last call with that key, reset (its buffers kept), or a new one (the least recently used key
+        beyond ``max_workspaces`` is dropped). Keys whose caches have the same ``(num_layers, max_length, rows)``
+        share one (a call writes every position before a pass reads it)."""
         key = (key, num_layers, max_length)
         cache = self._caches.get(key)
         if cache is None:
-            cache = self._caches[key] = ScaleKVCache(num_layers, max_length=max_length)
+            cache = self._caches[key] = self._shared.get(num_layers, max_length, rows)
             while len(self._caches) > self.max_workspaces:
                 self._caches.popitem(last=False)
+            self._shared.keep_only(list(self._caches.values()))
         self._caches.move_to_end(key)
         cache.reset()
         return cache
@@ -96,6 +100,7 @@ class CompiledPassRunner:
         from ..next_scale.loop import run_family_blocks
 
         refuse_drawing_passes(context, "compile_passes()")
+        context.static_pass = True  # nothing in a compiled pass may read the device on the host
         cache = context.kv_cache
         if cache is not None and cache.preallocated and cache.empty and cache.stores:
             allocated = cache.allocated

@@ -3,6 +3,8 @@ diffusers users read, the per-scale callback and decoding to the requested outpu
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
@@ -91,7 +93,9 @@ class NextScalePipelineMixin:
         """Modules of the transformer compiled by :meth:`compile_repeated_blocks` (0: none)."""
         return sum(getattr(m, "_compiled_call_impl", None) is not None for m in self.transformer.modules())
 
-    def enable_cuda_graphs(self, capture: str = "cuda", strict: bool = False, max_workspaces: int = 4) -> bool:
+    def enable_cuda_graphs(
+        self, capture: str = "cuda", strict: bool = False, max_workspaces: int = 4, decode: bool = True
+    ) -> bool:
         """Capture every transformer pass as a graph on its first run and replay it from then on (one graph per size,
         batch, acceleration plan and pass). Call it after moving the pipeline to the GPU.
 
@@ -103,6 +107,9 @@ class NextScalePipelineMixin:
         earlier route, ``torch.compile(mode="reduce-overhead", fullgraph=True)`` per pass (inductor also fuses the
         element-wise ops; minutes of compile per pass). ``capture="trace"`` is the CPU stand-in of ``"cuda"`` that
         the tests run: each pass traced once into an FX graph and replayed without its Python, on any device.
+        With ``"cuda"`` and ``"trace"`` the VAE decode is captured too (once per latent shape), unless ``decode=False``.
+        Every capture runs under :class:`~diffusers_var_accel.next_scale.capture_check.CaptureCheck`: an op a graph
+        cannot hold (a host sync, an upload, a random draw) raises, naming the op and its line.
 
         Nothing falls back silently: with ``"compile"`` a pass that would need more graphs than dynamo's raised
         cache limit raises, and a pass that CUDA-graph trees skip (it then runs compiled but without graphs) warns
@@ -113,8 +120,10 @@ class NextScalePipelineMixin:
             capture (`str`, defaults to `"cuda"`): ``"cuda"``, ``"compile"`` or ``"trace"``.
             strict (`bool`, defaults to `False`): with ``"compile"``, raise at the first skipped graph (inductor's
                 ``triton.cudagraph_or_error``, process-wide while graphs are on) instead of warning.
-            max_workspaces (`int`, defaults to 4): with ``"cuda"`` / ``"trace"``, how many plans (schedule x batch x
-                method) keep their KV cache and graphs; the least recently used is dropped.
+            max_workspaces (`int`, defaults to 4): with ``"cuda"`` / ``"trace"``, how many workspaces (schedule x batch
+                x plan x scheduler configuration) keep their graphs; the least recently used is dropped. Workspaces
+                whose KV caches have the same shape share one cache.
+            decode (`bool`, defaults to `True`): with ``"cuda"`` / ``"trace"``, also capture the VAE decode.
 
         Returns:
             `bool`: whether graphs are on. ``"cuda"`` and ``"compile"`` on a device other than CUDA change nothing: a
@@ -127,9 +136,12 @@ class NextScalePipelineMixin:
             raise ValueError(f"capture must be 'cuda', 'compile' or 'trace', got {capture!r}")
         if not isinstance(strict, bool):
             raise ValueError(f"strict must be True or False, got {strict!r}")
+        if not isinstance(decode, bool):
+            raise ValueError(f"decode must be True or False, got {decode!r}")
         if capture == "trace":
             self.disable_cuda_graphs()
             self._pass_runner = PassGraphs("trace", max_workspaces)
+            self._pass_runner.capture_decode = decode
             return True
         device = self._pass_device()
         if device.type != "cuda":
@@ -143,6 +155,7 @@ class NextScalePipelineMixin:
         if capture == "cuda":
             self.disable_cuda_graphs()
             self._pass_runner = PassGraphs("cuda", max_workspaces)
+            self._pass_runner.capture_decode = decode
             return True
         self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
         if strict:
@@ -151,6 +164,17 @@ class NextScalePipelineMixin:
             self._strict_graphs_saved = inductor_config.triton.cudagraph_or_error
             inductor_config.triton.cudagraph_or_error = True
         return True
+
+    @contextlib.contextmanager
+    def eager_passes(self):
+        """Run the calls inside the ``with`` block eagerly, keeping what ``enable_cuda_graphs()`` /
+        ``compile_passes()`` hold for the calls after it (to check a captured call against the eager one without
+        capturing everything again)."""
+        runner, self._pass_runner = self._pass_runner, None
+        try:
+            yield
+        finally:
+            self._pass_runner = runner
 
     @property
     def passes_without_graphs(self) -> int:
@@ -302,10 +326,14 @@ class NextScalePipelineMixin:
                 draw_check.raise_if_invalid()
         else:
             latents = latents.to(self.vae.dtype)
+            decode = self.vae.decode
+            graphs = self.pass_graphs
+            if graphs is not None and graphs.capture_decode:  # enable_cuda_graphs(): the decode replays a graph too
+                decode = functools.partial(graphs.decode, self.vae)
             if per_image and latents.shape[0] > 1:
-                image = torch.cat([self.vae.decode(latents[b : b + 1]) for b in range(latents.shape[0])])
+                image = torch.cat([decode(latents[b : b + 1]) for b in range(latents.shape[0])])
             else:
-                image = self.vae.decode(latents)
+                image = decode(latents)
             if draw_check is not None:  # the decode is queued: its kernels run while the host reads the check
                 draw_check.raise_if_invalid()
             image = self.image_processor.postprocess(image, output_type=output_type)

@@ -199,6 +199,15 @@ class StageVARScheduler(VARAccelScheduler, method="stagevar"):
         """The mixers draw positions and projections inside the projected passes."""
         return bool(self.config.projected_scales)
 
+    capturable_variant_note = (
+        "no token mixtures (drawn inside the passes, which a graph cannot replay): projected scales run dense"
+    )
+
+    def capturable_variant(self) -> "StageVARScheduler":
+        """The same settings without projected scales (their token mixtures are drawn inside the passes): the
+        unconditional-only sampling and the skipped scales stay."""
+        return type(self).from_config({**self.to_dict(), "projected_scales": (), "rank_ratios": ()})
+
     @register_to_config
     def __init__(
         self,

@@ -25,6 +25,7 @@ The other jobs around the protocol have their own modules: :mod:`.identity` (no 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Type
 
@@ -288,6 +289,13 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         settings = {k: v for k, v in dict(self.config).items() if not k.startswith("_")}
         return {"_class_name": type(self).__name__, **{k: plain_config_value(v) for k, v in settings.items()}}
 
+    @property
+    def workspace_key(self) -> Tuple[str, str]:
+        """This scheduler's decisions identified by value: its class and its configuration (:meth:`to_dict`). Two
+        schedulers with equal keys route every pass alike, so a pass runner that captures passes lets them share
+        their graphs (``pipe(..., acceleration="lazyvar")`` builds a new scheduler per call)."""
+        return (type(self).__qualname__, json.dumps(self.to_dict(), sort_keys=True))
+
     # -- extension points ---------------------------------------------------------------------------------------------
     def plan_scales(
         self, scale_schedule: Sequence[Tuple[int, ...]], model: Optional[ModelInfo] = None
@@ -342,6 +350,17 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
     #: Whether the method's routes draw random numbers inside a pass (a mixing span's mixer): such passes cannot be
     #: captured or compiled (``enable_cuda_graphs()`` / ``compile_passes()`` refuse them).
     draws_inside_passes: bool = False
+
+    #: What :meth:`capturable_variant` leaves out, in a few words (for the tables that show a variant's numbers).
+    capturable_variant_note: str = "the method as configured (its passes draw nothing)"
+
+    def capturable_variant(self) -> "VARAccelScheduler":
+        """This scheduler without what keeps its passes from being captured or compiled (the random numbers drawn
+        inside them): itself when its passes draw nothing. A method that draws inside passes overrides it (and
+        :attr:`capturable_variant_note`) or raises."""
+        if self.draws_inside_passes:
+            raise ValueError(f"{type(self).__name__} draws inside its passes and has no capturable variant")
+        return self
 
     #: The typed per-call object of the method (a dataclass with defaults), or ``None`` when it keeps nothing.
     call_state_class: Optional[Callable[[], Any]] = None
