@@ -45,25 +45,35 @@ from diffusers_var_accel.schedulers.specs import load_acceleration, split_accele
 BUILT_IN_MODELS = ("tiny", "infinity-2b", "tiny-hart", "hart-0.7b")
 
 
-def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int = 8):
+def build_pipeline(
+    model: str, device: str, dtype: torch.dtype, tiny_depth: int = 8, seed_device: str = "cpu", tiny_width: int = 64
+):
     """A pipeline for timing: tiny random weights, a real config with random weights, or a folder.
 
     ``tiny`` / ``infinity-2b`` (Infinity), ``tiny-hart`` / ``hart-0.7b`` (HART), or a folder: an official HART
-    folder (``llm/config.json``) or a diffusers-format pipeline (its ``model_index.json`` names the class).
+    folder (``llm/config.json``) or a diffusers-format pipeline (its ``model_index.json`` names the class). The random
+    weights of a real configuration are drawn by a generator on ``seed_device`` (the GPU runner: on the GPU, with no
+    host draw and pageable copy of gigabytes; the seed gives other values there than on the CPU). The tiny models
+    have ``tiny_depth`` blocks of width ``tiny_width``.
     """
     from diffusers_var_accel.utils.tiny import randomize_weights_
 
     if model == "tiny":
         from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
-        pipe = build_tiny_infinity_pipeline(seed=0, depth=tiny_depth, with_text_encoder=False).to(device)
+        pipe = build_tiny_infinity_pipeline(seed=0, depth=tiny_depth, embed_dim=tiny_width, with_text_encoder=False)
+        pipe = pipe.to(device)
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
     if model == "tiny-hart":
         from diffusers_var_accel.models.transformer_hart import HART_CONFIGS
         from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline
 
         pipe = build_tiny_hart_pipeline(
-            seed=0, depth=tiny_depth, patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"], with_text_encoder=False
+            seed=0,
+            depth=tiny_depth,
+            embed_dim=tiny_width,
+            patch_nums=HART_CONFIGS["hart-0.7b"]["patch_nums"],
+            with_text_encoder=False,
         ).to(device)
         return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
     if model == "hart-0.7b":
@@ -79,7 +89,7 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
                 ch_mult=(1, 1, 2, 2, 4),
                 v_patch_nums=HART_CONFIGS[model]["patch_nums"],
             ).to(dtype)
-        generator = torch.Generator().manual_seed(0)  # randomize_weights_ draws on the CPU, then copies
+        generator = torch.Generator(seed_device).manual_seed(0)
         randomize_weights_(transformer, generator)
         randomize_weights_(vae, generator)
         return HARTPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)
@@ -92,7 +102,7 @@ def build_pipeline(model: str, device: str, dtype: torch.dtype, tiny_depth: int 
         with torch.device(device):
             transformer = InfinityTransformer(**INFINITY_CONFIGS[model]).to(dtype)
             vae = InfinityBSQVAE(**INFINITY_VAE_D32_CONFIG).to(dtype)
-        generator = torch.Generator().manual_seed(0)  # randomize_weights_ draws on the CPU, then copies
+        generator = torch.Generator(seed_device).manual_seed(0)
         randomize_weights_(transformer, generator)
         randomize_weights_(vae, generator)
         return InfinityPipeline(transformer=transformer.eval(), vae=vae.eval(), text_encoder=None, tokenizer=None)

@@ -9,7 +9,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu import OFFICIAL_ROW, block_order, count_tflops_per_image, main  # noqa: E402
+from benchmarks.gpu import (  # noqa: E402
+    OFFICIAL_ROW,
+    add_speedups,
+    block_order,
+    count_flops_records,
+    how_it_ran,
+    main,
+    read_flops_table,
+)
 
 
 def test_blocks_run_in_order_of_importance():
@@ -35,72 +43,27 @@ def test_graph_rows_start_with_the_baseline_then_lazyvar():
 
 def test_cpu_smoke_run_prints_one_table_and_writes_every_block(tmp_path, capsys):
     out = tmp_path / "gpu.json"
-    assert (
-        main(
-            [
-                "--models",
-                "tiny,tiny-hart",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline,lazyvar",
-                "--batch-sizes",
-                "1,2",
-                "--repeats",
-                "1",
-                "--warmup",
-                "0",
-                "--graph-warmup",
-                "0",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    argv = "--models tiny --device cpu --size 256 --methods baseline,lazyvar --batch-sizes 1,2 --repeats 1"
+    argv += " --warmup 0 --graph-warmup 1 --capture trace --flops none --json"
+    assert main(argv.split() + [str(out)]) == 0
     report = json.loads(out.read_text())
+    assert report["torch"] and report["python"] and report["capture"] == "trace"
     assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(
-        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"]
+        ["tiny"], [1, 2], ["eager", "graphs"]
     )
     for block in report["blocks"]:
         labels = [r["label"] for r in block["records"]]
         assert labels == (
             ["baseline", "lazyvar", OFFICIAL_ROW] if block["mode"] == "eager" else ["baseline", "lazyvar"]
         )
-        assert block["tflops_per_image"] == {"baseline": None, "lazyvar": None}  # no counted config for tiny models
+        assert block["tflops_per_image"] == {"baseline": None, "lazyvar": None}  # --flops none
         for r in block["records"]:
-            if block["mode"] == "eager":
-                assert r["median_s"] > 0 and r["repeats"] == 1
-            if r["median_s"] is None:  # graphs unavailable: n/a, with the reason
-                assert block["mode"] == "graphs" and "enable_cuda_graphs" in r["skipped"]
-            else:
-                assert r["median_s"] > 0 and r["speedup_vs_eager"] > 0
-        eager_base = block["records"][0]
-        if block["mode"] == "eager":
-            assert eager_base["speedup_vs_eager"] == 1.0
+            assert r["median_s"] > 0 and r["repeats"] == 1 and r["speedup_vs_eager"] > 0 and r["peak_gib"] > 0
+            if block["mode"] == "graphs":
+                assert r["passes_captured"] == 0 and r["passes_replayed"] > 0 and r["speedup_vs_graphs"] > 0
+                assert r["fresh_input_check"] == {"tokens_equal": True, "latent_max_abs_diff": 0.0}
     printed = capsys.readouterr().out
-    assert printed.count("so far:") == len(report["blocks"])  # the table so far after every block
-    table = printed[printed.rindex("model ") :]
-    assert table.count("median s") == 1  # then the one final table of every row
-    assert "vs eager" in table and "vs graphs" in table and "peak GiB" in table and OFFICIAL_ROW in table
-    rows = [line for line in table.splitlines() if line.startswith(("tiny ", "tiny-hart "))]
-    assert len(rows) == sum(len(b["records"]) for b in report["blocks"])
-    from diffusers_var_accel import HARTPipeline, InfinityPipeline
-
-    graph_rows = {
-        model: [line for line in rows if line.startswith(model + " ") and " graphs " in line]
-        for model in ("tiny", "tiny-hart")
-    }
-    for model, cls in (("tiny", InfinityPipeline), ("tiny-hart", HARTPipeline)):
-        assert len(graph_rows[model]) == 2 * 2  # two methods, two batch sizes
-        for line in graph_rows[model]:
-            if hasattr(cls, "enable_cuda_graphs"):  # a no-op on the CPU: timed as eager
-                assert "n/a: the pipeline has no enable_cuda_graphs()" not in line
-            else:
-                assert line.endswith("n/a: the pipeline has no enable_cuda_graphs()")
-    assert "total" in printed
+    assert "graphs (" in printed and "replays)" in printed and "total" in printed
 
 
 def test_time_budget_stops_new_blocks(tmp_path, capsys):
@@ -149,10 +112,19 @@ def test_bad_arguments(capsys):
     assert "--modes 'eager,compiled'" in capsys.readouterr().err
 
 
-def test_flop_counts_of_the_real_hart_config():
-    tflops = count_tflops_per_image("hart-0.7b", "hart", ["baseline", "lazyvar"], 1024, 1024)
-    assert tflops["baseline"] == pytest.approx(55.70, abs=0.01)  # the README's counted numbers
-    assert tflops["lazyvar"] == pytest.approx(31.13, abs=0.01)
+def test_the_committed_flop_table_is_what_the_counter_counts():
+    """The device run reads its FLOPs from benchmarks/results/gpu_flops.json (counted on a CPU): two of its entries
+    counted again here equal it, and HART's baseline and LazyVAR are the README's counted numbers."""
+    table = read_flops_table()
+    assert set(table) == {"infinity-2b@1024x1024", "hart-0.7b@1024x1024"}
+    counted = count_flops_records("hart-0.7b", "hart", ["baseline", "lazyvar"], 1024, 1024)
+    for method in ("baseline", "lazyvar"):
+        assert table["hart-0.7b@1024x1024"][method] == pytest.approx(counted[method], rel=1e-12)
+        assert counted[method]["loop_tflops"] == counted[method]["total_tflops"] - counted[method]["vae_tflops"]
+    assert counted["baseline"]["total_tflops"] == pytest.approx(55.70, abs=0.01)  # the README's counted numbers
+    assert counted["lazyvar"]["total_tflops"] == pytest.approx(31.13, abs=0.01)
+    assert set(table["infinity-2b@1024x1024"]) == {"baseline", "fastvar", "lazyvar", "depthvar", "arvar", "stagevar"}
+    assert table["infinity-2b@1024x1024"]["baseline"]["total_tflops"] == pytest.approx(125.05, abs=0.01)
 
 
 def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, monkeypatch, capsys):
@@ -164,8 +136,8 @@ def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, mo
 
     events = []
 
-    def enable_cuda_graphs(self):
-        events.append("enable")
+    def enable_cuda_graphs(self, capture, max_workspaces):
+        events.append(f"enable {capture} {max_workspaces}")
         warnings.warn("CUDA graphs need a CUDA device: this does nothing on cpu")
 
     def set_sampling(self, mode):
@@ -215,13 +187,16 @@ def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, mo
         )
         == 0
     )
-    # eager block: baseline (device sampling), official-style (official, then restored); graphs block: enable .. disable
+    # eager block: baseline (device sampling), official-style (official, then restored); graphs block: enable with a
+    # workspace per row .. the timed call, the fresh-input check (under graphs, then eagerly) .. disable
     assert events == [
         "call:device",
         "sampling=official",
         "call:official",
         "sampling=device",
-        "enable",
+        "enable cuda 1",
+        "call:device",
+        "call:device",
         "call:device",
         "disable",
     ]
@@ -244,9 +219,7 @@ def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, 
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(gpu, "measure_rows", interrupted_second_block)
-    monkeypatch.setattr(
-        gpu, "_graphs_switch", lambda pipe, enable: (None, None)
-    )  # graph blocks "available" (CPU no-op)
+    monkeypatch.setattr(gpu, "_graphs_switch", lambda pipe, enable, *args: None)  # graph blocks "available" (no-op)
     out = tmp_path / "gpu.json"
     assert (
         main(
@@ -379,24 +352,110 @@ def test_an_interrupt_inside_a_block_keeps_its_finished_rounds(tmp_path, monkeyp
     assert report["skipped"] == ["tiny batch 1 graphs: interrupted"]
 
 
-def test_dry_run_of_gpu_sh_writes_its_results_under_out(tmp_path):
-    """``bash benchmarks/gpu.sh --dry-run``: the runner end to end on the CPU, JSON and log under ``$OUT``."""
+def test_dry_run_of_gpu_sh_drives_every_graph_row_through_replays(tmp_path):
+    """``bash benchmarks/gpu.sh --dry-run``: the runner end to end on the CPU on the real 13-scale (Infinity) and
+    14-scale (HART) schedules, every method, the graph rows through the trace stand-in: every graph row replayed
+    every timed pass and captured none, its fresh-seed check holds, every row has a peak memory; JSON and log under
+    ``$OUT``."""
     import os
     import subprocess
 
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run", "--methods", "baseline,lazyvar"],
+        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_results.json").read_text())
     assert [(b["model"], b["batch_size"], b["mode"]) for b in report["blocks"]] == block_order(
-        ["tiny", "tiny-hart"], [1, 2], ["eager", "graphs"]
+        ["tiny", "tiny-hart"], [1], ["eager", "graphs"]
     )
-    assert all(r["median_s"] > 0 for b in report["blocks"] for r in b["records"])
     log = (tmp_path / "gpu.log").read_text()
+    assert "built tiny (infinity, 2 blocks, 13 scales" in log and "built tiny-hart (hart, 2 blocks, 14 scales" in log
+    methods = ["baseline", "fastvar", "lazyvar", "depthvar", "arvar", "stagevar"]
+    for block in report["blocks"]:
+        records = block["records"]
+        assert sorted(r["method"] for r in records if r["label"] != OFFICIAL_ROW) == sorted(methods)
+        for r in records:
+            assert r["median_s"] > 0 and r["peak_gib"] > 0, r
+            if block["mode"] == "graphs":
+                assert how_it_ran(block, r) == f"graphs ({r['passes_replayed']} replays)" and r["passes_replayed"] > 0
+                assert r["fresh_input_check"] == {"tokens_equal": True, "latent_max_abs_diff": 0.0}, r
     assert log.count("so far:") == len(report["blocks"]) and "total" in log
+
+
+def test_a_graph_row_that_captured_while_timed_is_a_bug_not_a_number():
+    """Its ``ran`` says so, and it is neither a graph baseline nor given a ``vs graphs`` speed-up."""
+
+    def record(label, median, captured):
+        return {"label": label, "method": label, "median_s": median, "passes_captured": captured, "passes_replayed": 9}
+
+    blocks = [
+        {
+            "model": "m",
+            "batch_size": 1,
+            "mode": "eager",
+            "records": [{"label": "baseline", "method": "baseline", "median_s": 2.0}],
+        },
+        {
+            "model": "m",
+            "batch_size": 1,
+            "mode": "graphs",
+            "records": [record("baseline", 1.0, 0), record("lazyvar", 5.0, 3)],
+        },
+    ]
+    add_speedups(blocks)
+    base, lazy = blocks[1]["records"]
+    assert how_it_ran(blocks[1], lazy) == "BUG: 3 captured while timed" and lazy["speedup_vs_graphs"] is None
+    assert how_it_ran(blocks[1], base) == "graphs (9 replays)" and base["speedup_vs_graphs"] == 1.0
+    assert lazy["speedup_vs_eager"] == 0.4  # against the eager baseline it is still a measured time
+    blocks[1]["records"][0]["passes_captured"] = 1  # a graph baseline that captured: no graph baseline at all
+    add_speedups(blocks)
+    assert all(r["speedup_vs_graphs"] is None for r in blocks[1]["records"])
+
+
+def test_a_model_that_fails_to_build_skips_its_blocks_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    import benchmarks.gpu as gpu
+
+    build = gpu.build_pipeline
+
+    def failing(model, *args, **kwargs):
+        if model == "tiny-hart":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return build(model, *args, **kwargs)
+
+    monkeypatch.setattr(gpu, "build_pipeline", failing)
+    out = tmp_path / "gpu.json"
+    argv = (
+        "--models tiny-hart,tiny --device cpu --size 256 --methods baseline --batch-sizes 1 --modes eager --repeats 1"
+    )
+    assert main(argv.split() + ["--warmup", "0", "--flops", "none", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [b["model"] for b in report["blocks"]] == ["tiny"]
+    assert report["skipped"] == ["tiny-hart batch 1 eager: failed: RuntimeError: CUDA out of memory (simulated)"]
+    assert "error: building tiny-hart failed" in capsys.readouterr().out
+
+
+def test_gpu_sh_returns_the_runners_status_after_its_deadline(tmp_path):
+    """At the deadline gpu.sh interrupts the runner, which keeps what it measured, writes the JSON and exits 0; the
+    script returns that 0 (not timeout's 124)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "GPU_SH_DEADLINE": "20"}
+    argv = "--models tiny --device cpu --size 256 --methods baseline --modes eager --batch-sizes 1 --repeats 1000"
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu.sh"), *argv.split(), "--warmup", "0", "--flops", "none"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_results.json").read_text())
+    (block,) = report["blocks"]
+    assert block["interrupted"] is True and block["records"][0]["repeats"] > 0
+    assert "total" in (tmp_path / "gpu.log").read_text()

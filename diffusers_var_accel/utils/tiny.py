@@ -80,7 +80,8 @@ def randomize_weights_(module: nn.Module, generator: torch.Generator) -> nn.Modu
         for name, param in module.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             shape, C = param.shape, param.shape[-1]
-            noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+            # drawn where the generator lives: a CUDA generator fills the weights on the GPU, no host copy
+            noise = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device)
             if leaf == "scale_mul_1H11":
                 value = math.log(4.0) + 0.1 * noise
             elif leaf == "ada_gss":
