@@ -1,10 +1,10 @@
 """The web page of diffusers-var-accel, as a Hugging Face Space runs it (``python app.py``): the embedded model, the
 baseline and the chosen acceleration methods side by side. The same page as ``var-accel serve``
-(:mod:`diffusers_var_accel.serve`); needs ``pip install ".[app]"``."""
+(:mod:`diffusers_var_accel.lab.serve`); needs ``pip install ".[app]"``."""
 
 import os
 
-from diffusers_var_accel.serve import build_app, launch_options
+from diffusers_var_accel.lab.serve import build_app, launch_options
 
 demo = build_app(model=os.environ.get("VAR_ACCEL_MODEL"))
 

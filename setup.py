@@ -23,6 +23,9 @@ docs_requires = ["mkdocs>=1.6", "mkdocstrings[python]>=0.26", "pymdown-extension
 # Debian's chromium + chromium-driver, which .ci/run installs; without them the browser test is skipped, saying so).
 app_requires = ["gradio>=5,<7"]
 
+# The lab's plots (var-accel bench's figures, calibration frontiers); the library and var-accel demo run without it.
+lab_requires = ["matplotlib"]
+
 extras = {
     # ipywidgets: tqdm's notebook progress bars (without it every notebook run warns "IProgress not found")
     "test": [
@@ -35,11 +38,13 @@ extras = {
         "ipywidgets>=8",
         *docs_requires,
         *app_requires,
+        *lab_requires,
         "selenium>=4.20",
         # the lint and format check of tests/test_style.py (pinned: another version may format differently)
         "ruff==0.17.6",
     ],
-    "app": app_requires,
+    "lab": lab_requires,
+    "app": [*app_requires, *lab_requires],
     "docs": docs_requires,
     "flash": ["flash-attn>=2.6"],
     "eval": ["torchmetrics>=1.6", "scipy>=1.11"],
@@ -61,9 +66,9 @@ setup(
             "embedded/*/*/*.safetensors",
             "embedded/*/*/*.txt",
             "presets/*/*/*.json",
-            "data/geneval/*.jsonl",
-            "data/geneval/LICENSE",
-            "data/geneval/README.md",
+            "lab/data/geneval/*.jsonl",
+            "lab/data/geneval/LICENSE",
+            "lab/data/geneval/README.md",
         ]
     },
     python_requires=">=3.10",
@@ -77,8 +82,7 @@ setup(
         "numpy",
         "pillow",
         "tqdm",
-        "matplotlib",
     ],
     extras_require=extras,
-    entry_points={"console_scripts": ["var-accel=diffusers_var_accel.cli:main"]},
+    entry_points={"console_scripts": ["var-accel=diffusers_var_accel.lab.cli:main"]},
 )

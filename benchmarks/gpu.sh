@@ -11,7 +11,7 @@
 #
 # The GPU image has python3 (3.12) with torch (2.11) but no diffusers (nor importlib_metadata): their wheels travel with
 # the working tree in the git-ignored .whl/ folder (device tool: carry [".whl"]) and are installed here into a private
-# folder with --no-index --no-deps before the run. Extra arguments go to benchmarks/gpu.py (see its --help). PYTHON
+# folder with --no-index --no-deps before the run. Extra arguments go to the runner, diffusers_var_accel/lab/bench/gpu.py (see its --help). PYTHON
 # picks the interpreter (default python3). FLOPs are read from benchmarks/results/gpu_flops.json (counted on a CPU).
 #
 # Time, for one 9-minute device call with 2 minutes to spare (estimated for an H100 from a third-party record of
@@ -68,7 +68,7 @@ fi
 export PYTHONUNBUFFERED=1
 set +e
 # --preserve-status: gpu.py's own status (0 after the interrupt it handles), 137 if it had to be killed
-timeout --preserve-status -s INT -k 15 "${GPU_SH_DEADLINE:-390}" "$PY" benchmarks/gpu.py --json "$OUT_DIR/gpu_results.json" "${ARGS[@]}" \
+timeout --preserve-status -s INT -k 15 "${GPU_SH_DEADLINE:-390}" "$PY" -m diffusers_var_accel.lab.bench.gpu --json "$OUT_DIR/gpu_results.json" "${ARGS[@]}" \
     "$@" 2>&1 | tee "$OUT_DIR/gpu.log"
 status=${PIPESTATUS[0]}
 exit "$status"

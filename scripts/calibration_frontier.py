@@ -2,7 +2,7 @@
 """The speed-fidelity frontier of calibrated settings on the held-out shapes prompts (docs/calibration.md).
 
 For every ``calibration.json`` given (``var-accel calibrate`` outputs) and every budget, the setting ``calibrate`` picks
-under that counted-FLOPs ratio (:func:`diffusers_var_accel.calibration.choose` on the record's ``tried`` list: the same
+under that counted-FLOPs ratio (:func:`diffusers_var_accel.lab.calibration.choose` on the record's ``tried`` list: the same
 search under another budget) is run once on the held-out prompts, with any extra acceleration specs (the papers'
 presets, scheduler folders) beside them. Per setting: the scorer's accuracy (mean of categories, as
 ``scripts/eval_embedded.py``), PSNR and SSIM to the baseline image of the same prompt and seed, the counted FLOPs ratio
@@ -73,13 +73,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from diffusers_var_accel.calibration import SELECT_METRICS, build_candidate, calibration_prompts, choose
-    from diffusers_var_accel.data.scorer import score_batch
-    from diffusers_var_accel.data.shapes import heldout_prompts
-    from diffusers_var_accel.bench.probe import count_call_flops
+    from diffusers_var_accel.lab.calibration import SELECT_METRICS, build_candidate, calibration_prompts, choose
+    from diffusers_var_accel.lab.data.scorer import score_batch
+    from diffusers_var_accel.lab.data.shapes import heldout_prompts
+    from diffusers_var_accel.lab.bench.probe import count_call_flops
     from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
-    from diffusers_var_accel.loading import load_embedded_pipeline
-    from diffusers_var_accel.metrics import psnr, ssim
+    from diffusers_var_accel.pipelines.pipeline_loading import load_embedded_pipeline
+    from diffusers_var_accel.lab.metrics import psnr, ssim
     from diffusers_var_accel.schedulers.specs import load_acceleration
 
     pipe = load_embedded_pipeline()

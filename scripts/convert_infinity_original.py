@@ -19,7 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from diffusers_var_accel.cli import convert_script_main
+from diffusers_var_accel.lab.cli import convert_script_main
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ def scale_report(pipe, category: str, num_scenes: int, seed: int = 999) -> dict:
     import numpy as np
     import torch
 
-    from diffusers_var_accel.data.shapes import make_dataset
+    from diffusers_var_accel.lab.data.shapes import make_dataset
     from diffusers_var_accel.next_scale.context import VARForwardContext
     from diffusers_var_accel.pipelines.infinity.pipeline_infinity import InfinityScaleFamily
 

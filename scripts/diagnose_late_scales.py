@@ -34,7 +34,7 @@ def late_scale_accuracy(
     import numpy as np
     import torch
 
-    from diffusers_var_accel.data.scorer import score
+    from diffusers_var_accel.lab.data.scorer import score
 
     for k in last:
         if not 1 <= k <= len(schedule):
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     from diagnose_embedded_scales import CAPTION_DECIDED_WORLD
     from diffusers_var_accel import InfinityPipeline
-    from diffusers_var_accel.data.shapes import make_dataset
+    from diffusers_var_accel.lab.data.shapes import make_dataset
 
     pipe = InfinityPipeline.from_pretrained(args.model)
     model_schedule = [tuple(int(v) for v in s) for s in pipe.transformer.config.scale_schedule]

@@ -41,10 +41,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from diffusers_var_accel.calibration import calibration_prompts
-    from diffusers_var_accel.data.scorer import score_batch
-    from diffusers_var_accel.data.shapes import parse_prompt
-    from diffusers_var_accel.loading import load_embedded_pipeline
+    from diffusers_var_accel.lab.calibration import calibration_prompts
+    from diffusers_var_accel.lab.data.scorer import score_batch
+    from diffusers_var_accel.lab.data.shapes import parse_prompt
+    from diffusers_var_accel.pipelines.pipeline_loading import load_embedded_pipeline
 
     torch.set_num_threads(1)
     prompts = calibration_prompts(args.num_prompts)

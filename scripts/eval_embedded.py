@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from diffusers_var_accel import InfinityPipeline
-    from diffusers_var_accel.evaluation import evaluate_shapes
+    from diffusers_var_accel.lab.evaluation import evaluate_shapes
     from diffusers_var_accel.schedulers.specs import load_acceleration
 
     pipe = InfinityPipeline.from_pretrained(args.model)

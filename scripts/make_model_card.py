@@ -4,7 +4,7 @@
 The card has YAML metadata (library_name, pipeline_tag text-to-image, tags with the acceleration methods, license,
 base_model, the acceleration presets and measured numbers), a usage snippet, the presets of the model's family, the
 numbers of a benchmark results.json (optional) and the components. The logic is
-diffusers_var_accel.hub.write_model_card; fields read from results.json: see docs/presets_and_hub.md.
+diffusers_var_accel.lab.cards.write_model_card; fields read from results.json: see docs/presets_and_hub.md.
 
 Example:
 
@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from diffusers_var_accel.hub import write_model_card
+    from diffusers_var_accel.lab.cards import write_model_card
 
     try:
         path = write_model_card(

@@ -3,7 +3,7 @@
 
 Everything is the real Infinity architecture at a tiny size, with the same classes the library runs:
 
-1. **Data.** ``diffusers_var_accel.data.shapes.make_dataset``: 64x64 images of 1-3 circles / squares / triangles with
+1. **Data.** ``diffusers_var_accel.lab.data.shapes.make_dataset``: 64x64 images of 1-3 circles / squares / triangles with
    GenEval-style captions (single object, two objects, counting, colours, position, colour attribution).
 2. **Tokenizer (BSQ VAE).** :class:`InfinityBSQVAE` with 16 bits per token and patch size 4 (64x64 pixels -> a 16x16
    latent; base 48 channels, multipliers 1, 1, 2), trained as an autoencoder through the multi-scale residual BSQ
@@ -265,7 +265,7 @@ def build_text_encoder(text_dim: int, seed: int, max_length: int = 24, grammar: 
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
-    from diffusers_var_accel.data.shapes import vocabulary
+    from diffusers_var_accel.lab.data.shapes import vocabulary
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
     for word in vocabulary(grammar):
@@ -333,7 +333,7 @@ def world_options(args) -> dict:
 
 
 def render_dataset(n: int, seed: int, size: int, **world):
-    from diffusers_var_accel.data.shapes import make_dataset
+    from diffusers_var_accel.lab.data.shapes import make_dataset
 
     samples = make_dataset(n, seed=seed, size=size, **world)
     images = torch.from_numpy(np.stack([np.asarray(img.convert("RGB")) for img, _, _ in samples])).permute(0, 3, 1, 2)
@@ -722,8 +722,8 @@ def evaluate_validation(folder, n: int, settings: str, label: str = "eval") -> N
     'guidance:tau:top_k' setting: how the embedded model's sampling settings are chosen. ``folder`` is a pipeline
     folder or a pipeline."""
     from diffusers_var_accel import InfinityPipeline
-    from diffusers_var_accel.data.shapes import heldout_prompts
-    from diffusers_var_accel.evaluation import evaluate_shapes
+    from diffusers_var_accel.lab.data.shapes import heldout_prompts
+    from diffusers_var_accel.lab.evaluation import evaluate_shapes
 
     pipe = InfinityPipeline.from_pretrained(folder) if isinstance(folder, (str, Path)) else folder
     prompts = heldout_prompts(n, seed=1)
@@ -741,8 +741,8 @@ def evaluate_validation(folder, n: int, settings: str, label: str = "eval") -> N
 def report_tokenizer(vae, images, args, schedule, t0: float, label: str = "vae") -> None:
     """Reconstruction PSNR through the quantiser, and the scorer's accuracy on decoded ground-truth tokens of 240
     unseen scenes: the ceiling of the model, the best a perfect transformer could reach with this tokenizer."""
-    from diffusers_var_accel.data.scorer import score_batch
-    from diffusers_var_accel.data.shapes import make_dataset
+    from diffusers_var_accel.lab.data.scorer import score_batch
+    from diffusers_var_accel.lab.data.shapes import make_dataset
 
     with torch.no_grad():
         f_hat, _ = multiscale_f_hat(vae, vae.encode(images[:256].to(args.device)), schedule)

@@ -1,8 +1,22 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules.
 
-import huggingface_hub.constants
-import pytest
-import torch
+The suite has two folders: ``tests/library`` (the pipelines, models, schedulers and the loop: ``pytest tests/library``
+runs them alone) and ``tests/lab`` (command line, benchmarks, counters, calibration, the shapes world, the web page);
+the repository checks (style, docs site) sit here. The shared helpers (``registry_lists``, ``toy_family``,
+``fixture_utils``) live in this folder and every test module imports them by name.
+"""
+
+import sys
+from pathlib import Path
+
+# the shared helpers (this folder) and the test modules one folder down import each other by module name
+for _folder in (Path(__file__).parent, Path(__file__).parent / "library", Path(__file__).parent / "lab"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+import huggingface_hub.constants  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

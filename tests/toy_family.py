@@ -8,18 +8,17 @@ of the scales' codes. It differs from Infinity and HART where a family may diffe
 positions, head, codes, tokenizer and pipeline.
 
 What plugging it in takes (and all it takes): the four classes below (:class:`ToyTransformer`,
-:class:`ToyTokenizer`, :class:`ToyScaleFamily`, :class:`ToyPipeline`), a tiny builder, its FLOP breakdown
-(:data:`TOY_FLOPS`: which step counts for which part) and one ``register_model_family`` call (:func:`registered`).
-``tests/test_family_conformance.py`` runs the family conformance suite, every method, a composition, the FLOP meter
-and the launch counter on it.
+:class:`ToyTokenizer`, :class:`ToyScaleFamily`, :class:`ToyPipeline`), a tiny builder and one
+``register_model_family`` call (:func:`registered`). ``tests/library/test_family_conformance.py`` runs the family
+conformance suite, every method and a composition on it; its lab side (the FLOP breakdown, ``toy_family_lab.py``) is
+counted by ``tests/lab/test_lab_families.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +41,6 @@ from diffusers_var_accel.next_scale import (
 )
 from diffusers_var_accel.next_scale.state import concat_scale_inputs, schedule_slice
 from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
-from diffusers_var_accel.pipelines.flop_meter import FamilyFlops, GenerationRun, count_generation_flops, sublayer_flops
 from diffusers_var_accel.pipelines.guidance import LiveGuidance
 from diffusers_var_accel.pipelines.pipeline_common import NextScalePipelineMixin
 from diffusers_var_accel.pipelines.sampling import mask_top_k_top_p, sample_categorical
@@ -328,77 +326,7 @@ def build_tiny_toy_pipeline(seed: int = 0, depth: int = 6) -> ToyPipeline:
 # ---------------------------------------------------------------------------------------------------------------------
 # the toy's part of the FLOP meter
 # ---------------------------------------------------------------------------------------------------------------------
-_BLOCK_MODULE = re.compile(r"(?:^|\.)blocks\.\d+\.(attn|ffn)(?:\.(\w+))?$")
-
-
-def toy_generation(transformer, vae, cfg: bool = True, batch_size: int = 1, scheduler=None) -> GenerationRun:
-    """One ToyVAR generation for the meter: null prompts, teacher tokens (all 0) instead of sampling."""
-    family = ToyScaleFamily(transformer, vae, top_k=1)
-    B, n = batch_size, len(family.patch_nums)
-
-    def encode():
-        ids = torch.zeros(B, TEXT_BYTES, dtype=torch.long)
-        return transformer.encode_condition(ids, unconditional_rows=B if cfg else 0)
-
-    def loop(condition, on_scale_end):
-        teacher = [torch.zeros(B, pn * pn, dtype=torch.long) for pn in family.patch_nums]
-        guidance = [3.0 if cfg else 1.0] * n
-        return run_next_scale_loop(
-            family, condition, family.scale_schedule, B, guidance, [1.0] * n, None, scheduler, teacher, on_scale_end
-        )
-
-    return GenerationRun(
-        steps=family,
-        encode=encode,
-        loop=loop,
-        decode=lambda state: vae.decode(state.f_hat),
-        rows=2 * B if cfg else B,
-        scales=[dict(h=pn, w=pn, tokens=pn * pn) for pn in family.patch_nums],
-        kv_tokens=[pn * pn for pn in family.patch_nums],
-    )
-
-
-def _toy_sublayers(flop_counts) -> Dict[str, int]:
-    per = sublayer_flops(flop_counts, _BLOCK_MODULE)
-    return {"self_attn": sum(per[("attn", None)].values()), "ffn": sum(per[("ffn", None)].values())}
-
-
-def _toy_cli(args, methods) -> int:
-    raise ValueError("ToyVAR has no command-line FLOP report (a test-only family)")
-
-
-#: The toy's FLOP breakdown: which step counts for which part (the registry's ``flop_breakdown``).
-TOY_FLOPS = FamilyFlops(
-    models=("toyvar-tiny",),
-    transformer_class=ToyTransformer,
-    prepare=toy_generation,
-    step_parts={"start": "embed", "embed": "embed", "run_blocks": "blocks", "predict": "head", "add_codes": "codes"},
-    scale_fields=(("blocks", ("blocks",)), ("head", ("head",)), ("embed", ("embed",))),
-    loop_totals=(("transformer", "flops"),),
-    sublayers=_toy_sublayers,
-    breakdown_fields=("head", "embed"),
-    summary=lambda r: {"total_tflops": r["total_flops"] / 1e12},
-    published=lambda baseline: {},
-    run_cli=_toy_cli,
-)
-
-
-def count_toy_flops(model_name: str = "toyvar-tiny", accel=None, **options) -> Dict[str, Any]:
-    """The toy's FLOP counter (the registry's ``flop_counter``): one generation of the tiny model."""
-    pipe = build_tiny_toy_pipeline()
-    return count_generation_flops(pipe.transformer, pipe.vae, scheduler=accel, **options)
-
-
-TOY_FAMILY = ModelFamily(
-    TOY,
-    preset_model="toyvar-tiny",
-    pipeline="toy_family:ToyPipeline",
-    flop_counter="toy_family:count_toy_flops",
-    flop_breakdown="toy_family:TOY_FLOPS",
-    no_guidance=1.0,
-    title="ToyVAR",
-    description="a toy next-scale model (tests only)",
-)
+TOY_FAMILY = ModelFamily(TOY, preset_model="toyvar-tiny", pipeline="toy_family:ToyPipeline", no_guidance=1.0)
 
 
 @contextlib.contextmanager

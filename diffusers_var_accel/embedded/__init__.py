@@ -4,14 +4,14 @@
 ``docs/embedded.md``). It loads offline::
 
     from diffusers_var_accel import InfinityPipeline
-    pipe = InfinityPipeline.from_pretrained("embedded")   # or diffusers_var_accel.loading.load_embedded_pipeline()
+    pipe = InfinityPipeline.from_pretrained("embedded")   # or diffusers_var_accel.pipelines.pipeline_loading.load_embedded_pipeline()
     image = pipe("a blue square to the left of a yellow triangle", **EMBEDDED_SAMPLING).images[0]
 
 It makes 64x64 images of 1-3 circles / squares / triangles; prompts outside the shapes world's vocabulary map to
 ``<unk>``.
 
 This module holds only the packaged folder's path and names (it imports nothing of the package, so the pipelines can
-resolve the name ``"embedded"`` without an import circle); :func:`diffusers_var_accel.loading.load_embedded_pipeline`
+resolve the name ``"embedded"`` without an import circle); :func:`diffusers_var_accel.pipelines.pipeline_loading.load_embedded_pipeline`
 loads it.
 """
 

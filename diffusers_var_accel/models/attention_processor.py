@@ -342,7 +342,7 @@ class VARAttnProcessor:
     #: ``update(key_RHLc, value_RHLc, layer_idx, cache_rows=None, row_start=0) -> (keys, values)`` (it must store them,
     #: so later passes see the shapes of the real run) and ``get_seq_length(layer_idx)`` (the cached keys the queries
     #: see before their own pass). The FLOP meter sets it to count attention to the current pass's keys only
-    #: (:mod:`diffusers_var_accel.bench.flops`); set it on a copy of the processor, per module.
+    #: (:mod:`diffusers_var_accel.lab.bench.flops`); set it on a copy of the processor, per module.
     key_value_source: Optional[Callable[[Any], Any]] = None
 
     def _attend_block_causal(

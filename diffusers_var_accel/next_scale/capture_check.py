@@ -138,9 +138,9 @@ class CaptureIllegalError(RuntimeError):
 
 
 class _DispatchCheck(TorchDispatchMode):
-    def __init__(self, what: str):
+    def __init__(self, what: str, allow_draws: bool):
         super().__init__()
-        self.what = what
+        self.what, self.allow_draws = what, allow_draws
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -156,7 +156,7 @@ class _DispatchCheck(TorchDispatchMode):
             why = "a host sync (repeats read on the host without output_size)"
         elif name in UPLOAD_OPS:
             why = "an upload of host data (baked into the graph as the first call's values)"
-        elif is_random_op(func):
+        elif not self.allow_draws and is_random_op(func):
             why = "a random draw (a graph replays the first call's draw)"
         if why is not None:
             raise CaptureIllegalError(f"{self.what}: aten.{name} is {why}, at {_where()}")
@@ -195,6 +195,8 @@ class CaptureCheck:
 
     Args:
         what (`str`): what is being captured, for the message (``"capturing pass 3 (scales 4x4)"``).
+        allow_draws (`bool`, defaults to `False`): let random draws through (a check of syncs and uploads only, for
+            code that draws on the device outside any graph).
 
     Examples:
         ```py
@@ -212,12 +214,12 @@ class CaptureCheck:
         ```
     """
 
-    def __init__(self, what: str = "a captured pass"):
-        self.what = what
+    def __init__(self, what: str = "a captured pass", allow_draws: bool = False):
+        self.what, self.allow_draws = what, allow_draws
         self._modes: Optional[tuple] = None
 
     def __enter__(self) -> "CaptureCheck":
-        self._modes = (_FunctionCheck(self.what), _DispatchCheck(self.what))
+        self._modes = (_FunctionCheck(self.what), _DispatchCheck(self.what, self.allow_draws))
         for mode in self._modes:
             mode.__enter__()
         return self

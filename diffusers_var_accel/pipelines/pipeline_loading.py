@@ -161,3 +161,13 @@ def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
     for name, component in pipe.components.items():
         if isinstance(component, PreTrainedModel) and name not in passed:
             check_loaded_keys(component, os.path.join(os.fspath(path), name))
+
+
+def load_embedded_pipeline(**kwargs):
+    """The embedded pipeline (the packaged shapes model, :mod:`diffusers_var_accel.embedded`), offline; ``kwargs`` go
+    to ``from_pretrained`` (e.g. ``dtype``). Its class is the one its ``model_index.json`` names."""
+    from ..embedded import embedded_model_path
+    from ..hub import pipeline_class
+
+    folder = embedded_model_path()
+    return pipeline_class(folder).from_pretrained(folder, **kwargs)

@@ -253,7 +253,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         order: a small, explicit and deterministic grid of the constructor's real settings (scale indices counted
         from the end, so one grid fits every schedule), each a dict of constructor keywords (``model_family`` is
         added by the search). A method ships one by overriding this classmethod; the default says it has none
-        (:func:`~diffusers_var_accel.calibration.calibrate` then refuses the method, naming the ones that have one).
+        (:func:`~diffusers_var_accel.lab.calibration.calibrate` then refuses the method, naming the ones that have one).
 
         Raises:
             NotImplementedError: the method has no calibration grid.

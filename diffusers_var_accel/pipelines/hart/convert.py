@@ -22,7 +22,6 @@ from typing import Optional, Union
 
 import torch
 
-from ...families import ConvertCommand
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.transformer_hart import HARTTransformer
 from .pipeline_hart import HARTPipeline
@@ -117,9 +116,3 @@ def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -
 
 
 #: The ``var-accel convert hart`` sub-command (registered as the family's ``converter``).
-CONVERT_COMMAND = ConvertCommand(
-    help="HART: the official folder (llm/ + tokenizer/) (+ a local Qwen2 folder)",
-    description="Convert the official HART folder (hart-0.7b-1024px/: llm/ and tokenizer/).",
-    add_arguments=add_convert_arguments,
-    convert=convert_from_arguments,
-)

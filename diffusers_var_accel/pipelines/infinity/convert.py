@@ -25,7 +25,6 @@ from typing import Optional, Union
 
 import torch
 
-from ...families import ConvertCommand
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...models.checkpoint_utils import SHARDED_INDEX_NAME, resolve_torch_dtype
 from ...models.transformer_infinity import INFINITY_CONFIGS, InfinityTransformer
@@ -162,9 +161,3 @@ def convert_from_arguments(args: argparse.Namespace, torch_dtype: torch.dtype) -
 
 
 #: The ``var-accel convert infinity`` sub-command (registered as the family's ``converter``).
-CONVERT_COMMAND = ConvertCommand(
-    help="Infinity: transformer .pth + VAE .pth (+ a local T5 folder)",
-    description="Convert the official Infinity transformer and VAE checkpoints.",
-    add_arguments=add_convert_arguments,
-    convert=convert_from_arguments,
-)

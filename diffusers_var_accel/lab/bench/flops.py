@@ -1,0 +1,153 @@
+"""FLOPs of one Infinity or HART text-to-image generation, counted on the real code path without allocating any weight.
+
+The command line and the public API of the one FLOP meter (:mod:`diffusers_var_accel.lab.bench.flop_meter`), for
+every registered model family. The models are built on the ``meta`` device from their real configurations and driven
+exactly as the pipeline drives them: text conditioning, the next-scale loop with the family's steps (teacher tokens
+replace the sampling, the only step that needs values), then the decoder. ``torch.utils.flop_counter.FlopCounterMode``
+counts every matmul, linear, convolution and attention kernel by its shape; on meta tensors scaled-dot-product
+attention decomposes into ``bmm`` and is counted too (checked against the analytic counts in ``tests/test_flops.py``).
+
+What is a family's own lives in its ``pipelines/<family>/flops.py``, registered as ``ModelFamily.flop_breakdown``
+(a :class:`~diffusers_var_accel.lab.bench.flop_meter.FamilyFlops`): its named models, how a generation is driven,
+which of its steps count towards which reported part (data), its report, paper numbers, text-encoder formulas and its
+command-line path. This module names no family: its ``--model`` choices and the family options come from the
+registry, and the families' public names (``count_infinity_flops``, ``count_hart_flops``, ``format_report`` ...) are
+re-exported here, so ``from diffusers_var_accel.lab.bench.flops import ...`` finds them.
+
+Counting convention (``FlopCounterMode``'s): **FLOPs = 2 x multiply-accumulates** of matmuls, linear layers,
+convolutions and attention (QK^T and PV). Element-wise work (norms, softmax, GELU, RoPE, interpolation, sampling) is
+not counted (estimated below 1 % of the total). The text encoders (T5 for Infinity, Qwen2 for HART) are not part of
+the total (see ``--t5-tokens`` / ``--qwen2-tokens``).
+
+Usage (``var-accel flops`` runs :func:`main`; so does ``var-accel flops`` in a source checkout)::
+
+    var-accel flops --model infinity-2b --height 1024 --width 1024 [--json] [--no-cfg]
+                    [--text-tokens 32] [--batch-size 1] [--t5-tokens 512] [--accel fastvar lazyvar]
+    var-accel flops --model hart-0.7b [--accel fastvar lazyvar depthvar arvar] [--no-cfg] [--json]
+                    [--conventions] [--qwen2-tokens 450]
+
+Importable API: :func:`count_generation_flops` (any models of a registered family, e.g. a tiny config on meta or CPU
+tensors), :func:`compare_methods`, :func:`make_flop_counter`, :func:`build_on_meta`; the families' own counters of a
+named model (Infinity: ``count_infinity_flops``, ``flops_components``, ``count_t5_encoder_flops``, ``format_report``;
+HART: ``count_hart_flops``, ``count_hart_generation_flops``, ``hart_flops_components``, ``count_qwen2_encoder_flops``,
+``format_hart_report``, ``hart_conventions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Dict, Optional, Sequence
+
+from diffusers_var_accel.lab.families import lab_family, lab_families
+from diffusers_var_accel.lab.bench.flop_meter import (  # noqa: F401  (the meter's public API, from here too)
+    UNATTRIBUTED,
+    CurrentPassKV,
+    FamilyFlops,
+    FlopMeter,
+    GenerationRun,
+    add_tflops,
+    attend_to_current_pass,
+    build_on_meta,
+    compare_methods,
+    count_generation_flops,
+    flops_of_model,
+    is_attention_op,
+    make_flop_counter,
+    meter_generation,
+    meter_steps,
+    sublayer_flops,
+)
+from diffusers_var_accel.lab.bench.flop_meter import _family_flops, _model_choices
+from diffusers_var_accel.schedulers.registry import method_names
+from diffusers_var_accel.schedulers.specs import split_acceleration_specs
+
+
+def _help(specs: Sequence[FamilyFlops], key: str) -> str:
+    return "; ".join(spec.cli_help[key] for spec in specs if key in spec.cli_help)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    specs = _family_flops()
+    titles = {name: lab_family(name).title or name for name in specs}
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=lab_family(next(iter(specs))).preset_model, choices=_model_choices())
+    size_help = _help(list(specs.values()), "size")
+    parser.add_argument("--height", type=int, default=None, help=f"image height ({size_help})")
+    parser.add_argument("--width", type=int, default=None, help=f"image width ({size_help})")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--text-tokens", type=int, default=None, help=_help(list(specs.values()), "text_tokens"))
+    parser.add_argument("--no-cfg", action="store_true", help="no guidance: only the conditional rows run")
+    for spec in specs.values():
+        if spec.text_encoder is not None:
+            parser.add_argument(f"--{spec.text_encoder[0]}-tokens", type=int, default=0, help=spec.text_encoder[1])
+    parser.add_argument(
+        "--accel",
+        nargs="+",
+        default=None,
+        help="acceleration methods to compare with the baseline, separated by spaces or commas "
+        f"({', '.join(method_names())}, a+b compositions, name:key=value, a config folder)",
+    )
+    with_conventions = [name for name, spec in specs.items() if spec.conventions]
+    parser.add_argument(
+        "--conventions",
+        action="store_true",
+        help=f"{' and '.join(titles[n] for n in with_conventions)}: totals of the baseline and the "
+        "--accel methods under several counting conventions",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
+    )
+    args = parser.parse_args(argv)
+    methods = split_acceleration_specs(",".join(args.accel or []))
+    try:
+        name = next(n for n, spec in specs.items() if args.model in spec.models)
+        spec = specs[name]
+        # the options of other families (another text encoder, the conventions table) do not apply to this model
+        foreign = {
+            f"--{s.text_encoder[0]}-tokens": (getattr(args, f"{s.text_encoder[0]}_tokens"), n)
+            for n, s in specs.items()
+            if s.text_encoder is not None and s.text_encoder != spec.text_encoder
+        }
+        if not spec.conventions:
+            foreign["--conventions"] = (args.conventions, with_conventions[0] if with_conventions else name)
+        if any(value for value, _ in foreign.values()):
+            owners = dict.fromkeys(titles[n] for _, n in foreign.values())
+            verb = "apply" if len(foreign) > 1 else "applies"
+            raise ValueError(f"{' and '.join(foreign)} {verb} to {' and '.join(owners)} models only")
+        return spec.run_cli(args, methods)
+    except ValueError as err:
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _family_exports() -> Dict[str, Any]:
+    """The public names of the families' FLOP modules (their counters, reports and tables)."""
+    names: Dict[str, Any] = {}
+    for family in lab_families():
+        if family.flop_breakdown:
+            module = importlib.import_module(family.flop_breakdown.partition(":")[0])
+            names.update({n: getattr(module, n) for n in getattr(module, "__all__", ())})
+    return names
+
+
+def __getattr__(name: str) -> Any:
+    """The families' public FLOP names, re-exported (their modules are imported on first use, so importing this one
+    stays cheap and a family registered later is found too)."""
+    if name == "__all__":  # ``from diffusers_var_accel.lab.bench.flops import *`` (var-accel flops) takes them too
+        own = [n for n in globals() if not n.startswith("_")]
+        return own + [n for n in _family_exports() if n not in own]
+    exports = _family_exports()
+    if name in exports:
+        return exports[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":  # python -m diffusers_var_accel.lab.bench.flops (the same as var-accel flops)
+    sys.exit(main())
