@@ -30,7 +30,6 @@ from torch import nn
 
 from diffusers_var_accel.families import MODEL_FAMILIES, ModelFamily, register_model_family, unregister_model_family
 from diffusers_var_accel.models.attention_processor import VARAttentionMixin
-from diffusers_var_accel.models.routing import TokenRoutedBlock
 from diffusers_var_accel.models.transformer_hart import HARTAttention
 from diffusers_var_accel.next_scale import (
     ScaleModelFamily,
@@ -38,6 +37,7 @@ from diffusers_var_accel.next_scale import (
     VARForwardContext,
     execute_blocks,
     run_next_scale_loop,
+    run_sublayer,
 )
 from diffusers_var_accel.next_scale.state import concat_scale_inputs, schedule_slice
 from diffusers_var_accel.pipelines.acceleration_mixin import VARAccelerationMixin
@@ -60,8 +60,9 @@ class ToyCondition:
         return ToyCondition(self.cond_RC[rows])
 
 
-class ToyBlock(TokenRoutedBlock):
-    """``x += attn(ln(x)); x += mlp(ln(x))``, both sublayers through the executor."""
+class ToyBlock(nn.Module):
+    """``x = x + attn(ln(x)); x = x + mlp(ln(x))``, each update through the executor (which adds it to every token
+    without routes, and carries a route's selection and fill out when the pass has one)."""
 
     def __init__(self, embed_dim: int, num_heads: int, layer_idx: int):
         super().__init__()
@@ -71,9 +72,11 @@ class ToyBlock(TokenRoutedBlock):
         self.ffn_norm = nn.LayerNorm(embed_dim)
         self.ffn = nn.Sequential(nn.Linear(embed_dim, 2 * embed_dim), nn.GELU(), nn.Linear(2 * embed_dim, embed_dim))
 
-    def _sublayers(self, x, condition: ToyCondition, context: VARForwardContext):
-        x = self._routed("self_attn", x, lambda x_sub, ctx: self.attn(self.attn_norm(x_sub), ctx), context)
-        return self._routed("ffn", x, lambda x_sub, ctx: self.ffn(self.ffn_norm(x_sub)), context)
+    def forward(self, x, condition: ToyCondition, context: VARForwardContext):
+        x = run_sublayer(
+            self.layer_idx, "self_attn", x, lambda x_sub, ctx: self.attn(self.attn_norm(x_sub), ctx), context
+        )
+        return run_sublayer(self.layer_idx, "ffn", x, lambda x_sub, ctx: self.ffn(self.ffn_norm(x_sub)), context)
 
 
 class ToyTransformer(ModelMixin, ConfigMixin, VARAttentionMixin):

@@ -19,10 +19,11 @@ taken from ``context.call_cache`` and the RoPE tables from ``context.pass_cache`
 as one stacked ``(R, L, 2, H, c)`` tensor, the normalisation and q's scale as one per-token factor, the rotation
 as one ``addcmul`` that writes the attention's dtype: within float rounding of the reference forms, fewer kernels.
 
-Both families' processors run one module-level :func:`self_attention` (they differ in ``project_qkv`` and the RoPE
-pairing only); its keys/values go through the public hook ``processor.key_value_source`` (``None``: the KV cache
-itself), which the FLOP meter uses for its counting conventions. :func:`get_active_backend` is the registry's active
-backend for the modules that need it.
+Both families' processors run one self-attention, :meth:`VARAttnProcessor.__call__` (they differ in ``project_qkv``
+and the RoPE pairing only); its keys/values go through the public hook ``processor.key_value_source`` (``None``: the
+KV cache itself), which the FLOP meter uses for its counting conventions. How a grouped pass attends (the kernel, one
+call per scale or a mask) is decided once per pass (:class:`AttentionChoice`). :func:`get_active_backend` is the
+registry's active backend for the modules that need it.
 
 Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c`` head dim, ``C`` width.
 """
@@ -30,6 +31,7 @@ Shape legend: ``R`` rows, ``L`` query tokens, ``S`` key tokens, ``H`` heads, ``c
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
@@ -235,89 +237,15 @@ def attention_with_key_mean(
     return torch.cat(outs, dim=2), total / (H * L)
 
 
-def self_attention(
-    processor: "VARAttnProcessor",
-    attn,
-    hidden_states_RLC: torch.Tensor,
-    context: VARForwardContext,
-    rope_cos_sin: Optional[torch.Tensor] = None,
-    scale_ids: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """The self-attention of both families' processors: ``processor.project_qkv`` (the family's q/k/v, normalisation
-    and RoPE), then the shared part: keys/values stored in the per-call KV cache (or the view
-    ``processor.key_value_source`` makes of it), the grouped pass's block-causal structure, recorded maps, the kernel
-    call(s) and the output projection.
+@dataclass(frozen=True)
+class AttentionChoice:
+    """How a pass's attention runs, decided once per pass (and processor backend): ``backend``, the kernel's name;
+    ``per_scale``, whether a grouped pass attends one scale at a time (no mask); ``takes_bool_mask``, whether the
+    kernel takes a boolean mask."""
 
-    ``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a router selected them); ``None``:
-    the context's own.
-    """
-    R, L, C = hidden_states_RLC.shape
-    scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
-    q, k, v = processor.project_qkv(attn, hidden_states_RLC, rope_cos_sin, context)  # (R, L, H, c)
-    k_all, v_all = k, v
-    cache = context.kv_cache
-    if cache is not None and processor.key_value_source is not None:
-        cache = processor.key_value_source(cache)
-    cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
-    record = attn.layer_idx in context.record_attention_layers
-    lengths = context.token_scale_lengths(L) if scale_ids is not None else None
-    per_scale = scale_ids is not None and not record and processor.uses_per_scale_calls(hidden_states_RLC.device)
-    if (
-        per_scale
-        and lengths is None
-        and resolve_backend(processor._attention_backend) in BACKENDS_TAKING_BOOL_MASK
-        and processor.grouped_attention == "auto"
-    ):
-        per_scale = False  # tokens per scale unknown: a device-built mask rather than reading the ids on the host
-    mask = None
-    if scale_ids is not None and not per_scale:  # several scales in one pass: block-causal over cache + the pass
-        mask = processor._grouped_pass_mask(context, cache_length, scale_ids, q.dtype, additive=not record)
-    if cache is not None:
-        # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
-        if context.cache_rows is not None and context.cache_rows != R:
-            # CFG halving: only the conditional rows ran; their keys/values stand in for the other rows.
-            k_all, v_all = cache.update(
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                attn.layer_idx,
-                cache_rows=context.cache_rows,
-                row_start=context.cache_row_start,
-            )
-        else:
-            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
-        k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
-    if record and context.attention_map == "full":
-        out, probs = _explicit_attention(
-            q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
-        )
-        context.attention_maps[attn.layer_idx] = probs
-        out = out.transpose(1, 2)
-    elif record:
-        # reduced as it is computed: 32 layers of full maps at 1M pixels take gigabytes, and one map hundreds of MB
-        out, key_mean = attention_with_key_mean(
-            q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
-        )
-        context.attention_maps[attn.layer_idx] = key_mean
-        out = out.transpose(1, 2)
-    elif per_scale and lengths is not None:
-        out = processor._attend_scale_prefixes(
-            q, k_all, v_all, cache_length, lengths, attn.softmax_scale, processor._attention_backend
-        )
-    elif per_scale:
-        if context.static_pass:
-            raise ValueError(
-                f"layer {attn.layer_idx}: a grouped pass whose tokens carry no count per scale attends scale by scale "
-                f"only by reading the scale ids on the host (backend {resolve_backend(processor._attention_backend)!r}, "
-                f"grouped_attention={processor.grouped_attention!r}), which a captured or compiled pass cannot do: give "
-                "the route its scale_counts, use a backend that takes a mask (native SDPA) with grouped_attention "
-                "'auto' or 'mask', or run the passes eagerly (pipe.disable_cuda_graphs())"
-            )
-        out = processor._attend_block_causal(
-            q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale, processor._attention_backend
-        )
-    else:
-        out = processor._attend(q, k_all, v_all, mask, attn.softmax_scale, processor._attention_backend)
-    return attn.proj(out.reshape(R, L, C))
+    backend: str
+    per_scale: bool
+    takes_bool_mask: bool
 
 
 class VARAttnProcessor:
@@ -338,7 +266,7 @@ class VARAttnProcessor:
     #: (one mask-free call per scale) or ``"auto"`` (the mask where the backend takes one, else per scale).
     grouped_attention: Literal["auto", "mask", "per_scale"] = "auto"
     #: Public hook of the self-attention's keys/values: ``None`` (the real model) or a callable ``cache -> view`` that
-    #: :func:`self_attention` stores and reads the keys/values through. The view takes the cache's
+    #: the self-attention stores and reads the keys/values through. The view takes the cache's
     #: ``update(key_RHLc, value_RHLc, layer_idx, cache_rows=None, row_start=0) -> (keys, values)`` (it must store them,
     #: so later passes see the shapes of the real run) and ``get_seq_length(layer_idx)`` (the cached keys the queries
     #: see before their own pass). The FLOP meter sets it to count attention to the current pass's keys only
@@ -346,7 +274,7 @@ class VARAttnProcessor:
     key_value_source: Optional[Callable[[Any], Any]] = None
 
     def _attend_block_causal(
-        self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale, backend
+        self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, scale_ids: torch.Tensor, scale
     ) -> torch.Tensor:
         """Block-causal attention of a grouped pass without a mask: the queries of scale ``j`` attend to the cache and
         the pass's keys of scales ``<= j``, one call per scale, outputs put back at their positions.
@@ -358,7 +286,7 @@ class VARAttnProcessor:
         if scale_ids.dim() == 2:
             rows = [
                 self._attend_block_causal(
-                    q_RLHc[r : r + 1], k_RSHc[r : r + 1], v_RSHc[r : r + 1], cache_length, scale_ids[r], scale, backend
+                    q_RLHc[r : r + 1], k_RSHc[r : r + 1], v_RSHc[r : r + 1], cache_length, scale_ids[r], scale
                 )
                 for r in range(q_RLHc.shape[0])
             ]
@@ -369,9 +297,7 @@ class VARAttnProcessor:
             for count in counts.tolist():
                 end = start + count
                 keys = slice(0, cache_length + end)
-                parts.append(
-                    self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend)
-                )
+                parts.append(self.attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale))
                 start = end
             return torch.cat(parts, dim=1)
         out = torch.empty_like(q_RLHc)
@@ -379,8 +305,8 @@ class VARAttnProcessor:
         for scale_id in torch.unique(scale_ids).tolist():
             query_index = (scale_ids == scale_id).nonzero().squeeze(1)
             key_index = torch.cat((cache_index, cache_length + (scale_ids <= scale_id).nonzero().squeeze(1)))
-            out[:, query_index] = self._attend(
-                q_RLHc[:, query_index], k_RSHc[:, key_index], v_RSHc[:, key_index], None, scale, backend
+            out[:, query_index] = self.attend(
+                q_RLHc[:, query_index], k_RSHc[:, key_index], v_RSHc[:, key_index], None, scale
             )
         return out
 
@@ -391,11 +317,12 @@ class VARAttnProcessor:
         scale_ids: torch.Tensor,
         dtype: torch.dtype,
         additive: bool,
+        backend: str,
     ) -> torch.Tensor:
         """The block-causal mask of a grouped pass, built once per pass for the pass's own tokens (every layer has
         the same cache length and ids). ``additive``: for PyTorch's SDPA, the ``0 / -inf`` float mask in the
         queries' dtype that SDPA would make of the boolean one at every call (the same values)."""
-        additive = additive and resolve_backend(self._attention_backend) == "native"
+        additive = additive and backend == "native"
 
         def build():
             mask = block_causal_mask(cache_length, scale_ids)
@@ -407,9 +334,7 @@ class VARAttnProcessor:
             return build()
         return context.pass_cached(("block_causal_mask", cache_length, dtype if additive else torch.bool), build)
 
-    def _attend_scale_prefixes(
-        self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale, backend
-    ) -> torch.Tensor:
+    def _attend_scale_prefixes(self, q_RLHc, k_RSHc, v_RSHc, cache_length: int, lengths, scale) -> torch.Tensor:
         """Block-causal attention of a grouped pass whose tokens are in scale order with ``lengths[j]`` tokens of
         scale ``j`` (known from shapes): the queries of scale ``j`` attend to the cache and the first
         ``sum(lengths[:j+1])`` keys of the pass, one mask-free call per scale. Nothing is read from the device."""
@@ -419,14 +344,16 @@ class VARAttnProcessor:
                 continue
             end = start + count
             keys = slice(0, cache_length + end)
-            parts.append(self._attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale, backend))
+            parts.append(self.attend(q_RLHc[:, start:end], k_RSHc[:, keys], v_RSHc[:, keys], None, scale))
             start = end
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def _attend(self, q_RLHc, k_RSHc, v_RSHc, mask, scale, backend) -> torch.Tensor:
-        """``dispatch_attention_fn`` on (R, L, H, c) tensors, ``slice_size`` heads at a time when slicing is on
-        (heads are independent, so slicing only bounds the size of the score tensor of one call)."""
+    def attend(self, q_RLHc, k_RSHc, v_RSHc, mask, scale) -> torch.Tensor:
+        """``dispatch_attention_fn`` on (R, L, H, c) tensors with this processor's backend, ``slice_size`` heads at a
+        time when slicing is on (heads are independent, so slicing only bounds the size of the score tensor of one
+        call)."""
         H = q_RLHc.shape[2]
+        backend = self._attention_backend
         if self.slice_size is None or self.slice_size >= H:
             return dispatch_attention_fn(q_RLHc, k_RSHc, v_RSHc, attn_mask=mask, scale=scale, backend=backend)
         parts = []
@@ -458,13 +385,91 @@ class VARAttnProcessor:
         encoder_attention_mask: Optional[torch.Tensor] = None,
         encoder_rows: Optional[slice] = None,
     ) -> torch.Tensor:
-        if encoder_hidden_states is None:
-            if encoder_rows is not None:
-                raise ValueError("encoder_rows selects rows of the text of a cross-attention; self-attention has none")
-            return self_attention(self, attn, hidden_states, context, rope_cos_sin, scale_ids)
-        return self._cross_attention(
-            attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context, encoder_rows
-        )
+        """Self-attention of ``hidden_states`` (the family's q/k/v, normalisation and RoPE by :meth:`project_qkv`;
+        keys and values into the per-call KV cache or the view ``key_value_source`` makes of it; a grouped pass's
+        block-causal structure; recorded maps; the kernel; the output projection), or cross-attention to
+        ``encoder_hidden_states`` when given.
+
+        ``rope_cos_sin`` / ``scale_ids`` describe the given tokens (gathered ones when a route selected them);
+        ``None``: the context's own.
+        """
+        if encoder_hidden_states is not None:
+            return self._cross_attention(
+                attn, hidden_states, encoder_hidden_states, encoder_attention_mask, context, encoder_rows
+            )
+        if encoder_rows is not None:
+            raise ValueError("encoder_rows selects rows of the text of a cross-attention; self-attention has none")
+        R, L, C = hidden_states.shape
+        scale_ids = context.token_scale_ids if scale_ids is None else scale_ids
+        q, k, v = self.project_qkv(attn, hidden_states, rope_cos_sin, context)  # (R, L, H, c)
+        k_all, v_all = k, v
+        cache = context.kv_cache
+        if cache is not None and self.key_value_source is not None:
+            cache = self.key_value_source(cache)
+        cache_length = cache.get_seq_length(attn.layer_idx) if cache else 0
+        record = attn.layer_idx in context.record_attention_layers
+        mask, per_scale_lengths = None, None
+        if scale_ids is not None:  # several scales in one pass: block-causal over the cache and the pass
+            choice = self.attention_choice(context, hidden_states.device)
+            lengths = context.token_scale_lengths(L)
+            per_scale = choice.per_scale and not record
+            if per_scale and lengths is None and choice.takes_bool_mask and self.grouped_attention == "auto":
+                per_scale = False  # tokens per scale unknown: a device-built mask rather than reading ids on the host
+            if per_scale and lengths is None and context.static_pass:
+                raise ValueError(
+                    f"layer {attn.layer_idx}: a grouped pass whose tokens carry no count per scale attends scale by "
+                    f"scale only by reading the scale ids on the host (backend {choice.backend!r}, grouped_attention="
+                    f"{self.grouped_attention!r}), which a captured or compiled pass cannot do: give the route its "
+                    "scale_counts, use a backend that takes a mask (native SDPA) with grouped_attention 'auto' or "
+                    "'mask', or run the passes eagerly (pipe.disable_cuda_graphs())"
+                )
+            if not per_scale:
+                mask = self._grouped_pass_mask(context, cache_length, scale_ids, q.dtype, not record, choice.backend)
+            else:
+                per_scale_lengths = lengths if lengths is not None else "host"
+        if cache is not None:
+            # the cache holds (R, H, S, c); these are views of the (R, L, H, c) projections, copied once into it
+            if context.cache_rows is not None and context.cache_rows != R:
+                # CFG halving: only these rows ran; their keys/values stand in for the other rows of the cache
+                k_all, v_all = cache.update(
+                    k.transpose(1, 2),
+                    v.transpose(1, 2),
+                    attn.layer_idx,
+                    cache_rows=context.cache_rows,
+                    row_start=context.cache_row_start,
+                )
+            else:
+                k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), attn.layer_idx)
+            k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)
+        if record:  # the probabilities are kept: an explicit softmax
+            if context.attention_map == "full":
+                out, maps = _explicit_attention(
+                    q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
+                )
+            else:  # reduced as it is computed: full maps of every layer at 1M pixels take gigabytes
+                out, maps = attention_with_key_mean(
+                    q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn.softmax_scale, mask
+                )
+            context.attention_maps[attn.layer_idx] = maps
+            out = out.transpose(1, 2)
+        elif per_scale_lengths == "host":
+            out = self._attend_block_causal(q, k_all, v_all, cache_length, scale_ids, attn.softmax_scale)
+        elif per_scale_lengths is not None:
+            out = self._attend_scale_prefixes(q, k_all, v_all, cache_length, per_scale_lengths, attn.softmax_scale)
+        else:
+            out = self.attend(q, k_all, v_all, mask, attn.softmax_scale)
+        return attn.proj(out.reshape(R, L, C))
+
+    def attention_choice(self, context: VARForwardContext, device: torch.device) -> AttentionChoice:
+        """The pass's :class:`AttentionChoice` for this processor's backend, decided at its first grouped attention
+        and kept in ``context.decisions`` (shared by every token set of the pass)."""
+        key = ("attention", self._attention_backend, self.grouped_attention, device.type)
+
+        def decide() -> AttentionChoice:
+            backend = resolve_backend(self._attention_backend)
+            return AttentionChoice(backend, self.uses_per_scale_calls(device), backend in BACKENDS_TAKING_BOOL_MASK)
+
+        return context.decided(key, decide)
 
     # -- self-attention -------------------------------------------------------------------------------------------
     def project_qkv(
@@ -561,7 +566,7 @@ class VARAttnProcessor:
             k, v = k[text_rows], v[text_rows]
             text_mask_R11T = None if text_mask_R11T is None else text_mask_R11T[text_rows]
         q = attn.mat_q(hidden_states_RLC).view(R, L, attn.num_heads, attn.head_dim)
-        out = self._attend(q, k, v, text_mask_R11T, attn.scale, self._attention_backend)
+        out = self.attend(q, k, v, text_mask_R11T, attn.scale)
         return attn.proj(out.reshape(R, L, C))
 
 
@@ -569,7 +574,7 @@ class HARTAttnProcessor(VARAttnProcessor):
     """HART's llama attention: q/v biases, optional cosine normalisation, llama-pairing RoPE with per-row tables.
 
     Everything else (KV cache, grouped-pass mask, CFG-halving rows, recorded maps, kernel choice) is the shared
-    :func:`self_attention` of :class:`VARAttnProcessor`; the softmax scale is the module's ``softmax_scale``
+    self-attention of :class:`VARAttnProcessor`; the softmax scale is the module's ``softmax_scale``
     (``0.25 / sqrt(c)`` without cosine normalisation, as the official model). There is no cross-attention.
     """
 

@@ -36,9 +36,8 @@ from .attention_processor import HARTAttnProcessor, VARAttentionMixin, VARAttent
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from ..next_scale.context import VARForwardContext
-from ..next_scale.executor import execute_blocks
+from ..next_scale.executor import execute_blocks, run_sublayer
 from .dtype_utils import compute_dtype
-from .routing import TokenRoutedBlock
 
 #: HART-0.7B at 1024x1024 (ARCHITECTURE facts: 24 x 1536 llama blocks, 300 Qwen2-1.5B context tokens, 14 scales,
 #: 4096-entry codebook of 32 channels, 37M-parameter diffusion MLP with 8 sampling steps). The released
@@ -185,8 +184,15 @@ class HARTCondition:
         )
 
 
-class HARTBlock(TokenRoutedBlock):
-    """``x += attn(rms(x)); x += mlp(rms(x))`` with one RMSNorm weight for both sublayers (no AdaLN, no gates)."""
+class HARTBlock(nn.Module):
+    """One RMSNorm weight for both sublayers, no AdaLN, no gates; the residual stream::
+
+        x = x + attn(rms(x))      # llama self-attention, 2D RoPE, the KV cache
+        x = x + mlp(rms(x))       # gated SiLU MLP
+
+    When the pass routes or records a sublayer of this block, its update goes through the executor
+    (:func:`~diffusers_var_accel.next_scale.executor.run_sublayer`), as in :class:`InfinityBlock`.
+    """
 
     def __init__(
         self,
@@ -203,21 +209,21 @@ class HARTBlock(TokenRoutedBlock):
         self.attn = HARTAttention(embed_dim, num_heads, layer_idx, attn_l2_norm)
         self.ffn = HARTFeedForward(embed_dim, mlp_hidden)
 
-    def _sublayers(self, x, condition: HARTCondition, context: VARForwardContext):
+    def forward(self, x: torch.Tensor, condition: HARTCondition, context: VARForwardContext) -> torch.Tensor:
+        routes = context.routes
+        if routes is None or not routes.acts_on_layer(self.layer_idx):  # every token: the stream as written above
+            x = x + self.attn(self.rms(x, context), context)
+            return x + self.ffn(self.rms(x, context))
+        x = run_sublayer(
+            self.layer_idx, "self_attn", x, lambda x_sub, ctx: self.attn(self.rms(x_sub, ctx), ctx), context
+        )
+        return run_sublayer(self.layer_idx, "ffn", x, lambda x_sub, ctx: self.ffn(self.rms(x_sub, ctx)), context)
+
+    def rms(self, x: torch.Tensor, context: VARForwardContext) -> torch.Tensor:
+        """The block's RMSNorm, its weight in the stream's dtype a per-call constant."""
         norm = self.ln_wo_grad
-
-        def normed(x_sub):  # the norm's weight in the stream's dtype is a per-call constant
-            weight = context.cached(("rms_weight", self.layer_idx, x_sub.dtype), lambda: norm.weight.to(x_sub.dtype))
-            return norm(x_sub, weight)
-
-        def self_attn(x_sub, ctx):
-            return self.attn(normed(x_sub), ctx)
-
-        def ffn(x_sub, ctx):
-            return self.ffn(normed(x_sub))
-
-        x = self._routed("self_attn", x, self_attn, context)
-        return self._routed("ffn", x, ffn, context)
+        weight = context.cached(("rms_weight", self.layer_idx, x.dtype), lambda: norm.weight.to(x.dtype))
+        return norm(x, weight)
 
 
 class HARTHeadNorm(nn.Module):
@@ -400,7 +406,12 @@ class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionM
         self, hidden_states_RLC: torch.Tensor, condition: HARTCondition, context: VARForwardContext
     ) -> torch.Tensor:
         """Run every block on the tokens of one pass (the caller owns the KV cache in ``context``)."""
-        return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
+        routes = context.routes
+        if routes is not None and routes.acts_on_blocks:
+            return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
+        for block in self.blocks:
+            hidden_states_RLC = block(hidden_states_RLC, condition, context)
+        return hidden_states_RLC
 
     @apply_forward_hook
     def head_logits(self, hidden_states_RLC: torch.Tensor, head_cond_RC: torch.Tensor) -> torch.Tensor:

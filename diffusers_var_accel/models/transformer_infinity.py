@@ -14,6 +14,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -33,8 +34,7 @@ from .checkpoint_utils import (
     sharded_checkpoint_shapes,
 )
 from ..next_scale.context import VARForwardContext
-from ..next_scale.executor import GatedUpdate, execute_blocks
-from .routing import TokenRoutedBlock
+from ..next_scale.executor import GatedUpdate, execute_blocks, run_sublayer
 
 #: Official Infinity configurations (``tools/run_infinity.py``); ``block_chunks`` only shapes the official key names.
 #: The 8B model (``apply_spatial_patchify=1``) predicts 2x2 patches of the d14 patch-8 VAE's latent bits: 56 bits per
@@ -256,7 +256,7 @@ class InfinityTextPool(nn.Module):
         k, v = kv.view(R, T, 2, ca.num_heads, ca.head_dim).unbind(dim=2)
         q = ca.mat_q.to(kv.dtype).unsqueeze(0).expand(R, 1, ca.num_heads, ca.head_dim)
         # the kernel is chosen as for every other attention (set_attention_backend / attention_backend context)
-        out = ca.processor._attend(q, k, v, text_mask_R11T, ca.scale, ca.processor._attention_backend)
+        out = ca.processor.attend(q, k, v, text_mask_R11T, ca.scale)
         return ca.proj(out.reshape(R, -1))
 
 
@@ -310,12 +310,17 @@ class InfinityCondition:
         return (self, None) if self.selected_from is None else self.selected_from
 
 
-class InfinityBlock(TokenRoutedBlock):
-    """Self-attention, cross-attention and FFN with shared AdaLN (per-block gains ``ada_gss``).
+class InfinityBlock(nn.Module):
+    """Self-attention, cross-attention and FFN with shared AdaLN (per-block gains ``ada_gss``); the residual stream::
 
-    Order of ``ada_gss + shared`` after unbinding: gamma1, gamma2, scale1, scale2, shift1, shift2. Every sublayer goes
-    through ``_routed`` (:class:`~diffusers_var_accel.models.routing.TokenRoutedBlock`), the one seam where a token
-    router (acceleration) may compute a subset of the tokens.
+        x = x + gamma1 * SA(LN(x) * (1 + scale1) + shift1)       # cosine self-attention, 2D RoPE, the KV cache
+        x = x + CA(LN_ca(x), text)                                # cross-attention to the text tokens
+        x = x + gamma2 * FFN(LN(x) * (1 + scale2) + shift2)
+
+    Order of ``ada_gss + shared`` after unbinding: gamma1, gamma2, scale1, scale2, shift1, shift2. When the pass routes
+    or records a sublayer of this block, that sublayer's update goes through the executor
+    (:func:`~diffusers_var_accel.next_scale.executor.run_sublayer`), which computes it on the route's tokens and fills
+    the others: the same three lines, with the routing around each update.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_hidden: int, layer_idx: int, norm_eps: float = 1e-6):
@@ -327,49 +332,56 @@ class InfinityBlock(TokenRoutedBlock):
         self.ca_norm = nn.LayerNorm(embed_dim, eps=norm_eps, elementwise_affine=True)
         self.ada_gss = nn.Parameter(torch.zeros(1, 1, 6, embed_dim))
 
-    def _sublayers(self, x, condition: InfinityCondition, context: VARForwardContext):
-        """The three sublayers on the tokens ``x`` that ``context`` describes."""
-        # the AdaLN terms of the call's rows, once per call; a CFG-halved pass takes its rows of them (the terms are
-        # row-wise: the same values, and no kernel)
-        source, rows = condition.constant_source()
-        modulation = context.cached(
-            ("ada", self.layer_idx, source.ada_R16C.shape[0]), lambda: self._modulation(source)
-        )
-        if rows is not None:
-            modulation = tuple(t[rows] for t in modulation)
-        gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = modulation
-        norm = self.ca_norm  # in fp32, whatever the weights' dtype (as the official bf16 inference)
-        ca_weight, ca_bias = context.cached(
-            ("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float())
-        )
+    def forward(self, x: torch.Tensor, condition: InfinityCondition, context: VARForwardContext) -> torch.Tensor:
+        gamma1, gamma2, scale1_plus_1, scale2_plus_1, shift1, shift2 = self.modulation(condition, context)
         eps = self.norm_eps
-
-        # each Linear's input is written in its input dtype by the modulation itself (no separate cast kernel);
-        # the gated updates are added to the stream by the executor (one addcmul on the dense path)
+        # each Linear's input is written in its input dtype by the modulation itself (no separate cast kernel)
         qkv_dtype = linear_input_dtype(self.sa.mat_qkv, x.device)
         fc1_dtype = linear_input_dtype(self.ffn.fc1, x.device)
+        routes = context.routes
+        if routes is None or not routes.acts_on_layer(self.layer_idx):  # every token: the stream as written above
+            # x + gamma * update in one kernel (addcmul: the product is not rounded first)
+            x = torch.addcmul(
+                x, self.sa(modulated_layer_norm(x, scale1_plus_1, shift1, eps, qkv_dtype), context), gamma1
+            )
+            x = x + self.cross_attention(x, context, condition)
+            return torch.addcmul(x, self.ffn(modulated_layer_norm(x, scale2_plus_1, shift2, eps, fc1_dtype)), gamma2)
 
         def self_attn(x_sub, ctx):
             return GatedUpdate(
                 self.sa(modulated_layer_norm(x_sub, scale1_plus_1, shift1, eps, qkv_dtype), ctx), gamma1
             )
 
-        def cross_attn(x_sub, ctx):
-            x_norm = F.layer_norm(x_sub.float(), norm.normalized_shape, ca_weight, ca_bias, norm.eps)
-            # the text keys/values of the call's rows (a per-call constant); a halved pass attends to its rows of them
-            out = self.ca(x_norm, source.text_RTC, source.text_mask_R11T, ctx, encoder_rows=rows)
-            # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record
-            # at this level, whatever the pass routes elsewhere; ``x + out`` promotes to the same values) or
-            # scattered (which casts), the cast would be one more kernel per block, so it is left to the addition.
-            plain = ctx.routes is None or not ctx.routes.acts_on_sublayer(self.layer_idx, "cross_attn")
-            return out if plain and x_sub.dtype == torch.float32 else out.float()
-
         def ffn(x_sub, ctx):
             return GatedUpdate(self.ffn(modulated_layer_norm(x_sub, scale2_plus_1, shift2, eps, fc1_dtype)), gamma2)
 
-        x = self._routed("self_attn", x, self_attn, context)
-        x = self._routed("cross_attn", x, cross_attn, context)
-        return self._routed("ffn", x, ffn, context)
+        x = run_sublayer(self.layer_idx, "self_attn", x, self_attn, context)
+        x = run_sublayer(self.layer_idx, "cross_attn", x, partial(self.cross_attention, condition=condition), context)
+        return run_sublayer(self.layer_idx, "ffn", x, ffn, context)
+
+    def cross_attention(self, x: torch.Tensor, context: VARForwardContext, condition: InfinityCondition):
+        """``CA(LN_ca(x), text)``: the update of the tokens ``x`` (the layer norm in fp32, whatever the weights' dtype,
+        as the official bf16 inference), attending to the text rows of the call's condition."""
+        norm = self.ca_norm
+        weight, bias = context.cached(("ca_norm", self.layer_idx), lambda: (norm.weight.float(), norm.bias.float()))
+        x_norm = F.layer_norm(x.float(), norm.normalized_shape, weight, bias, norm.eps)
+        source, rows = condition.constant_source()
+        # the text keys/values of the call's rows (a per-call constant); a halved pass attends to its rows of them
+        out = self.ca(x_norm, source.text_RTC, source.text_mask_R11T, context, encoder_rows=rows)
+        # The update is fp32 as the official code. Where it is only added to an fp32 stream (no route or record at
+        # this level, whatever the pass routes elsewhere; ``x + out`` promotes to the same values) or scattered
+        # (which casts), the cast would be one more kernel per block, so it is left to the addition.
+        routes = context.routes
+        plain = routes is None or not routes.acts_on_sublayer(self.layer_idx, "cross_attn")
+        return out if plain and x.dtype == torch.float32 else out.float()
+
+    def modulation(self, condition: InfinityCondition, context: VARForwardContext):
+        """``gamma1, gamma2, 1 + scale1, 1 + scale2, shift1, shift2`` of this block for the rows of ``condition``: the
+        AdaLN terms of the call's rows, once per call; a CFG-halved pass takes its rows of them (row-wise: the same
+        values, and no kernel)."""
+        source, rows = condition.constant_source()
+        terms = context.cached(("ada", self.layer_idx, source.ada_R16C.shape[0]), lambda: self._modulation(source))
+        return terms if rows is None else tuple(t[rows] for t in terms)
 
     def _modulation(self, condition: InfinityCondition):
         """``gamma1, gamma2, 1 + scale1, 1 + scale2, shift1, shift2`` of this block: constant for the call."""
@@ -579,8 +591,14 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
     def forward(
         self, hidden_states_RLC: torch.Tensor, condition: InfinityCondition, context: VARForwardContext
     ) -> torch.Tensor:
-        """Run every block over this pass's tokens; the context carries the KV cache, RoPE and any token routing."""
-        return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
+        """Run every block over this pass's tokens; the context carries the KV cache, RoPE and any token routing
+        (whole-block routes, mixtures and block records through the executor; a block routes its own sublayers)."""
+        routes = context.routes
+        if routes is not None and routes.acts_on_blocks:
+            return execute_blocks(self.blocks, hidden_states_RLC, condition, context)
+        for block in self.blocks:
+            hidden_states_RLC = block(hidden_states_RLC, condition, context)
+        return hidden_states_RLC
 
     @apply_forward_hook
     def head_logits(

@@ -19,7 +19,8 @@ from .plan import (
     resolve_scale_index,
     validate_plans,
 )
-from .rows import RowLayout, match_rows
+from .executor import match_rows
+from .rows import RowLayout
 from .state import NextScaleState, ScaleModelFamily, ScalePrediction, ScheduleTables
 
 __all__ = [

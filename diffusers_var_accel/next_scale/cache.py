@@ -211,6 +211,15 @@ class ScaleKVCache:
         """The key and value buffers allocated so far (preallocated mode), layer by layer."""
         return [t for pair in zip(self._key_buffers, self._value_buffers) for t in pair if t is not None]
 
+    def filled(self) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """``(positions held, positions last attended)`` per layer: what a pass changes besides the buffers' contents
+        (a captured pass restores it after its replay, :meth:`restore_filled`)."""
+        return tuple(self._lengths), tuple(self._attended)
+
+    def restore_filled(self, filled: Tuple[Sequence[int], Sequence[int]]) -> None:
+        """Set what :meth:`filled` returned (the buffers themselves are left as they are)."""
+        self._lengths, self._attended = list(filled[0]), list(filled[1])
+
     def reset(self) -> None:
         """Forget every cached position (preallocated buffers are kept and rewritten from position 0)."""
         self.key_cache = [None] * self.num_layers

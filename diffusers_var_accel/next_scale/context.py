@@ -64,6 +64,8 @@ class VARForwardContext:
         static_pass (`bool`): the pass is captured as a graph or compiled (its runner sets it): nothing in it may read
             the device on the host, so a step that would (a grouped pass whose tokens per scale are unknown, taken
             scale by scale) raises instead.
+        decisions (`dict`): what the pass decides once and every token set of it reads (how the attention runs:
+            the kernel, a grouped pass's strategy), shared by the contexts :meth:`for_tokens` derives.
     """
 
     kv_cache: Optional[ScaleKVCache]
@@ -83,6 +85,7 @@ class VARForwardContext:
     pass_cache: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
     rope_source: Optional[Tuple["VARForwardContext", torch.Tensor]] = field(default=None, repr=False, compare=False)
     static_pass: bool = False
+    decisions: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def for_tokens(
         self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None, self_attention: bool = True
@@ -130,6 +133,13 @@ class VARForwardContext:
         if value is None:
             value = compute()
             self.call_cache[key] = value
+        return value
+
+    def decided(self, key: Hashable, decide: Callable[[], Any]) -> Any:
+        """``decide()``, once per pass (stored under ``key`` in :attr:`decisions`, which every token set shares)."""
+        value = self.decisions.get(key)
+        if value is None:
+            value = self.decisions[key] = decide()
         return value
 
     def pass_cached(self, key: Hashable, compute: Callable[[], Any]) -> Any:
@@ -197,18 +207,6 @@ class PassRecords:
         else:  # another shape or dtype: no stack for this pass
             self.block_delta_stack = None
             self.block_deltas[layer] = out_RLC - x_RLC
-
-
-def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
-    """``x[r, index[r, k]]`` for every row: the kept tokens, in index order."""
-    return torch.gather(x_RLC, 1, index_RK.unsqueeze(-1).expand(-1, -1, x_RLC.shape[-1]))
-
-
-def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
-    """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
-    return canvas_RLC.scatter(
-        1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype)
-    )
 
 
 def gather_rope_tables(tables_2RL11c: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:

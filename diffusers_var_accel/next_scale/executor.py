@@ -31,9 +31,8 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .context import VARForwardContext, gather_tokens, scatter_tokens
+from .context import VARForwardContext
 from .plan import FILL_MODES, SUBLAYER_KINDS, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
-from .rows import match_rows
 
 
 class GatedUpdate(NamedTuple):
@@ -57,9 +56,31 @@ class GatedUpdate(NamedTuple):
 SublayerFn = Callable[[torch.Tensor, VARForwardContext], Union[torch.Tensor, GatedUpdate]]
 
 
-def resolve_update(update: Union[torch.Tensor, GatedUpdate]) -> torch.Tensor:
-    """A sublayer's update as a tensor."""
-    return update.resolve() if isinstance(update, GatedUpdate) else update
+# ---------------------------------------------------------------------------------------------------------------------
+# tokens and rows: the executor's gather, scatter and row matching
+# ---------------------------------------------------------------------------------------------------------------------
+def gather_tokens(x_RLC: torch.Tensor, index_RK: torch.Tensor) -> torch.Tensor:
+    """``x[r, index[r, k]]`` for every row: the kept tokens, in index order."""
+    return torch.gather(x_RLC, 1, index_RK.unsqueeze(-1).expand(-1, -1, x_RLC.shape[-1]))
+
+
+def scatter_tokens(canvas_RLC: torch.Tensor, index_RK: torch.Tensor, values_RKC: torch.Tensor) -> torch.Tensor:
+    """A copy of ``canvas`` with the kept tokens overwritten by ``values``."""
+    return canvas_RLC.scatter(
+        1, index_RK.unsqueeze(-1).expand(-1, -1, canvas_RLC.shape[-1]), values_RKC.to(canvas_RLC.dtype)
+    )
+
+
+def match_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` with ``rows`` rows: the conditional rows when it has more (a halved pass), copies of its rows for both
+    CFG halves when it has fewer (a per-image choice, or a halved source)."""
+    if t.shape[0] == rows:
+        return t
+    if t.shape[0] > rows:
+        return t[:rows]
+    if rows % t.shape[0]:
+        raise ValueError(f"cannot lay out {t.shape[0]} rows as {rows} (conditional rows first)")
+    return t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Every transformer pass captured once as a graph and replayed by later calls, with no compiler in the way.
+"""The speed machinery of the loop in one place: every transformer pass captured once as a graph and replayed by later
+calls (:class:`PassGraphs`), or compiled (:class:`CompiledPassRunner`), and which of them a pipeline runs
+(:class:`PassRunners`).
 
 A pass of the next-scale loop has static shapes and no host sync, so it can be captured as it runs eagerly:
 :class:`PassGraphs` is the loop's ``pass_runner`` under ``pipe.enable_cuda_graphs()``. Per *workspace* (one per scale
@@ -38,10 +40,12 @@ This module imports nothing above the loop.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import types
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
@@ -53,7 +57,7 @@ from .plan import DRAWING_PASSES_WAY_OUT
 
 CAPTURE_MODES = ("cuda", "trace")
 #: context fields the pass writes (outputs), that start empty, or that are walked once per call: not walked per pass
-_OUTPUT_FIELDS = frozenset({"kv_cache", "records", "attention_maps", "pass_cache", "call_cache"})
+_OUTPUT_FIELDS = frozenset({"kv_cache", "records", "attention_maps", "pass_cache", "call_cache", "decisions"})
 
 
 class PassCaptureError(RuntimeError):
@@ -151,8 +155,7 @@ class _Effects:
     records: List[Tuple[str, Hashable, torch.Tensor]]
     attention_maps: Dict[int, torch.Tensor]
     call_cache: Dict[Hashable, Any]
-    cache_lengths: List[int]
-    cache_attended: List[int]
+    cache_filled: Tuple[Tuple[int, ...], Tuple[int, ...]]  # the KV cache's ScaleKVCache.filled()
     delta_stack: Optional[torch.Tensor] = (
         None  # the records' one buffer of block deltas (PassRecords.block_delta_stack)
     )
@@ -187,8 +190,7 @@ def _collect_effects(context, call_cache_before: set) -> _Effects:
         records,
         dict(context.attention_maps),
         new_entries,
-        list(cache._lengths),
-        list(cache._attended),
+        cache.filled(),
         context.records.block_delta_stack,
     )
 
@@ -200,8 +202,7 @@ def _restore_effects(effects: _Effects, context) -> None:
     context.attention_maps.update(effects.attention_maps)
     if context.call_cache is not None:
         context.call_cache.update(effects.call_cache)
-    context.kv_cache._lengths = list(effects.cache_lengths)
-    context.kv_cache._attended = list(effects.cache_attended)
+    context.kv_cache.restore_filled(effects.cache_filled)
 
 
 def _uncached_autocast():
@@ -414,7 +415,7 @@ class PassGraphs:
         if context.call_cache is not None:  # per-call constants: only ever added to, so its size versions it
             walk.add_constant(context.call_cache, len(context.call_cache))
         walk.add(context)
-        signature = (tuple(walk.signature), cache.stores, tuple(cache._lengths), self._weights)
+        signature = (tuple(walk.signature), cache.stores, cache.filled()[0], self._weights)
         signature_hash = hash(signature)
         graph = workspace.graphs.get(index)
         if graph is not None and graph.signature_hash == signature_hash and graph.signature == signature:
@@ -488,7 +489,7 @@ class PassGraphs:
     ) -> _PassGraph:
         cache, call_cache = context.kv_cache, context.call_cache if context.call_cache is not None else {}
         before = set(call_cache)
-        lengths, attended = list(cache._lengths), list(cache._attended)
+        filled = cache.filled()
         context.records.buffers = workspace.record_buffer(index)
         # warm-up, eager (cuBLAS / cuDNN initialise outside the capture; the first cache writes allocate its buffers
         # and the first record writes the workspace's record buffers here, so that no graph owns them), on a copy of
@@ -509,7 +510,7 @@ class PassGraphs:
             torch.cuda.current_stream().wait_stream(stream)
         else:
             body(warm)
-        cache._lengths, cache._attended = list(lengths), list(attended)  # the cache buffers stay: rewritten below
+        cache.restore_filled(filled)  # the cache buffers stay: rewritten below
         self._serial += 1
         if self.mode == "trace":
             return self._capture_trace(body, context, signature, signature_hash, inputs, before, what)
@@ -566,3 +567,209 @@ class PassGraphs:
         """Bytes the runner holds: the shared KV caches, and each workspace's graphs and record buffers."""
         caches = {id(w.cache): w.cache for w in self.workspaces.values()}
         return sum(c.nbytes for c in caches.values()) + sum(w.nbytes() for w in self.workspaces.values())
+
+
+# =====================================================================================================================
+# compiled passes: torch.compile of the blocks of each pass, dynamo's cache limits raised (and hitting them an error),
+# the CUDA-graph skips counted and reported instead of hidden
+# =====================================================================================================================
+#: The dynamo cache size limit ``compile_passes`` sets at least (each pass of each plan is one cached graph).
+PASS_GRAPH_CACHE_LIMIT = 256
+
+
+#: dynamo's process-wide cache limits before the first pipeline compiled its passes, and how many pipelines do now
+_GRAPH_CACHE_STATE: Dict[str, Any] = {"pipelines": 0, "saved": None}
+_GRAPH_CACHE_LIMITS = (
+    ("cache_size_limit", PASS_GRAPH_CACHE_LIMIT),
+    ("accumulated_cache_size_limit", 4 * PASS_GRAPH_CACHE_LIMIT),
+)
+
+
+def raise_graph_cache_limits() -> None:
+    """Raise dynamo's cache limits above the graphs of a few plans (one graph per pass), remembering the old values,
+    and make hitting them an error: past the limit dynamo would otherwise run the pass eagerly without a word."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    if _GRAPH_CACHE_STATE["pipelines"] == 0:
+        _GRAPH_CACHE_STATE["saved"] = {
+            name: getattr(config, name) for name, _ in _GRAPH_CACHE_LIMITS if hasattr(config, name)
+        }
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            _GRAPH_CACHE_STATE["saved"]["fail_on_recompile_limit_hit"] = config.fail_on_recompile_limit_hit
+    _GRAPH_CACHE_STATE["pipelines"] += 1
+    for name, limit in _GRAPH_CACHE_LIMITS:
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), limit))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+
+
+def cudagraph_skips() -> int:
+    """How many times torch.compile's CUDA-graph trees have run a graph without capturing or replaying it (a skip:
+    mutated inputs, CPU tensors, dynamic shapes...) in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
+class CompiledPassRunner:
+    """The ``pass_runner`` of a pipeline whose passes are compiled: runs ``torch.compile(run_family_blocks)`` and
+    reports, instead of hiding, the passes that ran without CUDA graphs when graphs were asked for.
+
+    The KV cache lives here, one per (schedule, batch, rows, family, plan, scheduler configuration), as in
+    :class:`~diffusers_var_accel.next_scale.graphs.PassGraphs`: the loop asks :meth:`kv_cache` for it, and a call with
+    the same key gets the same buffers back (reset), so compiled passes and their CUDA graphs see the same addresses
+    call after call. The buffers are allocated by the first pass of a call (the start token alone: the smallest
+    pass), which therefore runs **eagerly** in every call, never inside a graph (CUDA-graph trees would own buffers
+    born there and skip every later pass that writes them for "mutated inputs"); they are then marked static
+    addresses (``torch._dynamo.mark_static_address``) for the compiled passes.
+
+    Attributes:
+        skipped_passes (`int`): passes run so far for which CUDA-graph trees reported a skip (only counted when
+            graphs are on).
+        eager_first_passes (`int`): first passes run eagerly (one per call).
+    """
+
+    def __init__(self, compiled: Callable, cuda_graphs: bool, max_workspaces: int = 4):
+        self.compiled, self.cuda_graphs = compiled, cuda_graphs
+        self.max_workspaces = max_workspaces
+        self.skipped_passes = self.eager_first_passes = 0
+        self._warned = False
+        self._caches: "collections.OrderedDict[Any, ScaleKVCache]" = collections.OrderedDict()
+        self._shared = SharedKVCaches()
+
+    def kv_cache(self, key, num_layers: int, max_length: int, rows=None) -> ScaleKVCache:
+        """The KV cache of a call whose schedule, batch, rows, family, plan and scheduler configuration make ``key``:
+        the one of the last call with that key, reset (its buffers kept), or a new one (the least recently used key
+        beyond ``max_workspaces`` is dropped). Keys whose caches have the same ``(num_layers, max_length, rows)``
+        share one (a call writes every position before a pass reads it)."""
+        key = (key, num_layers, max_length)
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = self._shared.get(num_layers, max_length, rows)
+            while len(self._caches) > self.max_workspaces:
+                self._caches.popitem(last=False)
+            self._shared.keep_only(list(self._caches.values()))
+        self._caches.move_to_end(key)
+        cache.reset()
+        return cache
+
+    def __call__(self, family, hidden_RLC, condition, context):
+        import torch._dynamo
+
+        from .loop import run_family_blocks
+
+        refuse_drawing_passes(context, "compile_passes()")
+        context.static_pass = True  # nothing in a compiled pass may read the device on the host
+        cache = context.kv_cache
+        if cache is not None and cache.preallocated and cache.empty and cache.stores:
+            allocated = cache.allocated
+            out = run_family_blocks(family, hidden_RLC, condition, context)  # allocates the buffers, outside graphs
+            self.eager_first_passes += 1
+            if not allocated:
+                for buffer in cache.buffers():
+                    torch._dynamo.mark_static_address(buffer, guard=False)
+            return out
+        before = cudagraph_skips() if self.cuda_graphs else 0
+        out = self.compiled(family, hidden_RLC, condition, context)
+        if self.cuda_graphs and cudagraph_skips() > before:
+            self.skipped_passes += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    "enable_cuda_graphs(): CUDA-graph trees skipped a pass, which then ran without graphs (its "
+                    "time is not a graph replay's); TORCH_LOGS=cudagraphs prints why, and "
+                    "enable_cuda_graphs(strict=True) raises at the first skip. pipe.passes_without_graphs counts "
+                    "them",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        return out
+
+
+def restore_graph_cache_limits() -> None:
+    """Give dynamo back its cache limits when the last pipeline with compiled passes goes back to eager."""
+    import torch._dynamo
+
+    _GRAPH_CACHE_STATE["pipelines"] = max(_GRAPH_CACHE_STATE["pipelines"] - 1, 0)
+    if _GRAPH_CACHE_STATE["pipelines"] == 0 and _GRAPH_CACHE_STATE["saved"] is not None:
+        for name, value in _GRAPH_CACHE_STATE["saved"].items():
+            setattr(torch._dynamo.config, name, value)
+        _GRAPH_CACHE_STATE["saved"] = None
+
+
+# =====================================================================================================================
+# which runner a pipeline's passes go through
+# =====================================================================================================================
+class PassRunners:
+    """A pipeline's pass runner (``None``: eager; :class:`PassGraphs`; :class:`CompiledPassRunner`) and the
+    process-wide settings that come with compiling (dynamo's raised cache limits, inductor's strict graphs), set and
+    given back together. The pipeline mixin's ``enable_cuda_graphs`` / ``compile_passes`` /
+    ``compile_repeated_blocks`` / ``disable_cuda_graphs`` are its front."""
+
+    def __init__(self):
+        self.runner: Optional[Callable] = None
+        self._limits_raised = False
+        self._strict_saved: Optional[bool] = None
+
+    def compile(self, transformer, backend, fullgraph: bool, mode: Optional[str], options: Dict[str, Any]) -> None:
+        """Compile every pass with ``torch.compile`` (one static graph per pass)."""
+        from .loop import run_family_blocks
+
+        if not self._limits_raised:
+            self.reset(transformer)  # captured graphs and compiled regions (if any) are dropped
+            raise_graph_cache_limits()
+            self._limits_raised = True
+        options = {"dynamic": False, **options}  # one static graph per pass: shapes never depend on the data
+        compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
+        self.runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
+
+    def compile_regions(self, transformer, backend, fullgraph: bool, mode: Optional[str], options: Dict[str, Any]):
+        """Regional compilation of ``transformer``'s repeated blocks (its ``compile_repeated_blocks``)."""
+        if not self._limits_raised:
+            raise_graph_cache_limits()
+            self._limits_raised = True
+        transformer.compile_repeated_blocks(
+            backend=backend, fullgraph=fullgraph, mode=mode, **{"dynamic": False, **options}
+        )
+
+    def capture(self, mode: str, max_workspaces: int, decode: bool) -> None:
+        """Capture every pass (:class:`PassGraphs` in ``mode``), the VAE decode too with ``decode``."""
+        self.reset(None)
+        self.runner = PassGraphs(mode, max_workspaces)
+        self.runner.capture_decode = decode
+
+    def strict(self) -> None:
+        """Raise at the first pass CUDA-graph trees skip (inductor's ``triton.cudagraph_or_error``, until reset)."""
+        import torch._inductor.config as inductor_config
+
+        self._strict_saved = inductor_config.triton.cudagraph_or_error
+        inductor_config.triton.cudagraph_or_error = True
+
+    def reset(self, transformer) -> None:
+        """Eager passes again: the runner dropped, the process-wide settings given back (dynamo's limits once no
+        pipeline compiles its passes), ``transformer``'s compiled regions undone."""
+        if self._strict_saved is not None:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.triton.cudagraph_or_error = self._strict_saved
+            self._strict_saved = None
+        if self._limits_raised:
+            restore_graph_cache_limits()
+            self._limits_raised = False
+        self.runner = None
+        if transformer is not None:
+            for module in transformer.modules():  # regions of compile_repeated_blocks
+                if getattr(module, "_compiled_call_impl", None) is not None:
+                    module._compiled_call_impl = None
+
+    @property
+    def graphs(self) -> Optional[PassGraphs]:
+        """The :class:`PassGraphs` replaying captured passes, or ``None``."""
+        return self.runner if isinstance(self.runner, PassGraphs) else None
+
+    @property
+    def skipped_passes(self) -> int:
+        """Passes compiled with CUDA graphs that CUDA-graph trees skipped (0 for the other runners)."""
+        return self.runner.skipped_passes if isinstance(self.runner, CompiledPassRunner) else 0

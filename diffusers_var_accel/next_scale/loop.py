@@ -232,7 +232,10 @@ def _run_pass(
         scale_hws=scale_hws,
         records=records,
     )
-    hidden_RLC = (pass_runner or run_family_blocks)(family, x_RLC, cond_rows, context)
+    if pass_runner is None:
+        hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)
+    else:
+        hidden_RLC = pass_runner(family, x_RLC, cond_rows, context)
     if starts and num_start != lengths[0]:  # scale 0 is predicted from the last of the start tokens
         hidden_RLC = torch.cat((hidden_RLC[:, num_start - lengths[0] : num_start], hidden_RLC[:, num_start:]), dim=1)
     records.attention = context.attention_maps

@@ -421,6 +421,22 @@ class PassRoutes:
         spans = (layer for start, m in self.mixing.items() for layer in range(start, m.end_layer))
         return frozenset(layer for layer, _ in self.routes) | frozenset(spans)
 
+    @property
+    def acts_on_blocks(self) -> bool:
+        """Whether the pass routes whole blocks, runs blocks on mixtures or records block outputs or deltas: what
+        :func:`~.executor.execute_blocks` carries out around the blocks (sublayer routes are the blocks' own)."""
+        return bool(
+            self.mixing
+            or self.record.block_outputs
+            or self.record.block_deltas
+            or any(kind == "block" for _, kind in self.routes)
+        )
+
+    def acts_on_layer(self, layer: int) -> bool:
+        """Whether a sublayer of ``layer`` is routed or its update recorded (otherwise the block runs every token of
+        every sublayer, as on the dense path)."""
+        return any(self.acts_on_sublayer(layer, kind) for kind in SUBLAYER_KINDS if kind != "block")
+
     def acts_on_sublayer(self, layer: int, kind: str) -> bool:
         """Whether the sublayer ``kind`` of ``layer`` is routed or its update recorded (otherwise its update is only
         added to the stream, as on the dense path)."""

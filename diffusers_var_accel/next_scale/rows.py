@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class RowLayout:
@@ -62,15 +60,3 @@ class RowLayout:
         if plan.cfg_uncond_only:
             return self.for_pass(True, "uncond")
         return self.for_pass(plan.cfg_halve)
-
-
-def match_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t`` with ``rows`` rows: the conditional rows when it has more (a halved pass), copies of its rows for both
-    CFG halves when it has fewer (a per-image choice, or a halved source)."""
-    if t.shape[0] == rows:
-        return t
-    if t.shape[0] > rows:
-        return t[:rows]
-    if rows % t.shape[0]:
-        raise ValueError(f"cannot lay out {t.shape[0]} rows as {rows} (conditional rows first)")
-    return t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))

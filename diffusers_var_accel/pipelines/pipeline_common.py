@@ -12,7 +12,7 @@ import torch
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
 
 from ..next_scale.state import ScheduleTables
-from .compiled_passes import CompiledPassRunner, raise_graph_cache_limits, restore_graph_cache_limits
+from ..next_scale.graphs import PassRunners
 from .sampling import DrawCheck, check_sampling_mode
 
 
@@ -21,7 +21,23 @@ class NextScalePipelineMixin:
 
     _interrupt = False
     _sampling = "device"
-    _pass_runner: Optional[Callable] = None
+
+    @property
+    def _pass_runners(self) -> PassRunners:
+        """The runner this pipeline's passes go through (and what compiling set process-wide), one per pipeline."""
+        runners = self.__dict__.get("_pass_runners_")
+        if runners is None:
+            runners = self.__dict__["_pass_runners_"] = PassRunners()
+        return runners
+
+    @property
+    def _pass_runner(self) -> Optional[Callable]:
+        """The loop's ``pass_runner`` of the next call (``None``: eager passes)."""
+        return self._pass_runners.runner
+
+    @_pass_runner.setter
+    def _pass_runner(self, runner: Optional[Callable]) -> None:
+        self._pass_runners.runner = runner
 
     # -- compiled passes and CUDA graphs ------------------------------------------------------------------------------
     def compile_passes(
@@ -48,17 +64,7 @@ class NextScalePipelineMixin:
         own graph) while a pipeline compiles its passes; ``disable_cuda_graphs()`` goes back to eager passes and, for
         the last such pipeline, to the limits as they were.
         """
-        import torch._dynamo
-
-        from ..next_scale.loop import run_family_blocks
-
-        if not self.__dict__.get("_graph_limits_raised", False):
-            self.disable_cuda_graphs()  # captured graphs (if any) are dropped
-            raise_graph_cache_limits()
-            self._graph_limits_raised = True
-        options.setdefault("dynamic", False)  # one static graph per pass: shapes never depend on the data
-        compiled = torch.compile(run_family_blocks, backend=backend, fullgraph=fullgraph, mode=mode, **options)
-        self._pass_runner = CompiledPassRunner(compiled, cuda_graphs=mode in ("reduce-overhead", "max-autotune"))
+        self._pass_runners.compile(self.transformer, backend, fullgraph, mode, options)
 
     def compile_repeated_blocks(
         self,
@@ -82,11 +88,7 @@ class NextScalePipelineMixin:
             mode (`str`, *optional*): the ``torch.compile`` mode.
             **options: passed on to ``torch.compile``.
         """
-        if not self.__dict__.get("_graph_limits_raised", False):
-            raise_graph_cache_limits()
-            self._graph_limits_raised = True
-        options.setdefault("dynamic", False)
-        self.transformer.compile_repeated_blocks(backend=backend, fullgraph=fullgraph, mode=mode, **options)
+        self._pass_runners.compile_regions(self.transformer, backend, fullgraph, mode, options)
 
     @property
     def compiled_regions(self) -> int:
@@ -130,21 +132,14 @@ class NextScalePipelineMixin:
             warning says so and the passes stay eager (``compile_passes`` compiles them without graphs on any
             device; ``capture="trace"`` runs anywhere).
         """
-        from ..next_scale.graphs import PassGraphs
-
         if capture not in ("cuda", "compile", "trace"):
             raise ValueError(f"capture must be 'cuda', 'compile' or 'trace', got {capture!r}")
         if not isinstance(strict, bool):
             raise ValueError(f"strict must be True or False, got {strict!r}")
         if not isinstance(decode, bool):
             raise ValueError(f"decode must be True or False, got {decode!r}")
-        if capture == "trace":
-            self.disable_cuda_graphs()
-            self._pass_runner = PassGraphs("trace", max_workspaces)
-            self._pass_runner.capture_decode = decode
-            return True
         device = self._pass_device()
-        if device.type != "cuda":
+        if capture != "trace" and device.type != "cuda":
             warnings.warn(
                 f"enable_cuda_graphs() does nothing on the {device.type} device: CUDA graphs need the transformer "
                 "on a CUDA GPU (move the pipeline with .to('cuda') first); passes stay eager",
@@ -152,17 +147,13 @@ class NextScalePipelineMixin:
                 stacklevel=2,
             )
             return False
-        if capture == "cuda":
-            self.disable_cuda_graphs()
-            self._pass_runner = PassGraphs("cuda", max_workspaces)
-            self._pass_runner.capture_decode = decode
-            return True
-        self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
-        if strict:
-            import torch._inductor.config as inductor_config
-
-            self._strict_graphs_saved = inductor_config.triton.cudagraph_or_error
-            inductor_config.triton.cudagraph_or_error = True
+        if capture == "compile":
+            self.compile_passes(backend="inductor", fullgraph=True, mode="reduce-overhead")
+            if strict:
+                self._pass_runners.strict()
+        else:
+            self._pass_runners.reset(self.transformer)
+            self._pass_runners.capture(capture, max_workspaces, decode)
         return True
 
     @contextlib.contextmanager
@@ -180,24 +171,13 @@ class NextScalePipelineMixin:
     def passes_without_graphs(self) -> int:
         """Passes that ran without CUDA graphs since ``enable_cuda_graphs()`` (skipped by CUDA-graph trees); 0 when
         graphs are off."""
-        runner = self._pass_runner
-        return runner.skipped_passes if isinstance(runner, CompiledPassRunner) else 0
+        return self._pass_runners.skipped_passes
 
     def disable_cuda_graphs(self) -> None:
         """Run every pass eagerly again (undoes ``enable_cuda_graphs``, ``compile_passes`` and
-        ``compile_repeated_blocks``). The dynamo cache size
-        limits go back to their values before the first compiled pipeline once no pipeline compiles its passes."""
-        saved = self.__dict__.pop("_strict_graphs_saved", None)
-        if saved is not None:
-            import torch._inductor.config as inductor_config
-
-            inductor_config.triton.cudagraph_or_error = saved
-        if self.__dict__.pop("_graph_limits_raised", False):
-            restore_graph_cache_limits()
-        self._pass_runner = None
-        for module in self.transformer.modules():  # regions of compile_repeated_blocks
-            if getattr(module, "_compiled_call_impl", None) is not None:
-                module._compiled_call_impl = None
+        ``compile_repeated_blocks``). The dynamo cache size limits go back to their values before the first compiled
+        pipeline once no pipeline compiles its passes."""
+        self._pass_runners.reset(self.transformer)
 
     @property
     def schedule_tables(self) -> ScheduleTables:
@@ -227,9 +207,7 @@ class NextScalePipelineMixin:
     def pass_graphs(self):
         """The :class:`~diffusers_var_accel.next_scale.graphs.PassGraphs` replaying captured passes (its
         ``captured_passes`` / ``replayed_passes`` say how the passes ran), or ``None``."""
-        from ..next_scale.graphs import PassGraphs
-
-        return self._pass_runner if isinstance(self._pass_runner, PassGraphs) else None
+        return self._pass_runners.graphs
 
     def _pass_device(self) -> torch.device:
         transformer = getattr(self, "transformer", None)

@@ -41,7 +41,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin  # noqa: F401 (
 
 from ..next_scale.maps import place_values, resize_map, unpermute, values_at
 from ..next_scale.plan import LayerProxy, PassRoutes, RecordRequest, TokenRoute, TokenSelection
-from ..next_scale.rows import match_rows
+from ..next_scale.executor import match_rows
 from .presets import PackagedPresets
 from .scheduling_var_base import VARAccelScheduler, resolve_scale_index
 

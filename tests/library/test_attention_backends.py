@@ -182,7 +182,7 @@ def test_block_causal_calls_equal_the_masked_attention(scale_ids):
     for slice_size in (None, 1):
         processor = VARAttnProcessor()
         processor.slice_size = slice_size
-        out = processor._attend_block_causal(q, k, v, cache, scale_ids, 0.3, None)
+        out = processor._attend_block_causal(q, k, v, cache, scale_ids, 0.3)
         torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-5)
 
 

@@ -135,7 +135,7 @@ def test_sampling_modes_give_the_same_images(pipelines):
 def test_passes_past_the_recompile_limit_raise_instead_of_running_eagerly(pipelines, monkeypatch):
     """Dynamo runs a frame eagerly, silently, past its recompile limit; compiled passes make that an error (reproduced
     with the limit lowered so that the embedded model's passes exceed it), and eager gives the setting back."""
-    from diffusers_var_accel.pipelines import compiled_passes
+    from diffusers_var_accel.next_scale import graphs as compiled_passes
 
     config = torch._dynamo.config
     pipe, kwargs = pipelines["hart"]
@@ -161,7 +161,7 @@ def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines)
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
     from diffusers_var_accel.next_scale.loop import run_family_blocks
-    from diffusers_var_accel.pipelines.compiled_passes import CompiledPassRunner
+    from diffusers_var_accel.next_scale.graphs import CompiledPassRunner
 
     pipe, kwargs = pipelines["hart"]
     calls = []

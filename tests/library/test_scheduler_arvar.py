@@ -26,10 +26,10 @@ from diffusers_var_accel.schedulers.scheduling_arvar import (
     retrospect_tokens,
     self_attention_saliency,
 )
-from diffusers_var_accel.next_scale.context import scatter_tokens
+from diffusers_var_accel.next_scale.executor import scatter_tokens
 from diffusers_var_accel.next_scale.executor import interpolate_tokens
 from diffusers_var_accel.next_scale.plan import ModelInfo, RecordRequest
-from diffusers_var_accel.next_scale.rows import match_rows
+from diffusers_var_accel.next_scale.executor import match_rows
 
 
 def upsample_tokens(x_RlC, source_hw, hw, mode="bilinear"):

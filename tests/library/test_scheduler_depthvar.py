@@ -28,7 +28,7 @@ from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.next_scale.executor import weight_codes
 from diffusers_var_accel.next_scale.plan import PassRoutes, RecordRequest
 from diffusers_var_accel.next_scale.maps import resize_map
-from diffusers_var_accel.next_scale.rows import match_rows
+from diffusers_var_accel.next_scale.executor import match_rows
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
 
 DEPTH = 8

@@ -21,7 +21,7 @@ from diffusers_var_accel import (
     schedule_for_size,
     supported_sizes,
 )
-from diffusers_var_accel.next_scale.context import scatter_tokens
+from diffusers_var_accel.next_scale.executor import scatter_tokens
 from diffusers_var_accel.next_scale.executor import interpolate_tokens
 from diffusers_var_accel.next_scale.plan import RecordRequest
 from diffusers_var_accel.schedulers.scheduling_fastvar import num_kept_tokens, pivotal_token_scores, pivotal_tokens

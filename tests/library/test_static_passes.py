@@ -25,7 +25,6 @@ from diffusers_var_accel.models.attention_processor import (
     half_pairing_signs,
     half_pairing_tables,
     rotate_pairs,
-    self_attention,
 )
 from diffusers_var_accel.next_scale.context import VARForwardContext, block_causal_mask
 from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
@@ -171,7 +170,7 @@ def test_modulated_layer_norm_writes_the_linear_input_dtype():
 
 
 def test_a_gated_update_is_added_as_x_plus_value_times_gate():
-    from diffusers_var_accel.next_scale.executor import GatedUpdate, resolve_update, run_sublayer
+    from diffusers_var_accel.next_scale.executor import GatedUpdate, run_sublayer
 
     g = torch.Generator().manual_seed(8)
     x = torch.randn(2, 5, 8, generator=g)
@@ -181,7 +180,7 @@ def test_a_gated_update_is_added_as_x_plus_value_times_gate():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, x + value.float() * gate.float(), atol=1e-6, rtol=1e-6)
     # materialised (routes, records) it is the product in the update's own dtype, as an ungated update would be
-    assert torch.equal(resolve_update(GatedUpdate(value, gate)), value * gate)
+    assert torch.equal(GatedUpdate(value, gate).resolve(), value * gate)
 
 
 def test_adjacent_pairing_tables_are_cos_cos_and_minus_sin_sin():
@@ -283,8 +282,8 @@ def test_scale_prefix_calls_equal_the_masked_attention_without_host_reads():
         scale=0.3,
     ).transpose(1, 2)
     with _HostReads() as reads:
-        out = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, lengths, 0.3, None)
-        with_empty = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, (1, 0, 4, 9), 0.3, None)
+        out = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, lengths, 0.3)
+        with_empty = VARAttnProcessor()._attend_scale_prefixes(q, k, v, cache, (1, 0, 4, 9), 0.3)
     assert reads.seen == []
     torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-5)
     assert torch.equal(with_empty, out)
@@ -296,7 +295,7 @@ def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypa
     processor = VARAttnProcessor()
     monkeypatch.setattr(processor, "uses_per_scale_calls", lambda device=None: True)
     masks = []
-    monkeypatch.setattr(processor, "_attend", lambda q, k, v, mask, scale, backend: masks.append(mask) or q)
+    monkeypatch.setattr(processor, "attend", lambda q, k, v, mask, scale: masks.append(mask) or q)
     from diffusers_var_accel.models.transformer_infinity import InfinitySelfAttention
 
     attn = InfinitySelfAttention(8, 2, 0)
@@ -308,9 +307,9 @@ def test_grouped_pass_with_unknown_counts_takes_the_mask_not_host_reads(monkeypa
         scale_hws=((1, 1), (2, 2)),
     )
     with torch.no_grad(), _HostReads() as reads:
-        self_attention(processor, attn, torch.randn(1, L, 8), context, None, None)  # counts known: per scale
+        processor(attn, torch.randn(1, L, 8), context)  # counts known: per scale
         routed = context.for_tokens(torch.tensor([[0, 2, 3]]))  # counts unknown
-        self_attention(processor, attn, torch.randn(1, 3, 8), routed, None, None)
+        processor(attn, torch.randn(1, 3, 8), routed)
     assert reads.seen == []
     assert masks[:2] == [None, None] and masks[2] is not None and masks[2].shape == (1, 1, 3, 5 + 3)
 

@@ -167,7 +167,7 @@ class _DispatchCounter(TorchDispatchMode):
         owner = self.owner
         if owner.phase is not None:
             name = func.overloadpacket.__name__
-            counts = owner._counts()
+            counts = owner.current_counts()
             counts.ops += 1
             if not _launches_no_kernel(func):
                 counts.kernels += 1
@@ -181,9 +181,9 @@ class _DispatchCounter(TorchDispatchMode):
             ):
                 syncs = 1
             if name in UPLOAD_OPS:
-                owner._sync(f"upload ({name})", 1)
+                owner.record_sync(f"upload ({name})", 1)
             elif syncs:
-                owner._sync(name, syncs)
+                owner.record_sync(name, syncs)
         return func(*args, **kwargs)
 
 
@@ -194,7 +194,7 @@ class _FunctionCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.owner.phase is not None and getattr(func, "__name__", None) in HOST_COPY_METHODS:
-            self.owner._sync(f".{func.__name__}()", 1)
+            self.owner.record_sync(f".{func.__name__}()", 1)
         return func(*args, **(kwargs or {}))
 
 
@@ -235,14 +235,14 @@ class LaunchCounter:
         """Count what follows into ``phase`` (``None``: stop counting)."""
         self.phase = phase
 
-    def _counts(self) -> PhaseCounts:
+    def current_counts(self) -> PhaseCounts:
         counts = self.phases.get(self.phase)
         if counts is None:
             counts = self.phases[self.phase] = PhaseCounts()
         return counts
 
-    def _sync(self, kind: str, n: int) -> None:
-        self._counts().syncs += n
+    def record_sync(self, kind: str, n: int) -> None:
+        self.current_counts().syncs += n
         self.sync_sources[(self.phase, kind, source_line(_THIS_FILE))] += n
 
     def total(self, phases: Optional[Sequence[Any]] = None) -> PhaseCounts:
