@@ -226,7 +226,7 @@ def make_model_card(
     preset_model = FAMILY_PRESET_MODELS[family]
     # every registered method with a preset for the family (sorted by name); a packaged preset's stored file, else the
     # configuration its class builds
-    from .schedulers.registry import METHODS
+    from ..schedulers.registry import METHODS
 
     presets = {method: f"{preset_model}/{method}" for method in sorted(METHODS) if family in METHODS[method].presets}
     configs = {
