@@ -1,8 +1,8 @@
 """A griffe extension for the API pages: the pipelines' ``enable_<method>()`` shortcuts.
 
-The shortcuts are generated from the registry of methods when the package is imported, so reading the source finds
-none of them; this extension imports the mixin's module and adds the generated functions (their signatures and
-docstrings) to the statically loaded class.
+Every shortcut (the library's five and a plug-in's) is generated from the registry of methods when the package is
+imported, so reading the source finds none of them; this extension imports the mixin's module and adds the generated
+functions (their signatures and docstrings) to the statically loaded class.
 """
 
 import griffe

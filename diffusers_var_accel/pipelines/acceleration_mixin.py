@@ -1,8 +1,8 @@
 """Attaching acceleration schedulers to a pipeline: per instance, reversible, or for one call.
 
-The library's methods have their ``enable_<method>()`` shortcuts written out below (``enable_lazyvar`` ...); a
-plug-in method registered later (:mod:`diffusers_var_accel.schedulers.registry`) gets one generated when it
-registers, removed when it is unregistered, and ``enable_acceleration(name)`` takes any registered method.
+Every registered method (:mod:`diffusers_var_accel.schedulers.registry`), the library's own and a plug-in's alike,
+gets an ``enable_<method>()`` shortcut on :class:`VARAccelerationMixin` when it registers (``enable_lazyvar`` ...),
+removed when it is unregistered; ``enable_acceleration(name)`` takes any registered method.
 """
 
 from __future__ import annotations
@@ -175,165 +175,6 @@ class VARAccelerationMixin:
         self.enable_acceleration(scheduler)
         return scheduler
 
-    def _enable_method(self, name: str, overrides: Dict[str, Any]) -> VARAccelScheduler:
-        """The registered method ``name``'s preset for this model, with ``overrides``, attached."""
-        return self._enable_preset(get_method(name), overrides, name)
-
-    # -- the library's methods (a plug-in method's shortcut is generated when it registers) -----------------------------
-
-    def enable_fastvar(self, **overrides: Any) -> VARAccelScheduler:
-        """Accelerate every following call with FastVARScheduler, in its preset for this model.
-
-        FastVAR (arXiv:2503.23367): prune late scales by PTS, restore the rest by CTR, optionally skip the last
-        scales.
-
-        The same as ``enable_acceleration("fastvar", **overrides)``; the preset is the pipeline's own packaged preset
-        ``<pipe.preset_model>/fastvar`` when it has one (the embedded model's calibrated ``embedded/fastvar``), else
-        ``FastVARScheduler.from_preset(family)`` (see [`FastVARScheduler`] for the settings and the presets).
-
-        Args:
-            **overrides (`Any`): settings of [`FastVARScheduler`] replacing the preset's; an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`FastVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> scheduler = pipe.enable_fastvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        return self._enable_method("fastvar", overrides)
-
-    def enable_lazyvar(self, **overrides: Any) -> VARAccelScheduler:
-        """Accelerate every following call with LazyVARScheduler, in its preset for this model.
-
-        LazyVAR: prune the last scales by their update index and decode them in one parallel group.
-
-        The same as ``enable_acceleration("lazyvar", **overrides)``; the preset is the pipeline's own packaged preset
-        ``<pipe.preset_model>/lazyvar`` when it has one (the embedded model's calibrated ``embedded/lazyvar``), else
-        ``LazyVARScheduler.from_preset(family)`` (see [`LazyVARScheduler`] for the settings and the presets).
-
-        Args:
-            **overrides (`Any`): settings of [`LazyVARScheduler`] replacing the preset's; an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`LazyVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> scheduler = pipe.enable_lazyvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        return self._enable_method("lazyvar", overrides)
-
-    def enable_depthvar(self, **overrides: Any) -> VARAccelScheduler:
-        """Accelerate every following call with DepthVARScheduler, in its preset for this model.
-
-        DepthVAR (CVPR 2026 Findings): dynamic per-token depth on the late scales, proxies for skipped layers.
-
-        The same as ``enable_acceleration("depthvar", **overrides)``; the preset is the pipeline's own packaged preset
-        ``<pipe.preset_model>/depthvar`` when it has one (the embedded model's calibrated ``embedded/depthvar``), else
-        ``DepthVARScheduler.from_preset(family)`` (see [`DepthVARScheduler`] for the settings and the presets).
-
-        Args:
-            **overrides (`Any`): settings of [`DepthVARScheduler`] replacing the preset's; an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`DepthVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> scheduler = pipe.enable_depthvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        return self._enable_method("depthvar", overrides)
-
-    def enable_arvar(self, **overrides: Any) -> VARAccelScheduler:
-        """Accelerate every following call with ARVARScheduler, in its preset for this model.
-
-        ARVAR (ECCV 2026): branch halving at late scales, attention-retrospect pruning with structural
-        reconstruction.
-
-        The same as ``enable_acceleration("arvar", **overrides)``; the preset is the pipeline's own packaged preset
-        ``<pipe.preset_model>/arvar`` when it has one (the embedded model's calibrated ``embedded/arvar``), else
-        ``ARVARScheduler.from_preset(family)`` (see [`ARVARScheduler`] for the settings and the presets).
-
-        Args:
-            **overrides (`Any`): settings of [`ARVARScheduler`] replacing the preset's; an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`ARVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> scheduler = pipe.enable_arvar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        return self._enable_method("arvar", overrides)
-
-    def enable_stagevar(self, **overrides: Any) -> VARAccelScheduler:
-        """Accelerate every following call with StageVARScheduler, in its preset for this model.
-
-        StageVAR (FasterVAR): unconditional-only sampling in the fidelity stage, its chunks run on random
-        mixtures of the tokens and restored onto the previous scale's upsampled output, the last scales skipped
-        (the released code).
-
-        The same as ``enable_acceleration("stagevar", **overrides)``; the preset is the pipeline's own packaged preset
-        ``<pipe.preset_model>/stagevar`` when it has one (the embedded model's calibrated ``embedded/stagevar``), else
-        ``StageVARScheduler.from_preset(family)`` (see [`StageVARScheduler`] for the settings and the presets).
-
-        Args:
-            **overrides (`Any`): settings of [`StageVARScheduler`] replacing the preset's; an unknown name raises a
-                ``ValueError``.
-
-        Returns:
-            [`StageVARScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
-
-        Examples:
-            ```py
-            >>> import torch
-            >>> from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline
-
-            >>> pipe = build_tiny_infinity_pipeline(seed=0)
-            >>> scheduler = pipe.enable_stagevar()
-            >>> image = pipe("a red fox in the snow", height=512, width=512, generator=torch.Generator().manual_seed(0)).images[0]
-            >>> pipe.disable_acceleration()
-            ```
-        """
-        return self._enable_method("stagevar", overrides)
-
-
-#: The package of the library's scheduler classes (their shortcuts are written out in :class:`VARAccelerationMixin`).
-LIBRARY_SCHEDULERS = "diffusers_var_accel.schedulers."
-
 
 def _method_summary(scheduler_class: type) -> str:
     """The first paragraph of the scheduler class's docstring, on one line."""
@@ -383,17 +224,14 @@ def make_enable_shortcut(name: str, scheduler_class: Type[VARAccelScheduler]) ->
 
 
 def _follow_registry(name: str, scheduler_class: Optional[type]) -> None:
-    """Keep the generated ``VARAccelerationMixin.enable_<name>`` of plug-in methods in step with the registry of methods
-    (a library method's shortcut is written out in the class and left as it is)."""
+    """Keep ``VARAccelerationMixin.enable_<name>`` in step with the registry of methods: one generated shortcut per
+    registered method, removed with it."""
     attribute = f"enable_{name}"
+    existing = VARAccelerationMixin.__dict__.get(attribute)
     if scheduler_class is None:
-        if getattr(VARAccelerationMixin.__dict__.get(attribute), "registered_method", None) == name:
+        if getattr(existing, "registered_method", None) == name:
             delattr(VARAccelerationMixin, attribute)
         return
-    existing = VARAccelerationMixin.__dict__.get(attribute)
-    written_out = existing is not None and not hasattr(existing, "registered_method")
-    if written_out and scheduler_class.__module__.startswith(LIBRARY_SCHEDULERS):
-        return  # a library method's shortcut, written out in the class
     if existing is not None and getattr(existing, "registered_method", None) != name:
         raise ValueError(f"method name {name!r} would replace the pipeline method {attribute}(); choose another name")
     setattr(VARAccelerationMixin, attribute, make_enable_shortcut(name, scheduler_class))

@@ -89,6 +89,15 @@ def test_the_convert_sub_commands_are_the_registrys(capsys):
         assert lab_family(name).convert_command().description in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_flop_counter_lives_beside_the_familys_part_of_the_meter(name):
+    family = lab_family(name)
+    counter = family.count_flops()
+    assert callable(counter) and counter.__module__ == family.flop_breakdown.partition(":")[0]
+    # that part of the meter knows the family's preset model
+    assert MODEL_FAMILIES[name].preset_model in family.flop_breakdown_spec().models
+
+
 def test_launch_structures_give_the_counters_models():
     from diffusers_var_accel.lab.bench.launches import DEFAULT_MODELS, launch_model_names
 
