@@ -77,7 +77,7 @@ def calibrated_methods(as_member: bool = False) -> List[str]:
     return [name for name in method_names() if get_method(name).has_calibration_grid(as_member)]
 
 
-def _members(method: str) -> List[str]:
+def method_members(method: str) -> List[str]:
     grids = calibrated_methods()
     example = COMPOSE_SEPARATOR.join(calibrated_methods(as_member=True)[:2])
     if not isinstance(method, str) or not method:
@@ -116,7 +116,7 @@ def candidate_grid(method: str, num_layers: int) -> List[Dict[str, Any]]:
     method). A combination the composition refuses (two members routing the same block at the same scale) is recorded
     by :func:`calibrate` as not runnable.
     """
-    names = _members(method)
+    names = method_members(method)
     if len(names) == 1:
         return get_method(names[0]).calibration_grid(num_layers)
     members = {name: get_method(name).composition_calibration_grid(num_layers) for name in names}
@@ -125,7 +125,7 @@ def candidate_grid(method: str, num_layers: int) -> List[Dict[str, Any]]:
 
 def build_candidate(method: str, settings: Dict[str, Any], model_family: str) -> VARAccelScheduler:
     """The scheduler of one candidate (settings over the constructor's defaults, ``model_family`` set)."""
-    names = _members(method)
+    names = method_members(method)
     if len(names) == 1:
         return get_method(names[0])(**{**settings, "model_family": model_family})
     members = [get_method(n)(**{**settings[n], "model_family": model_family}) for n in names]
@@ -351,7 +351,7 @@ def calibrate(
         raise ValueError(
             "give a budget: target_flops_ratio (counted FLOPs, e.g. 2.0) and/or target_speedup (measured latency)"
         )
-    names = _members(method)
+    names = method_members(method)
     if select not in SELECT_METRICS:
         raise ValueError(f"select must be one of {list(SELECT_METRICS)}, got {select!r}")
     prompts = list(calibration_prompts(8) if prompts is None else prompts)
@@ -556,9 +556,9 @@ def _short(settings: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 def calibration_record(result: Dict[str, Any]) -> Dict[str, Any]:
     """The JSON-safe part of a :func:`calibrate` result (everything but the scheduler object)."""
-    from diffusers_var_accel.lab.bench.runner import _json_safe
+    from diffusers_var_accel.lab.bench.runner import json_safe
 
-    return _json_safe({k: v for k, v in result.items() if k != "scheduler"})
+    return json_safe({k: v for k, v in result.items() if k != "scheduler"})
 
 
 def write_calibration(result: Dict[str, Any], output_dir: Union[str, Path]) -> Dict[str, Path]:

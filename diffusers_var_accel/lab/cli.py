@@ -140,21 +140,21 @@ def check_acceleration_overrides(spec: Optional[str], flag: str = "--accel") -> 
     import typing
 
     from diffusers_var_accel.schedulers.presets import is_preset_name, load_preset_config
-    from diffusers_var_accel.schedulers.scheduling_var_base import _SCHEDULER_CLASSES
-    from diffusers_var_accel.schedulers.specs import _split_top_level
+    from diffusers_var_accel.schedulers.scheduling_var_base import SCHEDULER_CLASSES
+    from diffusers_var_accel.schedulers.specs import split_top_level
 
     name, _, overrides_text = spec.partition(":")
     if "/" in name:
-        cls = _SCHEDULER_CLASSES.get(load_preset_config(name).get("_class_name")) if is_preset_name(name) else None
+        cls = SCHEDULER_CLASSES.get(load_preset_config(name).get("_class_name")) if is_preset_name(name) else None
     else:
-        cls = {c.__name__.lower()[: -len("scheduler")]: c for c in _SCHEDULER_CLASSES.values() if c.presets}.get(
+        cls = {c.__name__.lower()[: -len("scheduler")]: c for c in SCHEDULER_CLASSES.values() if c.presets}.get(
             name.lower()
         )
     if cls is None:
         return  # an unknown name: load_acceleration says which names exist
     parameters = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     hints = typing.get_type_hints(cls.__init__)
-    for item in _split_top_level(overrides_text):
+    for item in split_top_level(overrides_text):
         key, eq, text = item.partition("=")
         key = key.strip()
         if not eq or not key:
@@ -233,14 +233,14 @@ def _load_accel(spec: Optional[str], family: str, preset_model: Optional[str] = 
 def _checked_scheduler(scheduler, config_file: Path):
     """A scheduler that accelerates: the base class (a config whose ``_class_name`` names no scheduler class) is
     refused, not run as the baseline and recorded as accelerated."""
-    from diffusers_var_accel.schedulers.scheduling_var_base import _SCHEDULER_CLASSES, VARAccelScheduler
+    from diffusers_var_accel.schedulers.scheduling_var_base import SCHEDULER_CLASSES, VARAccelScheduler
 
     if type(scheduler) is VARAccelScheduler:
         try:
             stored = json.loads(config_file.read_text(encoding="utf-8")).get("_class_name")
         except (OSError, ValueError, AttributeError):
             stored = None
-        known = sorted(name for name, cls in _SCHEDULER_CLASSES.items() if cls is not VARAccelScheduler)
+        known = sorted(name for name, cls in SCHEDULER_CLASSES.items() if cls is not VARAccelScheduler)
         raise ValueError(
             f"{config_file.name}: _class_name {stored!r} is not an acceleration scheduler; known: {known}"
         )
@@ -414,9 +414,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     check_device(args.device)
     out = check_output_folder(args.output)
     with _user_errors("--method ", args.debug):
-        from diffusers_var_accel.lab.calibration import _members
+        from diffusers_var_accel.lab.calibration import method_members
 
-        _members(args.method)
+        method_members(args.method)
     with _user_errors("--seeds ", args.debug):
         from diffusers_var_accel.lab.bench.runner import parse_seeds
 

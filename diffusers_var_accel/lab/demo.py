@@ -202,9 +202,9 @@ def run_demo(
         "counter (the same FLOPs as bench for the same prompt, seed and size); PSNR/SSIM vs the baseline image "
         'of the same seed ("inf": identical images)',
     )
-    from diffusers_var_accel.lab.bench.runner import _json_safe
+    from diffusers_var_accel.lab.bench.runner import json_safe
 
-    write_text_atomic(out / "report.json", json.dumps(_json_safe(report), indent=2, allow_nan=False))
+    write_text_atomic(out / "report.json", json.dumps(json_safe(report), indent=2, allow_nan=False))
     print(format_table(report))
     print(f"wrote {out / 'report.json'} and {out / 'grid.png'}")
     return report

@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..families import MODEL_FAMILIES
 
@@ -227,13 +227,6 @@ class PackagedPresets(Mapping):
 
     def __repr__(self) -> str:
         return f"PackagedPresets({self.method!r}: {self.names() if PRESETS_DIR.is_dir() else 'files missing'})"
-
-
-def split_preset_name(name: str) -> Tuple[str, str]:
-    """``"infinity-2b/lazyvar"`` -> ``("infinity-2b", "lazyvar")`` for a packaged preset (else a ``ValueError``)."""
-    preset_folder(name)
-    model, method = name.split("/")
-    return model, method
 
 
 def _missing_files_note() -> str:

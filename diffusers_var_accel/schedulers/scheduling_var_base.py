@@ -47,7 +47,7 @@ from .registry import register_method
 if TYPE_CHECKING:  # pragma: no cover
     from ..next_scale.state import NextScaleState
 
-_SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
+SCHEDULER_CLASSES: Dict[str, Type["VARAccelScheduler"]] = {}
 
 
 def plain_config_value(value: Any) -> Any:
@@ -94,7 +94,7 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         """Record the class by name (configurations name it) and, with ``method="name"`` on the class line, register
         it as an acceleration method (:mod:`.registry`): ``class LazyVARScheduler(VARAccelScheduler, method="lazyvar")``."""
         super().__init_subclass__(**kwargs)
-        _SCHEDULER_CLASSES[cls.__name__] = cls
+        SCHEDULER_CLASSES[cls.__name__] = cls
         if method is not None:
             register_method(method, cls)
 
@@ -183,23 +183,23 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         if stored is None and cls is VARAccelScheduler:
             raise ValueError(
                 f"{where} has no _class_name: VARAccelScheduler.from_pretrained cannot tell which scheduler it "
-                f"holds; allowed: {sorted(_SCHEDULER_CLASSES)}"
+                f"holds; allowed: {sorted(SCHEDULER_CLASSES)}"
             )
-        if stored is not None and stored not in _SCHEDULER_CLASSES:
+        if stored is not None and stored not in SCHEDULER_CLASSES:
             raise ValueError(
                 f"{where} names the scheduler class {stored!r}, which does not exist"
-                f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}"
+                f"{_close_class_names(str(stored))}; allowed: {sorted(SCHEDULER_CLASSES)}"
             )
         target = cls
         if stored and stored != cls.__name__:
-            if cls is not VARAccelScheduler and not issubclass(_SCHEDULER_CLASSES.get(stored, object), cls):
+            if cls is not VARAccelScheduler and not issubclass(SCHEDULER_CLASSES.get(stored, object), cls):
                 name = preset or pretrained_model_name_or_path
                 own = presets_for_class(cls.__name__)
                 raise ValueError(
                     f"{name} holds a {stored} configuration, not a {cls.__name__}: load it with {stored}.from_pretrained "
                     f"or VARAccelScheduler.from_pretrained" + (f"; {cls.__name__} presets: {own}" if own else "")
                 )
-            target = _SCHEDULER_CLASSES.get(stored, cls)
+            target = SCHEDULER_CLASSES.get(stored, cls)
         stored_settings = {k: v for k, v in config.items() if not k.startswith("_")}
         try:
             target._check_overrides(stored_settings)
@@ -231,10 +231,10 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         if config is not None:
             config = dict(config)
             stored = config.get("_class_name")
-            if stored is not None and stored not in _SCHEDULER_CLASSES:
+            if stored is not None and stored not in SCHEDULER_CLASSES:
                 raise ValueError(
                     f"the configuration names the scheduler class {stored!r}, which does not exist"
-                    f"{_close_class_names(str(stored))}; allowed: {sorted(_SCHEDULER_CLASSES)}"
+                    f"{_close_class_names(str(stored))}; allowed: {sorted(SCHEDULER_CLASSES)}"
                 )
             cls._check_overrides({k: v for k, v in config.items() if not k.startswith("_")})
         return super().from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
@@ -379,17 +379,17 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
 def _close_class_names(name: str) -> str:
     from .presets import close_names
 
-    return close_names(name, sorted(_SCHEDULER_CLASSES))
+    return close_names(name, sorted(SCHEDULER_CLASSES))
 
 
 def scheduler_from_dict(config: Dict[str, Any]) -> VARAccelScheduler:
     """Rebuild a scheduler from ``to_dict()`` output (``_class_name`` + settings)."""
     name = config.get("_class_name")
-    if name not in _SCHEDULER_CLASSES:
+    if name not in SCHEDULER_CLASSES:
         raise ValueError(
-            f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(_SCHEDULER_CLASSES)}"
+            f"unknown acceleration scheduler {name!r}{_close_class_names(str(name))}; known: {sorted(SCHEDULER_CLASSES)}"
         )
-    cls = _SCHEDULER_CLASSES[name]
+    cls = SCHEDULER_CLASSES[name]
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
     cls._check_overrides(settings)
     return cls(**settings)

@@ -62,7 +62,7 @@ def load_acceleration(
             f"({', '.join(available_presets())}) or a config folder/JSON file"
         )
     overrides = {}
-    for item in _split_top_level(overrides_text):
+    for item in split_top_level(overrides_text):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"override {item!r} in {spec!r} is not key=value")
@@ -193,7 +193,7 @@ def _preset_family(name: str) -> Optional[str]:
     return load_preset_config(name).get("model_family")
 
 
-def _split_top_level(text: str) -> List[str]:
+def split_top_level(text: str) -> List[str]:
     """Split ``a=1,b=[1,2]`` on the commas outside brackets."""
     parts, depth, current = [], 0, ""
     for ch in text:
@@ -215,7 +215,7 @@ def split_acceleration_specs(text: str) -> List[str]:
     before its ``=``) continues the previous spec.
     """
     specs: List[str] = []
-    for part in (p.strip() for p in _split_top_level(text)):
+    for part in (p.strip() for p in split_top_level(text)):
         if not part:
             continue
         head = part.split("=", 1)[0]

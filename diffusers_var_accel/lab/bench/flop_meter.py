@@ -211,21 +211,21 @@ class FamilyFlops:
     conventions: bool = False
 
 
-def _family_flops() -> Dict[str, FamilyFlops]:
+def family_flops() -> Dict[str, FamilyFlops]:
     """``{family name: FamilyFlops}`` of the registered families that declare one, in registration order."""
     return {family.name: family.flop_breakdown_spec() for family in lab_families() if family.flop_breakdown}
 
 
 def flops_of_model(model_name: str) -> FamilyFlops:
     """The :class:`FamilyFlops` whose family has the named model, or a ``ValueError`` listing the known models."""
-    for spec in _family_flops().values():
+    for spec in family_flops().values():
         if model_name in spec.models:
             return spec
-    raise ValueError(f"unknown model {model_name!r}; choose one of {_model_choices()}")
+    raise ValueError(f"unknown model {model_name!r}; choose one of {model_choices()}")
 
 
-def _model_choices() -> List[str]:
-    return [m for spec in _family_flops().values() for m in sorted(spec.models)]
+def model_choices() -> List[str]:
+    return [m for spec in family_flops().values() for m in sorted(spec.models)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -261,12 +261,12 @@ def meter_steps(steps: Any, step_parts: Mapping[str, str], meter: FlopMeter) -> 
 
 
 def _family_of(transformer) -> FamilyFlops:
-    for spec in _family_flops().values():
+    for spec in family_flops().values():
         if isinstance(transformer, spec.transformer_class):
             return spec
     raise ValueError(
         f"{type(transformer).__name__} is the transformer of no registered family's FLOP breakdown; "
-        f"known: {[spec.transformer_class.__name__ for spec in _family_flops().values()]}"
+        f"known: {[spec.transformer_class.__name__ for spec in family_flops().values()]}"
     )
 
 

@@ -59,7 +59,7 @@ from diffusers_var_accel.lab.bench.flop_meter import (  # noqa: F401  (the meter
     meter_steps,
     sublayer_flops,
 )
-from diffusers_var_accel.lab.bench.flop_meter import _family_flops, _model_choices
+from diffusers_var_accel.lab.bench.flop_meter import family_flops, model_choices
 from diffusers_var_accel.schedulers.registry import method_names
 from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
@@ -69,12 +69,12 @@ def _help(specs: Sequence[FamilyFlops], key: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    specs = _family_flops()
+    specs = family_flops()
     titles = {name: lab_family(name).title or name for name in specs}
     parser = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=lab_family(next(iter(specs))).preset_model, choices=_model_choices())
+    parser.add_argument("--model", default=lab_family(next(iter(specs))).preset_model, choices=model_choices())
     size_help = _help(list(specs.values()), "size")
     parser.add_argument("--height", type=int, default=None, help=f"image height ({size_help})")
     parser.add_argument("--width", type=int, default=None, help=f"image width ({size_help})")

@@ -246,12 +246,12 @@ def _as_tensor(image_HWC: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(image_HWC)).permute(2, 0, 1).unsqueeze(0).float().div(255.0)
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON without NaN / Infinity: ``inf`` becomes the string ``"inf"``, NaN ``null``; numpy scalars become Python."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, (np.floating, float)):
         value = float(value)
         if math.isnan(value):
@@ -822,7 +822,7 @@ def _write_bench(
     )
 
     out_dir = plan.out_dir
-    write_text_atomic(out_dir / "results.json", json.dumps(_json_safe(results), indent=2, allow_nan=False))
+    write_text_atomic(out_dir / "results.json", json.dumps(json_safe(results), indent=2, allow_nan=False))
     write_text_atomic(out_dir / "results.md", format_markdown(results))
     plot_speedup_vs_fidelity(results, out_dir / "speedup_vs_fidelity.png")
     plot_scale_breakdown(results, out_dir / "scale_breakdown.png")

@@ -165,6 +165,7 @@ class HARTScaleFamily(ScaleModelFamily):
         )
         return x_BLC, self.rope_cos_sin(scale_indices, condition)
 
+    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityScaleFamily.run_blocks
     def run_blocks(self, hidden_RLC, condition, context: VARForwardContext):
         return self.transformer(hidden_RLC, condition, context)
 
@@ -198,6 +199,7 @@ class HARTScaleFamily(ScaleModelFamily):
     def add_codes(self, f_hat, codes, scale_index):
         return self.vae.add_scale_codes(f_hat, codes, scale_index, self.num_scales, self.final_hw)
 
+    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityScaleFamily.select_rows with Infinity->HART
     def select_rows(self, condition: HARTCondition, rows: slice) -> HARTCondition:
         return condition.select_rows(rows)
 
@@ -392,6 +394,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         check_loaded_pipeline(pipe, path, passed=list(kwargs))
         return pipe
 
+    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityPipeline.save_pretrained
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """``DiffusionPipeline.save_pretrained``, so that a process killed while saving leaves no half-written file
         (a temporary sibling folder, then renames; ``model_index.json`` last) and the same save again completes."""
