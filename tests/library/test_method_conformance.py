@@ -9,7 +9,7 @@ schedules, the 0.06M budget) and a tiny random HART (the first 10 scales of HART
   token by a continuous score, on the scales before it acts), and each image of a batch is independent of the
   others bit for bit;
 * no state is carried across calls: two identical calls give identical images, and the scheduler holds no tensor;
-* every supported aspect ratio of the family runs;
+* one size of each aspect class of the family (square, the tallest, the widest) runs;
 * a scheduler configured for the other family is refused with an error naming both families;
 * bad settings raise ``ValueError`` naming the setting and the bad value.
 
@@ -26,6 +26,7 @@ import torch
 
 from diffusers_var_accel import (
     HART_CONFIGS,
+    IdentityScheduler,
     VARAccelScheduler,
     schedule_for_size,
     supported_sizes,
@@ -106,6 +107,50 @@ def test_json_round_trip(method, family, tmp_path):
     assert loaded.plan_scales(schedule) == scheduler.plan_scales(schedule)
     with pytest.raises(ValueError, match="no setting"):
         METHODS[method].from_pretrained(tmp_path, not_a_setting=1)
+    with pytest.raises(ValueError, match="model_family must be one of"):
+        METHODS[method].from_pretrained(tmp_path, model_family="sd")  # an override is checked as a setting
+    with pytest.raises(ValueError, match=METHODS[method].__name__):  # another class's folder, named
+        IdentityScheduler.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("method, family", CASES)
+def test_every_setting_of_the_grid_round_trips_and_overrides_on_load(method, family, tmp_path):
+    """Settings other than the preset's (the method's calibration grid: tuples, negative scale indices, strings)
+    survive the JSON round trip, and an override given to ``from_pretrained`` (by the class or by the generic base)
+    replaces the stored value."""
+    schedule = [(1, h, h) for h in HART_PATCH_NUMS] if family == "hart" else schedule_for_size(*INFINITY_SIZES[0])[0]
+    grid = METHODS[method].calibration_grid(6)
+    assert grid, method
+    for i, settings in enumerate(grid):
+        folder = tmp_path / str(i)
+        scheduler = METHODS[method](**settings)
+        scheduler.save_pretrained(folder)
+        loaded = METHODS[method].from_pretrained(folder)
+        assert type(loaded) is METHODS[method] and loaded.to_dict() == scheduler.to_dict() == as_json(
+            scheduler.to_dict()
+        )
+        try:
+            plans = scheduler.plan_scales(schedule)
+        except ValueError:  # a grid setting the short tiny schedule cannot take is refused by both alike
+            with pytest.raises(ValueError):
+                loaded.plan_scales(schedule)
+        else:
+            assert loaded.plan_scales(schedule) == plans
+    # an override on load: a value of the grid, different from the first setting's, that the first setting takes
+    first, folder = grid[0], tmp_path / "0"
+    candidates = [(k, g[k]) for g in grid[1:] for k in g if k in first and as_json(g[k]) != as_json(first[k])]
+    taken = []
+    for name, value in candidates:
+        try:
+            taken.append((name, value, METHODS[method](**{**first, name: value}).to_dict()))
+        except ValueError:  # a setting that needs others changed with it
+            continue
+    assert taken, f"{method}: no single setting of its grid can be overridden"
+    name, value, expected = taken[0]
+    for cls in (METHODS[method], VARAccelScheduler):
+        overridden = cls.from_pretrained(folder, **{name: value})
+        assert type(overridden) is METHODS[method] and overridden.to_dict() == expected
+        assert as_json(overridden.to_dict()[name]) == as_json(value)
 
 
 @pytest.mark.parametrize("method, family", CASES)
@@ -291,7 +336,20 @@ def test_no_state_is_carried_across_calls(method, family, pipes):
                 assert not isinstance(value, torch.Tensor), f"{type(module).__name__}.{name}"
 
 
-ASPECT_CASES = [(method, family, size) for method, family in CASES for size in sizes(family)]
+def aspect_class_sizes(family):
+    """One size per aspect class of the family's supported sizes: square, the tallest and the widest (the extremes,
+    where a method's per-scale token counts are least like the square schedule's). Every template runs the baseline
+    in test_pipeline_infinity.py."""
+    if family != "infinity":
+        return [None]
+    square = [hw for hw in INFINITY_SIZES if hw[0] == hw[1]]
+    return square[:1] + [
+        max(INFINITY_SIZES, key=lambda hw: hw[0] / hw[1]),
+        min(INFINITY_SIZES, key=lambda hw: hw[0] / hw[1]),
+    ]
+
+
+ASPECT_CASES = [(method, family, size) for method, family in CASES for size in aspect_class_sizes(family)]
 
 
 @pytest.mark.parametrize(
@@ -299,7 +357,7 @@ ASPECT_CASES = [(method, family, size) for method, family in CASES for size in s
     ASPECT_CASES,
     ids=[f"{m}-{f}-{'x'.join(map(str, s)) if s else 'default'}" for m, f, s in ASPECT_CASES],
 )
-def test_every_supported_aspect_ratio_runs(method, family, size, pipes):
+def test_every_aspect_class_runs(method, family, size, pipes):
     pipe = pipes(family)
     out = images(pipe, family, preset(method, family), size=size)
     assert torch.isfinite(out).all()

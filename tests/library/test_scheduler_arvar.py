@@ -181,25 +181,6 @@ def test_settings_that_do_not_fit_the_schedule_raise(kwargs, num_scales, message
         ARVARScheduler(**kwargs).plan_scales([(1, 1, 1)] * num_scales)
 
 
-def test_json_round_trip_with_overrides(tmp_path):
-    scheduler = ARVARScheduler(
-        branch_halving_scales=(-3, -2),
-        pruned_scales=(-2, -1),
-        prune_ratios=(0.5, 0.6),
-        pruned_layers=(0, 1),
-        upsample_mode="area",
-    )
-    scheduler.save_pretrained(tmp_path)
-    loaded = ARVARScheduler.from_pretrained(tmp_path)
-    assert type(loaded) is ARVARScheduler and loaded.to_dict() == scheduler.to_dict()
-    assert loaded.plan_scales(SCHEDULE) == scheduler.plan_scales(SCHEDULE)
-    assert list(VARAccelScheduler.from_pretrained(tmp_path, prune_ratios=(0.9, 0.1)).config.prune_ratios) == [0.9, 0.1]
-    with pytest.raises(ValueError, match="no setting"):
-        ARVARScheduler.from_pretrained(tmp_path, prune_ratio=0.5)
-    with pytest.raises(ValueError, match="one per scale"):
-        ARVARScheduler.from_pretrained(tmp_path, prune_ratios=(0.5, 0.5, 0.5))
-
-
 def test_presets():
     infinity = ARVARScheduler.from_preset("infinity")
     # the constructor's defaults are the paper's Infinity setting; the default family is None (fits every family)

@@ -389,20 +389,6 @@ def test_composition(pipe):
 # ---------------------------------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------------------------------
-def test_json_round_trip_with_overrides(tmp_path):
-    scheduler = DepthVARScheduler(
-        reference_scale=7, start_scale=-5, rotation_step=0.1, min_depth=2, code_blending=False
-    )
-    scheduler.save_pretrained(tmp_path)
-    loaded = DepthVARScheduler.from_pretrained(tmp_path)
-    assert type(loaded) is DepthVARScheduler and loaded.to_dict() == scheduler.to_dict()
-    assert VARAccelScheduler.from_pretrained(tmp_path, reference_scale=9).config.reference_scale == 9
-    with pytest.raises(ValueError, match="no setting"):
-        DepthVARScheduler.from_pretrained(tmp_path, R=9)
-    with pytest.raises(ValueError, match="rotation_step"):
-        DepthVARScheduler.from_pretrained(tmp_path, rotation_step=1.0)
-
-
 def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
     # the preset is the class's defaults for the family: R = 9 and no rotation (decided from the paper's worked

@@ -16,8 +16,6 @@ import torch.nn.functional as F
 
 from diffusers_var_accel import (
     FastVARScheduler,
-    IdentityScheduler,
-    VARAccelScheduler,
     schedule_for_size,
     supported_sizes,
 )
@@ -315,18 +313,6 @@ def test_presets():
     assert FastVARScheduler.from_preset("infinity", prune_ratios=(0.3, 0.3)).config.prune_ratios == [0.3, 0.3]
     with pytest.raises(ValueError, match="no setting"):
         FastVARScheduler.from_preset("infinity", ratio=0.3)
-
-
-def test_json_round_trip(tmp_path):
-    scheduler = FastVARScheduler.from_preset("infinity", skip_last_scales=False)
-    scheduler.save_pretrained(tmp_path)
-    assert FastVARScheduler.from_pretrained(tmp_path).to_dict() == scheduler.to_dict()
-    generic = VARAccelScheduler.from_pretrained(tmp_path)
-    assert isinstance(generic, FastVARScheduler) and generic.to_dict() == scheduler.to_dict()
-    overridden = FastVARScheduler.from_pretrained(tmp_path, prune_ratios=[0.2, 0.3])
-    assert overridden.config.prune_ratios == [0.2, 0.3] and overridden.config.skip_last_scales is False
-    with pytest.raises(ValueError):
-        IdentityScheduler.from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -225,24 +225,6 @@ def test_groups_that_do_not_fit_the_schedule_raise(group, num_scales, message):
         scheduler.plan_scales([(1, 1, 1)] * num_scales)
 
 
-def test_json_round_trip_with_overrides(tmp_path):
-    scheduler = LazyVARScheduler(group_scales=(-3, -2, -1), keep_ratios=(0.3, 0.2, 0.1), cumulative_index="count")
-    scheduler.save_pretrained(tmp_path)
-    loaded = LazyVARScheduler.from_pretrained(tmp_path)
-    assert type(loaded) is LazyVARScheduler and loaded.config.cumulative_index == "count"
-    assert list(loaded.config.keep_ratios) == [0.3, 0.2, 0.1] and list(loaded.config.group_scales) == [-3, -2, -1]
-    assert loaded.plan_scales(SCHEDULE) == scheduler.plan_scales(SCHEDULE)
-    assert list(VARAccelScheduler.from_pretrained(tmp_path, keep_ratios=(0.5, 0.5, 0.5)).config.keep_ratios) == [
-        0.5,
-        0.5,
-        0.5,
-    ]
-    with pytest.raises(ValueError, match="no setting"):
-        LazyVARScheduler.from_pretrained(tmp_path, keep_ratio=0.5)
-    with pytest.raises(ValueError, match="one keep ratio per scale"):
-        LazyVARScheduler.from_pretrained(tmp_path, keep_ratios=(0.5,))
-
-
 def test_presets():
     infinity = LazyVARScheduler.from_preset("infinity")
     # the constructor's defaults are the paper's Infinity setting; the default family is None (fits every family)
