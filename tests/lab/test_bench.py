@@ -434,3 +434,30 @@ def test_the_benchmark_takes_a_composition_by_name():
     check_methods(["baseline", "lazyvar+arvar"])
     with pytest.raises(ValueError, match="unknown method 'lazyvar\\+nope'"):
         check_methods(["lazyvar+nope"])
+
+
+def test_run_bench_takes_a_settings_object_and_refuses_an_unknown_setting(embedded_pipe, tmp_path):
+    from diffusers_var_accel.lab.bench import BenchSettings
+
+    settings = BenchSettings(
+        num_prompts=1, methods="baseline", repeats=1, warmup=0, output_dir=tmp_path / "a", progress=False
+    )
+    off = dict(fid_feature_extractor=None, lpips_fn=None)
+    by_object = run_bench(settings, pipe=embedded_pipe, save_images=False, verbose=False, **off)
+    by_keywords = run_bench(
+        pipe=embedded_pipe,
+        num_prompts=1,
+        methods="baseline",
+        repeats=1,
+        warmup=0,
+        output_dir=tmp_path / "b",
+        progress=False,
+        save_images=False,
+        verbose=False,
+        **off,
+    )
+    timed = lambda run: [{**i, "methods": {m: v["sha256"] for m, v in i["methods"].items()}} for i in run["items"]]  # noqa: E731
+    assert timed(by_object) == timed(by_keywords)  # the same items and images; only the timings differ
+    assert settings.save_images is True  # an override replaces a copy's field, not the caller's object
+    with pytest.raises(TypeError, match=r"unknown settings \['num_promts'\]; allowed: \['model'"):
+        run_bench(pipe=embedded_pipe, num_promts=1)

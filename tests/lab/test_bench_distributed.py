@@ -6,21 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ARGS = [
-    "bench",
-    "--num-prompts",
-    "3",
-    "--seeds",
-    "0",
-    "--methods",
-    "baseline,lazyvar",
-    "--repeats",
-    "1",
-    "--warmup",
-    "0",
-    "--no-progress",
-    "--no-images",
-]
+ARGS = "bench --num-prompts 3 --seeds 0 --methods baseline,lazyvar --repeats 1 --warmup 0 --no-progress --no-images".split()
 
 
 def _run(command, tmp_path: Path, name: str) -> dict:
@@ -36,16 +22,7 @@ def _run(command, tmp_path: Path, name: str) -> dict:
 def test_two_processes_give_the_same_items_as_one(tmp_path):
     single = _run([sys.executable, "-m", "diffusers_var_accel"], tmp_path, "one")
     double = _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "diffusers_var_accel",
-        ],
+        [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2 -m diffusers_var_accel".split()],
         tmp_path,
         "two",
     )

@@ -71,25 +71,7 @@ def test_time_budget_stops_new_blocks(tmp_path, capsys):
     assert (
         main(
             [
-                "--models",
-                "tiny",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline",
-                "--batch-sizes",
-                "1,2",
-                "--modes",
-                "eager",
-                "--repeats",
-                "1",
-                "--warmup",
-                "0",
-                "--max-seconds",
-                "0",
-                "--json",
+                *"--models tiny --device cpu --size 256 --methods baseline --batch-sizes 1,2 --modes eager --repeats 1 --warmup 0 --max-seconds 0 --json".split(),
                 str(out),
             ]
         )
@@ -164,24 +146,7 @@ def test_graph_rows_and_official_sampling_use_the_pipeline_switches(tmp_path, mo
     assert (
         main(
             [
-                "--models",
-                "tiny",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline",
-                "--batch-sizes",
-                "1",
-                "--repeats",
-                "1",
-                "--warmup",
-                "0",
-                "--graph-warmup",
-                "0",
-                "--no-flops",
-                "--json",
+                *"--models tiny --device cpu --size 256 --methods baseline --batch-sizes 1 --repeats 1 --warmup 0 --graph-warmup 0 --no-flops --json".split(),
                 str(out),
             ]
         )
@@ -224,24 +189,7 @@ def test_an_interrupt_keeps_and_prints_what_was_measured(tmp_path, monkeypatch, 
     assert (
         main(
             [
-                "--models",
-                "tiny",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline",
-                "--batch-sizes",
-                "1,2",
-                "--repeats",
-                "1",
-                "--warmup",
-                "0",
-                "--graph-warmup",
-                "0",
-                "--no-flops",
-                "--json",
+                *"--models tiny --device cpu --size 256 --methods baseline --batch-sizes 1,2 --repeats 1 --warmup 0 --graph-warmup 0 --no-flops --json".split(),
                 str(out),
             ]
         )
@@ -275,24 +223,7 @@ def test_a_failing_row_keeps_the_others(tmp_path, monkeypatch, capsys):
     assert (
         main(
             [
-                "--models",
-                "tiny",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline,lazyvar",
-                "--batch-sizes",
-                "1",
-                "--modes",
-                "eager",
-                "--repeats",
-                "2",
-                "--warmup",
-                "1",
-                "--no-flops",
-                "--json",
+                *"--models tiny --device cpu --size 256 --methods baseline,lazyvar --batch-sizes 1 --modes eager --repeats 2 --warmup 1 --no-flops --json".split(),
                 str(out),
             ]
         )
@@ -324,22 +255,7 @@ def test_an_interrupt_inside_a_block_keeps_its_finished_rounds(tmp_path, monkeyp
     assert (
         main(
             [
-                "--models",
-                "tiny",
-                "--device",
-                "cpu",
-                "--size",
-                "256",
-                "--methods",
-                "baseline,lazyvar",
-                "--batch-sizes",
-                "1",
-                "--repeats",
-                "3",
-                "--warmup",
-                "0",
-                "--no-flops",
-                "--json",
+                *"--models tiny --device cpu --size 256 --methods baseline,lazyvar --batch-sizes 1 --repeats 3 --warmup 0 --no-flops --json".split(),
                 str(out),
             ]
         )

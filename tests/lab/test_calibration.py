@@ -176,20 +176,9 @@ def test_the_command_writes_the_files(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(
         [
-            "calibrate",
-            "--model",
-            "embedded",
-            "--method",
-            "lazyvar",
-            "--target-flops-ratio",
-            "1.5",
-            "--grid",
+            *"calibrate --model embedded --method lazyvar --target-flops-ratio 1.5 --grid".split(),
             str(grid),
-            "--num-prompts",
-            "1",
-            "--timing-repeats",
-            "1",
-            "--output",
+            *"--num-prompts 1 --timing-repeats 1 --output".split(),
             str(out),
             "--no-progress",
         ]
@@ -202,18 +191,9 @@ def test_the_command_writes_the_files(tmp_path, capsys):
     # an unreachable budget: exit 2, one line, and calibration.json still says what was tried
     rc = main(
         [
-            "calibrate",
-            "--method",
-            "lazyvar",
-            "--target-flops-ratio",
-            "40",
-            "--grid",
+            *"calibrate --method lazyvar --target-flops-ratio 40 --grid".split(),
             str(grid),
-            "--num-prompts",
-            "1",
-            "--timing-repeats",
-            "1",
-            "--output",
+            *"--num-prompts 1 --timing-repeats 1 --output".split(),
             str(tmp_path / "none"),
             "--no-progress",
         ]

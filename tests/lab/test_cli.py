@@ -50,9 +50,7 @@ def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, caps
                 "a red fox",
                 "--model",
                 str(tmp_path / "hart"),
-                "--tau",
-                "0.5",
-                "--output",
+                *"--tau 0.5 --output".split(),
                 str(tmp_path / "o2"),
             ]
         )
@@ -66,9 +64,7 @@ def test_generate_with_a_saved_hart_folder_and_hart_option_errors(tmp_path, caps
                 "a red fox",
                 "--model",
                 str(tmp_path / "hart"),
-                "--height",
-                "128",
-                "--output",
+                *"--height 128 --output".split(),
                 str(tmp_path / "o3"),
             ]
         )

@@ -66,14 +66,9 @@ def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_di
     assert (
         main(
             [
-                "generate",
-                "--prompts-file",
+                *"generate --prompts-file".split(),
                 str(prompts_file),
-                "--seed",
-                "5",
-                "--accel",
-                "lazyvar",
-                "--output",
+                *"--seed 5 --accel lazyvar --output".split(),
                 str(preset_out),
             ]
         )
@@ -94,12 +89,9 @@ def test_generate_accel_preset_and_json_file(tmp_path, prompts_file, baseline_di
     assert (
         main(
             [
-                "generate",
-                "--prompts-file",
+                *"generate --prompts-file".split(),
                 str(prompts_file),
-                "--seed",
-                "5",
-                "--accel",
+                *"--seed 5 --accel".split(),
                 str(json_file),
                 "--output",
                 str(json_out),
@@ -195,9 +187,7 @@ def test_convert_infinity_official_fixture(tmp_path, capsys):
     assert (
         main(
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(FIXTURES / "infinity" / "infinity_tiny.pth"),
                 "--vae",
                 str(FIXTURES / "infinity" / "vae_tiny.pth"),
@@ -217,9 +207,7 @@ def test_convert_infinity_official_fixture(tmp_path, capsys):
     assert (
         main(
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(FIXTURES / "infinity" / "infinity_tiny.pth"),
                 "--vae",
                 str(FIXTURES / "infinity" / "vae_tiny.pth"),
@@ -237,9 +225,7 @@ def test_convert_infinity_errors_say_what_to_do(tmp_path, capsys):
     assert (
         main(
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(tmp_path / "nope.pth"),
                 "--vae",
                 str(FIXTURES / "infinity" / "vae_tiny.pth"),
@@ -255,9 +241,7 @@ def test_convert_infinity_errors_say_what_to_do(tmp_path, capsys):
     assert (
         main(
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(FIXTURES / "infinity" / "vae_tiny.pth"),
                 "--vae",
                 str(FIXTURES / "infinity" / "infinity_tiny.pth"),
@@ -270,20 +254,7 @@ def test_convert_infinity_errors_say_what_to_do(tmp_path, capsys):
     assert "error:" in capsys.readouterr().err
     assert not (tmp_path / "o" / "model_index.json").exists()
     assert (
-        main(
-            [
-                "convert",
-                "infinity",
-                "--transformer",
-                "a.pth",
-                "--vae",
-                "b.pth",
-                "--tokenizer",
-                "t",
-                "--output",
-                str(tmp_path / "o"),
-            ]
-        )
+        main([*"convert infinity --transformer a.pth --vae b.pth --tokenizer t --output".split(), str(tmp_path / "o")])
         == 2
     )
     assert "--tokenizer needs --text-encoder" in capsys.readouterr().err
@@ -362,9 +333,7 @@ def test_cli_converts_the_sharded_folder(tmp_path, capsys):
     assert (
         main(
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(INFINITY8B_FIXTURE_DIR / SHARDED),
                 "--vae",
                 str(INFINITY8B_FIXTURE_DIR / "vae_tiny.pth"),

@@ -203,24 +203,14 @@ def test_dash_o_is_output_in_every_command(argv):
     "argv, expected",
     [
         (
-            [
-                "convert",
-                "infinity",
-                "--transformer",
-                "missing.pth",
-                "--vae",
-                str(FIXTURES / "infinity" / "vae_tiny.pth"),
-            ],
+            [*"convert infinity --transformer missing.pth --vae".split(), str(FIXTURES / "infinity" / "vae_tiny.pth")],
             ["--transformer missing.pth", "no such file"],
         ),
         (
             [
-                "convert",
-                "infinity",
-                "--transformer",
+                *"convert infinity --transformer".split(),
                 str(FIXTURES / "infinity" / "infinity_tiny.pth"),
-                "--vae",
-                "nope.pth",
+                *"--vae nope.pth".split(),
             ],
             ["--vae nope.pth", "no such file"],
         ),

@@ -111,15 +111,7 @@ def test_tiny_model_records_the_pipeline_defaults_and_the_overrides(tmp_path):
     assert (
         main(
             [
-                "generate",
-                "x",
-                "--model",
-                "tiny",
-                "--top-k",
-                "5",
-                "--accel",
-                "lazyvar:keep_ratios=[0.5,0.4,0.3,0.2]",
-                "-o",
+                *"generate x --model tiny --top-k 5 --accel lazyvar:keep_ratios=[0.5,0.4,0.3,0.2] -o".split(),
                 str(tmp_path),
                 "--no-progress",
             ]

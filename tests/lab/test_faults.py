@@ -122,18 +122,9 @@ def test_calibrate_killed_while_writing_its_record_then_run_again(tmp_path):
     grid.write_text(json.dumps([{"group_scales": [-2, -1], "keep_ratios": [0.2, 0.1]}]))
     out = tmp_path / "cal"
     argv = [
-        "calibrate",
-        "--method",
-        "lazyvar",
-        "--target-flops-ratio",
-        "1.2",
-        "--num-prompts",
-        "1",
-        "--grid",
+        *"calibrate --method lazyvar --target-flops-ratio 1.2 --num-prompts 1 --grid".split(),
         grid,
-        "--timing-repeats",
-        "1",
-        "-o",
+        *"--timing-repeats 1 -o".split(),
         out,
         "--no-progress",
     ]
@@ -190,9 +181,7 @@ def test_convert_killed_while_saving_then_run_again(tmp_path):
 
     out = tmp_path / "converted"
     argv = [
-        "convert",
-        "infinity",
-        "--transformer",
+        *"convert infinity --transformer".split(),
         FIXTURE_DIR / "infinity_tiny.pth",
         "--vae",
         FIXTURE_DIR / "vae_tiny.pth",

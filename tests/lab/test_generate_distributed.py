@@ -31,13 +31,7 @@ def test_two_processes_give_the_same_images_as_one_and_resume(tmp_path):
     single = [sys.executable, "-m", "diffusers_var_accel"]
     double = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "diffusers_var_accel",
+        *"-m torch.distributed.run --standalone --nproc_per_node 2 -m diffusers_var_accel".split(),
     ]
     three, four = tmp_path / "three.txt", tmp_path / "four.txt"
     three.write_text("\n".join(PROMPTS[:3]) + "\n")

@@ -182,17 +182,7 @@ def test_count_launches_records_and_table(small_infinity):
 
 
 def test_cli_prints_the_table_and_the_json(capsys):
-    argv = [
-        "launches",
-        "--models",
-        "infinity-2b",
-        "--methods",
-        "baseline,fastvar:pruned_layers=null",
-        "--depth",
-        "2",
-        "--size",
-        "256",
-    ]
+    argv = "launches --models infinity-2b --methods baseline,fastvar:pruned_layers=null --depth 2 --size 256".split()
     assert cli_main(argv + ["--syncs", "--per-scale", "--block-ops"]) == 0
     out = capsys.readouterr().out
     assert "kernels per block): " in out

@@ -272,12 +272,7 @@ def test_the_script(infinity_folder, tmp_path, capsys):
                 str(infinity_folder),
                 "--results",
                 str(results),
-                "--repo-id",
-                "my-org/inf",
-                "--license",
-                "apache-2.0",
-                "--tag",
-                "shapes",
+                *"--repo-id my-org/inf --license apache-2.0 --tag shapes".split(),
             ]
         )
         == 0

@@ -93,20 +93,7 @@ def test_self_correction_replaces_bits_from_the_given_scale_and_requantises_the_
 
 def test_world_options_map_the_scene_flags(train):
     args = train.parse_args(
-        [
-            "--lattice",
-            "16",
-            "--object-sizes",
-            "0.375,0.375,0.375,0.375",
-            "--layout",
-            "canonical",
-            "--unnamed-color",
-            "blue",
-            "--background",
-            "black",
-            "--category-weights",
-            "position=3,colors=0.5",
-        ]
+        "--lattice 16 --object-sizes 0.375,0.375,0.375,0.375 --layout canonical --unnamed-color blue --background black --category-weights position=3,colors=0.5".split()
     )
     assert train.world_options(args) == {
         "lattice": 1 / 16,
@@ -142,44 +129,7 @@ def test_tiny_run_writes_a_pipeline_that_loads_and_generates(train, tmp_path, on
     args = [
         "--output",
         str(output),
-        "--num-images",
-        "48",
-        "--vae-steps",
-        "2",
-        "--vae-base-ch",
-        "32",
-        "--vae-ch-mult",
-        "1,1,1",
-        "--steps",
-        "2",
-        "--depth",
-        "2",
-        "--embed-dim",
-        "32",
-        "--num-heads",
-        "2",
-        "--codebook-dim",
-        "8",
-        "--text-dim",
-        "16",
-        "--batch-size",
-        "4",
-        "--vae-batch-size",
-        "4",
-        "--self-correction",
-        "0.5",
-        "--decoder-steps",
-        "2",
-        "--log-every",
-        "1",
-        "--lattice",
-        "16",
-        "--eval-prompts",
-        "2",
-        "--eval-every",
-        "1",
-        "--eval-settings",
-        "2:0.5:0",
+        *"--num-images 48 --vae-steps 2 --vae-base-ch 32 --vae-ch-mult 1,1,1 --steps 2 --depth 2 --embed-dim 32 --num-heads 2 --codebook-dim 8 --text-dim 16 --batch-size 4 --vae-batch-size 4 --self-correction 0.5 --decoder-steps 2 --log-every 1 --lattice 16 --eval-prompts 2 --eval-every 1 --eval-settings 2:0.5:0".split(),
     ]
     assert train.main(args) == 0
     log = capsys.readouterr().out
