@@ -362,7 +362,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from diffusers_var_accel.lab.bench import finish_distributed, run_bench
+    from diffusers_var_accel.lab.bench import BenchSettings, finish_distributed, run_bench
     from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
     for method in split_acceleration_specs(args.methods):
@@ -381,7 +381,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     }
     try:
         with _user_errors("", args.debug):
-            run_bench(
+            settings = BenchSettings(
                 model=args.model,
                 prompts=args.prompts,
                 num_prompts=args.num_prompts,
@@ -399,6 +399,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 save_images=not args.no_images,
                 progress=args.progress,
             )
+            run_bench(settings)
     finally:
         finish_distributed()
     return 0

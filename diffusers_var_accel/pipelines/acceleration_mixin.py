@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 
 import torch
 
-from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, get_method, method_names
+from ..schedulers.registry import COMPOSE_SEPARATOR, add_registry_listener, method_names
 from ..schedulers.scheduling_var_base import VARAccelScheduler
 from ..schedulers.specs import build_acceleration, method_preset
 

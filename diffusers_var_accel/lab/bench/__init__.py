@@ -17,6 +17,7 @@ from diffusers_var_accel.lab.metrics import (
 from diffusers_var_accel.lab.bench.prompts import GENEVAL_METADATA_PATH, BenchPrompt, PromptSet, load_prompt_set
 from diffusers_var_accel.lab.bench.runner import (
     DEFAULT_METHODS,
+    BenchSettings,
     finish_distributed,
     load_bench_pipeline,
     parse_methods,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_METHODS",
     "GENEVAL_METADATA_PATH",
     "BenchPrompt",
+    "BenchSettings",
     "MetricUnavailable",
     "PromptSet",
     "fid_star",

@@ -41,7 +41,7 @@ import platform
 import re
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -327,32 +327,11 @@ def process_share(state, items: Sequence[Any]) -> List[Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 # the benchmark
 # ---------------------------------------------------------------------------------------------------------------------
-def run_bench(
-    model: Optional[str] = None,
-    prompts: str = "shapes",
-    num_prompts: Optional[int] = None,
-    seeds: Union[str, int, Sequence[int]] = (0,),
-    methods: Optional[Union[str, Sequence[str]]] = None,
-    repeats: int = 3,
-    warmup: int = 1,
-    batch_size: int = 1,
-    output_dir: Union[str, Path] = "bench_outputs",
-    device: Optional[str] = None,
-    dtype: str = "float32",
-    height: Optional[int] = None,
-    width: Optional[int] = None,
-    sampling: Optional[Dict[str, Any]] = None,
-    save_images: bool = True,
-    progress: bool = True,
-    pipe=None,
-    fid_feature_extractor: Union[str, Callable[[torch.Tensor], torch.Tensor], None] = USE_STANDARD_NETWORK,
-    lpips_fn: Union[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], None] = USE_STANDARD_NETWORK,
-    verbose: bool = True,
-) -> Optional[Dict[str, Any]]:
-    """Run the benchmark (see the module docstring) and write its files; returns the results on the main process
-    (also in ``results.json``) and ``None`` on the other processes of a distributed run.
+@dataclass(frozen=True)
+class BenchSettings:
+    """What one benchmark run measures (the arguments of ``var-accel bench``); :func:`run_bench` checks them.
 
-    Args:
+    Attributes:
         model (`str`, *optional*): ``None`` / ``"embedded"`` (default), a family's tiny model (``"tiny"``), a pipeline folder or
             a Hub id (:func:`load_bench_pipeline`). Ignored when ``pipe`` is given.
         prompts (`str`, *optional*, defaults to `"shapes"`): ``"shapes"``, ``"geneval"`` or a prompt file
@@ -375,6 +354,41 @@ def run_bench(
             the embedded model's ``EMBEDDED_SAMPLING`` (embedded model) or the pipeline's defaults.
         save_images (`bool`, *optional*, defaults to `True`): write every method's images.
         progress (`bool`, *optional*, defaults to `True`): a progress bar on the main process.
+        verbose (`bool`, *optional*, defaults to `True`): print the table and the output paths (main process).
+    """
+
+    model: Optional[str] = None
+    prompts: str = "shapes"
+    num_prompts: Optional[int] = None
+    seeds: Union[str, int, Sequence[int]] = (0,)
+    methods: Optional[Union[str, Sequence[str]]] = None
+    repeats: int = 3
+    warmup: int = 1
+    batch_size: int = 1
+    output_dir: Union[str, Path] = "bench_outputs"
+    device: Optional[str] = None
+    dtype: str = "float32"
+    height: Optional[int] = None
+    width: Optional[int] = None
+    sampling: Optional[Dict[str, Any]] = None
+    save_images: bool = True
+    progress: bool = True
+    verbose: bool = True
+
+
+def run_bench(
+    settings: Optional[BenchSettings] = None,
+    *,
+    pipe=None,
+    fid_feature_extractor: Union[str, Callable[[torch.Tensor], torch.Tensor], None] = USE_STANDARD_NETWORK,
+    lpips_fn: Union[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], None] = USE_STANDARD_NETWORK,
+    **setting_overrides: Any,
+) -> Optional[Dict[str, Any]]:
+    """Run the benchmark (see the module docstring) and write its files; returns the results on the main process
+    (also in ``results.json``) and ``None`` on the other processes of a distributed run.
+
+    Args:
+        settings (`BenchSettings`, *optional*): what to measure (default: ``BenchSettings()``).
         pipe (*optional*): an already loaded pipeline.
         fid_feature_extractor (`str` or `Callable`, *optional*): ``"standard"`` (default: the standard FID network
             when its weights are on this machine), a callable (``(B, 3, H, W)`` in [0, 1] -> ``(B, D)`` features),
@@ -382,37 +396,29 @@ def run_bench(
         lpips_fn (`str` or `Callable`, *optional*): ``"standard"`` (default: the standard LPIPS network when its
             weights are on this machine), a callable (``(images, references)`` -> ``(B,)`` distances), or ``None``
             to skip LPIPS.
-        verbose (`bool`, *optional*, defaults to `True`): print the table and the output paths (main process).
+        **setting_overrides: fields of :class:`BenchSettings` replacing ``settings``' (``run_bench(num_prompts=1,
+            methods="baseline,lazyvar")``); an unknown name raises a ``TypeError``.
 
     Raises:
         ValueError / FileNotFoundError: bad prompts, seeds, methods, numbers or model, naming the bad value.
+        TypeError: a keyword that is no field of :class:`BenchSettings`.
     """
-    plan = _plan_bench(
-        model,
-        prompts,
-        num_prompts,
-        seeds,
-        methods,
-        repeats,
-        warmup,
-        batch_size,
-        output_dir,
-        device,
-        dtype,
-        height,
-        width,
-        sampling,
-        save_images,
-        progress,
-        pipe,
-    )
+    settings = settings if settings is not None else BenchSettings()
+    unknown = sorted(set(setting_overrides) - {f.name for f in fields(BenchSettings)})
+    if unknown:
+        allowed = [f.name for f in fields(BenchSettings)]
+        raise TypeError(
+            f"run_bench() got unknown settings {unknown}; allowed: {allowed} and pipe, fid_feature_extractor, lpips_fn"
+        )
+    settings = replace(settings, **setting_overrides)
+    plan = _plan_bench(settings, pipe)
     networks = _metric_networks(plan, fid_feature_extractor, lpips_fn)
     run = _run_bench(plan, networks)
     gathered = _gather_runs(plan, run)
     if gathered is None:  # a process other than the main one: its records went to the main process
         return None
     results = _aggregate_bench(plan, networks, run, *gathered)
-    _write_bench(plan, networks, run, results, verbose)
+    _write_bench(plan, networks, run, results, settings.verbose)
     return results
 
 
@@ -458,26 +464,23 @@ class _BenchPlan:
         return (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
-def _plan_bench(
-    model,
-    prompts,
-    num_prompts,
-    seeds,
-    methods,
-    repeats,
-    warmup,
-    batch_size,
-    output_dir,
-    device,
-    dtype,
-    height,
-    width,
-    sampling,
-    save_images,
-    progress,
-    pipe,
-) -> _BenchPlan:
+def _plan_bench(settings: BenchSettings, pipe) -> _BenchPlan:
     """1. the inputs, checked; 2. processes, device, pipeline, schedulers; this process's share of the work items."""
+    model, prompts, num_prompts, seeds, methods = (
+        settings.model,
+        settings.prompts,
+        settings.num_prompts,
+        settings.seeds,
+        settings.methods,
+    )
+    repeats, warmup, batch_size, device, dtype = (
+        settings.repeats,
+        settings.warmup,
+        settings.batch_size,
+        settings.device,
+        settings.dtype,
+    )
+    height, width, sampling = settings.height, settings.width, settings.sampling
     for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -528,13 +531,13 @@ def _plan_bench(
         items=items,
         mine=mine,
         batches=[mine[i : i + batch_size] for i in range(0, len(mine), batch_size)],
-        out_dir=Path(output_dir),
+        out_dir=Path(settings.output_dir),
         repeats=repeats,
         warmup=warmup,
         batch_size=batch_size,
         dtype=dtype,
-        save_images=save_images,
-        progress=progress,
+        save_images=settings.save_images,
+        progress=settings.progress,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from diffusers.image_processor import VaeImageProcessor
@@ -311,6 +311,28 @@ class HARTScaleFamily(ScaleModelFamily):
         return head.sample(z, guidance=guidance, generator=generator).reshape(B, L, -1)
 
 
+class HARTTextInputs(NamedTuple):
+    """A call's text inputs as given to :meth:`HARTPipeline.__call__` (checked together by ``check_inputs``)."""
+
+    prompt: Union[str, List[str], None] = None
+    negative_prompt: Union[str, List[str], None] = None
+    prompt_embeds: Optional[torch.Tensor] = None
+    negative_prompt_embeds: Optional[torch.Tensor] = None
+    prompt_position_ids: Optional[torch.Tensor] = None
+    negative_prompt_position_ids: Optional[torch.Tensor] = None
+
+
+class HARTSampling(NamedTuple):
+    """A call's sampling arguments as given to :meth:`HARTPipeline.__call__` (checked by ``check_inputs``, compared
+    with a calibration's)."""
+
+    guidance_scale: float
+    cfg_list: Optional[Sequence[float]]
+    top_k: int
+    top_p: Optional[float]
+    more_smooth: bool
+
+
 class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
     r"""Text-to-image generation with HART (arXiv:2410.10812).
 
@@ -501,26 +523,21 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(
         self,
-        prompt,
-        height,
-        width,
-        prompt_embeds,
-        prompt_position_ids,
-        negative_prompt,
-        negative_prompt_embeds,
-        guidance_scale,
-        cfg_list,
-        top_k,
-        top_p,
-        callback_on_step_end_tensor_inputs,
-        negative_prompt_position_ids=None,
+        text: "HARTTextInputs",
+        sampling: "HARTSampling",
+        height: int,
+        width: int,
         num_images_per_prompt=1,
         generator=None,
         diffusion_generator=None,
         output_type="pil",
+        callback_on_step_end_tensor_inputs=None,
     ):
         """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
         argument, its value and what is allowed."""
+        prompt, negative_prompt, prompt_embeds, negative_prompt_embeds = text[:4]
+        prompt_position_ids, negative_prompt_position_ids = text[4:]
+        guidance_scale, cfg_list, top_k, top_p, _ = sampling
         size = self.default_size
         if (height, width) != (size, size):
             raise ValueError(
@@ -678,24 +695,21 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         """
         size = self.default_size
         height, width = resolve_size(height, width, (size, size))
+        sampling = HARTSampling(guidance_scale, cfg_list, top_k, top_p, more_smooth)
+        text = HARTTextInputs(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds)
+        text = text._replace(
+            prompt_position_ids=prompt_position_ids, negative_prompt_position_ids=negative_prompt_position_ids
+        )
         self.check_inputs(
-            prompt,
+            text,
+            sampling,
             height,
             width,
-            prompt_embeds,
-            prompt_position_ids,
-            negative_prompt,
-            negative_prompt_embeds,
-            guidance_scale,
-            cfg_list,
-            top_k,
-            top_p,
-            callback_on_step_end_tensor_inputs,
-            negative_prompt_position_ids,
             num_images_per_prompt,
             generator,
             diffusion_generator,
             output_type,
+            callback_on_step_end_tensor_inputs,
         )
         patch_nums = tuple(self.transformer.config.patch_nums)
         num_scales = len(patch_nums)
@@ -707,10 +721,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         self._guidance_scale = weights if cfg_list is not None else float(guidance_scale)
         self._num_timesteps, self._interrupt = num_scales, False
         scheduler = self._acceleration_for_call(acceleration)
-        self._warn_if_sampling_differs_from_calibration(
-            scheduler,
-            dict(guidance_scale=guidance_scale, cfg_list=cfg_list, top_k=top_k, top_p=top_p, more_smooth=more_smooth),
-        )
+        self._warn_if_sampling_differs_from_calibration(scheduler, sampling._asdict())
         device = self._execution_device
 
         # 1. Text conditioning: conditional rows, then unconditional rows when any scale is guided

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -333,6 +333,30 @@ def check_token_layout(transformer: InfinityTransformer, vae: InfinityBSQVAE) ->
     return patch
 
 
+class InfinityTextInputs(NamedTuple):
+    """A call's text inputs as given to :meth:`InfinityPipeline.__call__` (checked together by ``check_inputs``)."""
+
+    prompt: Union[str, List[str], None] = None
+    negative_prompt: Union[str, List[str], None] = None
+    prompt_embeds: Optional[torch.Tensor] = None
+    negative_prompt_embeds: Optional[torch.Tensor] = None
+    prompt_attention_mask: Optional[torch.Tensor] = None
+    negative_prompt_attention_mask: Optional[torch.Tensor] = None
+    max_sequence_length: Optional[int] = None
+
+
+class InfinitySampling(NamedTuple):
+    """A call's sampling arguments as given to :meth:`InfinityPipeline.__call__` (checked by ``check_inputs``,
+    compared with a calibration's)."""
+
+    guidance_scale: float
+    cfg_list: Optional[Sequence[float]]
+    tau: float
+    tau_list: Optional[Sequence[float]]
+    top_k: int
+    top_p: Optional[float]
+
+
 class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
     r"""Text-to-image generation with Infinity (arXiv:2412.04431).
 
@@ -513,29 +537,21 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     # 2. checks ---------------------------------------------------------------------------------------------------
     def check_inputs(
         self,
-        prompt,
-        height,
-        width,
-        prompt_embeds,
-        prompt_attention_mask,
-        negative_prompt,
-        negative_prompt_embeds,
-        guidance_scale,
-        cfg_list,
-        tau,
-        tau_list,
-        top_k,
-        top_p,
-        num_scales,
-        callback_on_step_end_tensor_inputs,
-        negative_prompt_attention_mask=None,
+        text: "InfinityTextInputs",
+        sampling: "InfinitySampling",
+        height: int,
+        width: int,
+        num_scales: int,
         num_images_per_prompt=1,
         generator=None,
         output_type="pil",
-        max_sequence_length=None,
+        callback_on_step_end_tensor_inputs=None,
     ):
         """Raise a ``ValueError`` (``InputTypeError``, also a ``TypeError``, for a wrong type) naming the first bad
         argument, its value and what is allowed."""
+        prompt, negative_prompt, prompt_embeds, negative_prompt_embeds = text[:4]
+        prompt_attention_mask, negative_prompt_attention_mask, max_sequence_length = text[4:]
+        guidance_scale, cfg_list, tau, tau_list, top_k, top_p = sampling
         if (prompt is None) == (prompt_embeds is None):
             raise ValueError("pass exactly one of prompt or prompt_embeds")
         check_prompt_argument("prompt", prompt)
@@ -672,27 +688,23 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         height, width = resolve_size(height, width, self.default_size)
         scale_schedule, grid_hw = self.scale_schedule_for(height, width)
         num_scales = len(scale_schedule)
+        sampling = InfinitySampling(guidance_scale, cfg_list, tau, tau_list, top_k, top_p)
+        text = InfinityTextInputs(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds)
+        text = text._replace(
+            prompt_attention_mask=prompt_attention_mask,
+            negative_prompt_attention_mask=negative_prompt_attention_mask,
+            max_sequence_length=max_sequence_length,
+        )
         self.check_inputs(
-            prompt,
+            text,
+            sampling,
             height,
             width,
-            prompt_embeds,
-            prompt_attention_mask,
-            negative_prompt,
-            negative_prompt_embeds,
-            guidance_scale,
-            cfg_list,
-            tau,
-            tau_list,
-            top_k,
-            top_p,
             num_scales,
-            callback_on_step_end_tensor_inputs,
-            negative_prompt_attention_mask,
             num_images_per_prompt,
             generator,
             output_type,
-            max_sequence_length,
+            callback_on_step_end_tensor_inputs,
         )
         cfg = [float(c) for c in cfg_list] if cfg_list is not None else [float(guidance_scale)] * num_scales
         taus = [float(t) for t in tau_list] if tau_list is not None else [float(tau)] * num_scales
@@ -703,12 +715,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
             self, num_scales, lambda g, n: [g] * n, no_guidance=get_model_family(self.model_family).no_guidance
         )
         scheduler = self._acceleration_for_call(acceleration)
-        self._warn_if_sampling_differs_from_calibration(
-            scheduler,
-            dict(
-                guidance_scale=guidance_scale, cfg_list=cfg_list, tau=tau, tau_list=tau_list, top_k=top_k, top_p=top_p
-            ),
-        )
+        self._warn_if_sampling_differs_from_calibration(scheduler, sampling._asdict())
         device = self._execution_device
 
         # 2. Text conditioning: conditional rows, then unconditional rows when any scale is guided
