@@ -30,6 +30,9 @@ extras = {
     # ipywidgets: tqdm's notebook progress bars (without it every notebook run warns "IProgress not found")
     "test": [
         "pytest>=8",
+        # the README's test command runs two workers (one per core) and stops a hung test instead of the whole run
+        "pytest-xdist>=3",
+        "pytest-timeout>=2",
         "tokenizers>=0.20",
         "sentencepiece>=0.2",
         "nbclient>=0.10",

@@ -6,6 +6,7 @@ the repository checks (style, docs site) sit here. The shared helpers (``registr
 ``fixture_utils``) live in this folder and every test module imports them by name.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,10 @@ for _folder in (Path(__file__).parent, Path(__file__).parent / "library", Path(_
 import huggingface_hub.constants  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the README's command runs two workers on two cores: one intra-op thread each, as more only oversubscribe them
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

@@ -460,7 +460,7 @@ def test_bench_flops_names_no_family_in_its_code():
     """Docstrings may name the families as examples; code (names, strings) may not."""
     import ast
 
-    source = (REPO / "diffusers_var_accel" / "bench" / "flops.py").read_text(encoding="utf-8")
+    source = (REPO / "diffusers_var_accel" / "lab" / "bench" / "flops.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
     docstrings = {
         id(node.body[0].value)

@@ -47,6 +47,20 @@ def test_a_known_sync_is_counted_with_its_source_line():
     assert ".tolist()" in by_kind and by_kind[".tolist()"]["count"] == 1
 
 
+def test_half_precision_products_count_as_one_kernel_and_round_as_the_cpu_kernel_would():
+    """The counter widens a bf16 product on a CPU to float32 (a CPU without bf16 instructions runs it ~200x slower):
+    the count is the op as called, the value the float32 product rounded once, in the caller's dtype."""
+    a, b = torch.randn(5, 7).bfloat16(), torch.randn(7, 3).bfloat16()
+    image, weight = torch.randn(1, 2, 6, 6).bfloat16(), torch.randn(4, 2, 3, 3).bfloat16()
+    with LaunchCounter() as counter:
+        product = a @ b
+        convolved = torch.nn.functional.conv2d(image, weight, padding=1)
+    assert counter.total().kernels == 2 and dict(counter.kernel_names) == {"mm": 1, "convolution": 1}
+    assert product.dtype == convolved.dtype == torch.bfloat16
+    assert torch.equal(product, (a.float() @ b.float()).bfloat16())
+    assert torch.equal(convolved, torch.nn.functional.conv2d(image.float(), weight.float(), padding=1).bfloat16())
+
+
 def test_views_and_allocations_are_ops_but_not_kernels():
     x = torch.randn(4, 6)
     with LaunchCounter() as counter:
@@ -143,12 +157,12 @@ def test_a_sync_in_the_loop_is_counted_and_one_in_the_text_stage_is_not(small_in
     passes = len(after["per_scale"])
     depth = len(pipe.transformer.blocks)
     assert after["syncs"] == before["syncs"] + passes * depth
-    # the source is the innermost frame inside the package: here the line that calls the block
+    # the source is the innermost frame inside the package: here the transformer's line that calls the block
     added = [
         s for s in after["sync_sources"] if s["kind"] == "_local_scalar_dense" and s not in before["sync_sources"]
     ]
     assert sum(s["count"] for s in added) == passes * depth
-    assert all(s["where"].startswith("diffusers_var_accel/next_scale/") for s in added)
+    assert all(s["where"].startswith("diffusers_var_accel/models/transformer_infinity.py:") for s in added), added
 
     null_text_embeds, calls = pipe.transformer.null_text_embeds, []
 

@@ -34,6 +34,10 @@ the positions a later pass reads).
 moved; or ``.to("cpu")`` written with a device variable) is not an op there and is not seen; nor are the kernels a
 CUDA backend adds or fuses (cuDNN / cuBLAS may launch more than one kernel for an op, SDPA picks another kernel).
 
+**Half precision on a CPU.** The counter computes half-precision matrix products and convolutions on a CPU in
+float32 and rounds the result to the caller's dtype (the CPU kernels accumulate in float32 too): a CPU without
+bfloat16 instructions runs a bf16 matmul ~200x slower than a float32 one. The op is counted as called, before it runs.
+
 **Window.** By default one warm-up call of the same size, batch and method runs first and the second call is
 counted (the steady state; the first call's syncs are reported too, as ``first_call_syncs``). Only the generation
 proper is counted: from the moment ``transformer.encode_condition`` returns (the
@@ -184,7 +188,34 @@ class _DispatchCounter(TorchDispatchMode):
                 owner.record_sync(f"upload ({name})", 1)
             elif syncs:
                 owner.record_sync(name, syncs)
+        if func.overloadpacket in _WIDENED_OPS and _half_on_cpu(args):
+            return _widened(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+#: The products and convolutions the counter computes in float32 when their half-precision inputs are on a CPU. What
+#: is counted is the op as called (one kernel, before this runs); only its arithmetic is widened, as the CPU kernels
+#: of these ops accumulate in float32 and round once anyway. Why: a CPU without native bfloat16 instructions (AVX2
+#: only) runs a bfloat16 matmul about 200x slower than a float32 one, so counting a bf16 generation would take
+#: minutes per call there, for the same count.
+_WIDENED_OPS = {
+    torch.ops.aten.mm,
+    torch.ops.aten.addmm,
+    torch.ops.aten.bmm,
+    torch.ops.aten.baddbmm,
+    torch.ops.aten.convolution,
+}
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _half_on_cpu(args) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.dtype in _HALF and a.device.type == "cpu" for a in args)
+
+
+def _widened(func, args, kwargs):
+    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _HALF)
+    wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args]
+    return func(*wide, **kwargs).to(dtype)
 
 
 class _FunctionCounter(TorchFunctionMode):
