@@ -60,6 +60,12 @@ CAPTURE_MODES = ("cuda", "trace")
 _OUTPUT_FIELDS = frozenset({"kv_cache", "records", "attention_maps", "pass_cache", "call_cache", "decisions"})
 
 
+def run_family_blocks(family, hidden_RLC: torch.Tensor, condition, context) -> torch.Tensor:
+    """The transformer blocks of one pass: what a pass runner runs in place of the loop's ``family.run_blocks``
+    call (``torch.compile(run_family_blocks)`` for compiled passes; captured once per pass for graphs)."""
+    return family.run_blocks(hidden_RLC, condition, context)
+
+
 class PassCaptureError(RuntimeError):
     """A pass (or decode) could not be captured; the message names the pass, its scales and the original cause."""
 
@@ -393,8 +399,6 @@ class PassGraphs:
         return workspace.cache
 
     def __call__(self, family, hidden_RLC: torch.Tensor, condition, context) -> torch.Tensor:
-        from .loop import run_family_blocks
-
         refuse_drawing_passes(context, "enable_cuda_graphs()")
         workspace = self._current
         if workspace is None or context.kv_cache is not workspace.cache:
@@ -658,8 +662,6 @@ class CompiledPassRunner:
     def __call__(self, family, hidden_RLC, condition, context):
         import torch._dynamo
 
-        from .loop import run_family_blocks
-
         refuse_drawing_passes(context, "compile_passes()")
         context.static_pass = True  # nothing in a compiled pass may read the device on the host
         cache = context.kv_cache
@@ -715,8 +717,6 @@ class PassRunners:
 
     def compile(self, transformer, backend, fullgraph: bool, mode: Optional[str], options: Dict[str, Any]) -> None:
         """Compile every pass with ``torch.compile`` (one static graph per pass)."""
-        from .loop import run_family_blocks
-
         if not self._limits_raised:
             self.reset(transformer)  # captured graphs and compiled regions (if any) are dropped
             raise_graph_cache_limits()

@@ -67,7 +67,7 @@ def run_next_scale_loop(
         on_scale_end: called after every scale with its index and the state (progress bar, user callbacks).
         should_stop: polled between passes; when it returns True the loop ends early (interrupt).
         pass_runner: runs the blocks of one pass, ``pass_runner(family, hidden_RLC, condition, context)``, instead of
-            ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`run_family_blocks`,
+            ``family.run_blocks(hidden_RLC, condition, context)`` (a compiled version of :func:`~.graphs.run_family_blocks`,
             or :class:`~.graphs.PassGraphs`). A runner with a ``kv_cache(key, num_layers, max_length, rows)`` method
             provides the call's KV cache (one per schedule, batch, rows, family, plan and scheduler configuration,
             reused across calls).
@@ -176,13 +176,6 @@ def scheduler_key(scheduler) -> Hashable:
         return None
     key = getattr(scheduler, "workspace_key", None)
     return key if key is not None else ("object", type(scheduler).__qualname__, id(scheduler))
-
-
-def run_family_blocks(
-    family: ScaleModelFamily, hidden_RLC: torch.Tensor, condition, context: VARForwardContext
-) -> torch.Tensor:
-    """The transformer blocks of one pass (what a compiled pass runs: ``torch.compile(run_family_blocks)``)."""
-    return family.run_blocks(hidden_RLC, condition, context)
 
 
 def _run_pass(

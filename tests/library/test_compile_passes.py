@@ -160,7 +160,7 @@ def test_a_pass_skipped_by_cuda_graph_trees_warns_once_and_is_counted(pipelines)
     (simulated on the CPU: the compiled pass reports a skip the way inductor does)."""
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
-    from diffusers_var_accel.next_scale.loop import run_family_blocks
+    from diffusers_var_accel.next_scale.graphs import run_family_blocks
     from diffusers_var_accel.next_scale.graphs import CompiledPassRunner
 
     pipe, kwargs = pipelines["hart"]

@@ -25,7 +25,7 @@ import torch
 from diffusers_var_accel import ComposedScheduler, IdentityScheduler, ScalePlan, VARAccelScheduler
 from diffusers_var_accel.families import get_model_family, model_family_names
 from diffusers_var_accel.next_scale import ScaleModelFamily
-from diffusers_var_accel.next_scale.loop import run_family_blocks
+from diffusers_var_accel.next_scale.graphs import run_family_blocks
 from diffusers_var_accel.schedulers.registry import METHODS
 
 import toy_family

@@ -276,11 +276,11 @@ def test_a_planted_host_read_inside_a_pass_fails_the_capture_naming_op_and_line(
     naming the op, the planted line and the pass, instead of being traced in with the first call's value."""
     import inspect
 
-    from diffusers_var_accel.next_scale import loop
+    from diffusers_var_accel.next_scale import graphs
     from diffusers_var_accel.next_scale.graphs import PassCaptureError
 
     pipe, family = pipes("infinity"), "infinity"
-    original = loop.run_family_blocks
+    original = graphs.run_family_blocks
 
     def planted(family_, hidden, condition, context):
         out = original(family_, hidden, condition, context)
@@ -289,7 +289,7 @@ def test_a_planted_host_read_inside_a_pass_fails_the_capture_naming_op_and_line(
         return out
 
     line = inspect.getsourcelines(planted)[1] + 2
-    monkeypatch.setattr(loop, "run_family_blocks", planted)
+    monkeypatch.setattr(graphs, "run_family_blocks", planted)
     images(pipe, family)  # eagerly the planted read is allowed
     pipe.enable_cuda_graphs(capture="trace")
     try:

@@ -696,9 +696,13 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         size = self.default_size
         height, width = resolve_size(height, width, (size, size))
         sampling = HARTSampling(guidance_scale, cfg_list, top_k, top_p, more_smooth)
-        text = HARTTextInputs(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds)
-        text = text._replace(
-            prompt_position_ids=prompt_position_ids, negative_prompt_position_ids=negative_prompt_position_ids
+        text = HARTTextInputs(
+            prompt,
+            negative_prompt,
+            prompt_embeds,
+            negative_prompt_embeds,
+            prompt_position_ids,
+            negative_prompt_position_ids,
         )
         self.check_inputs(
             text,

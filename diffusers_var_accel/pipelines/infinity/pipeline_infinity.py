@@ -689,11 +689,14 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         scale_schedule, grid_hw = self.scale_schedule_for(height, width)
         num_scales = len(scale_schedule)
         sampling = InfinitySampling(guidance_scale, cfg_list, tau, tau_list, top_k, top_p)
-        text = InfinityTextInputs(prompt, negative_prompt, prompt_embeds, negative_prompt_embeds)
-        text = text._replace(
-            prompt_attention_mask=prompt_attention_mask,
-            negative_prompt_attention_mask=negative_prompt_attention_mask,
-            max_sequence_length=max_sequence_length,
+        text = InfinityTextInputs(
+            prompt,
+            negative_prompt,
+            prompt_embeds,
+            negative_prompt_embeds,
+            prompt_attention_mask,
+            negative_prompt_attention_mask,
+            max_sequence_length,
         )
         self.check_inputs(
             text,
