@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import pickle
+import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -328,14 +329,71 @@ def check_folder_files(folder: Union[str, os.PathLike]) -> None:
                 json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointFileError(f"{path} is not valid JSON (truncated or corrupted?): {err}") from None
+    _check_shard_indexes(folder)
     for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
         check_checkpoint_file(path)
+    if os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        _check_tokenizer_files(folder)
     for pattern in ("*.bin", "*.pth", "*.pt", "*.ckpt"):
         for path in sorted(glob.glob(os.path.join(folder, pattern))):
             if os.path.getsize(path) == 0:
                 raise CheckpointFileError(
                     f"{path} is empty (0 bytes): the download or the copy of this file did not finish"
                 )
+
+
+#: A shard of a sharded checkpoint: ``<stem>-00001-of-00003.<ext>`` (diffusers' and transformers' naming).
+_SHARD_NAME = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
+
+
+def _check_shard_indexes(folder: str) -> None:
+    """Every shard an index (``*.index.json``) names is there, and shards are never there without their index (the
+    libraries would report a missing single weights file instead)."""
+    indexed = set()
+    for index_path in sorted(glob.glob(os.path.join(folder, "*.index.json"))):
+        with open(index_path, encoding="utf-8") as f:
+            index = json.load(f)  # valid JSON: checked before
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointFileError(f"{index_path} is not a shard index: it has no weight_map of tensor -> file")
+        for shard in sorted(set(weight_map.values())):
+            indexed.add(shard)
+            if not os.path.isfile(os.path.join(folder, shard)):
+                raise FileNotFoundError(
+                    f"{os.path.join(folder, shard)} is missing: {index_path} names it as a shard of the weights"
+                )
+    for path in sorted(glob.glob(os.path.join(folder, "*-of-*.*"))):
+        match = _SHARD_NAME.match(os.path.basename(path))
+        if match and os.path.basename(path) not in indexed:
+            expected = os.path.join(folder, f"{match['stem']}.{match['ext']}.index.json")
+            raise FileNotFoundError(
+                f"{expected} is missing: {path} is a shard of sharded weights, which cannot load without their index"
+            )
+
+
+#: Files a transformers tokenizer folder can build its tokenizer from when it has no ``tokenizer.json``.
+_SLOW_TOKENIZER_FILES = ("*.model", "vocab.json", "vocab.txt", "*.tiktoken")
+
+
+def _check_tokenizer_files(folder: str) -> None:
+    """A tokenizer folder (``tokenizer_config.json``) holds a readable ``tokenizer.json``, or the vocabulary files a
+    slow tokenizer reads; else transformers fails with a message that names no file."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        if not any(glob.glob(os.path.join(folder, pattern)) for pattern in _SLOW_TOKENIZER_FILES):
+            raise FileNotFoundError(
+                f"{path} is missing: the tokenizer folder holds neither it nor a vocabulary file "
+                f"({', '.join(_SLOW_TOKENIZER_FILES)})"
+            )
+        return
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - transformers' tokenizers need it
+        return
+    try:
+        Tokenizer.from_file(path)
+    except Exception as err:  # noqa: BLE001 - the Rust library raises a bare Exception
+        raise CheckpointFileError(f"{path} is not a readable tokenizer file (truncated or corrupted?): {err}") from None
 
 
 def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -> None:
@@ -347,7 +405,6 @@ def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -
     Raises:
         ValueError: listing the missing and unexpected keys, naming the files.
     """
-    import re
 
     from safetensors import safe_open
 

@@ -2,7 +2,8 @@
 
 Saved pipeline folders (extra, missing and mis-shaped weight keys, a config that disagrees with its weights, empty
 and truncated weights files, invalid JSON, a ``model_index.json`` naming a class that does not exist), official
-checkpoint files (truncated or empty ``.pth`` and safetensors), scheduler configurations (unknown class, unknown
+checkpoint files (truncated or empty ``.pth`` and safetensors), a non-UTF-8 ``model_index.json``, a missing shard or shard
+index, a missing or corrupt tokenizer file, a safetensors header that lies about sizes, scheduler configurations (unknown class, unknown
 key), string dtypes, and names close to packaged ones (a suggestion is made).
 """
 
@@ -215,6 +216,77 @@ def test_folder_with_only_model_index(infinity_copy, tmp_path):
     with pytest.raises(FileNotFoundError, match="folders are missing") as info:
         InfinityPipeline.from_pretrained(only)
     assert "transformer" in str(info.value) and "vae" in str(info.value)
+
+
+def test_model_index_that_is_not_utf8(infinity_copy):
+    path = infinity_copy / "model_index.json"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF  # one flipped byte: no longer UTF-8
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointFileError, match="not valid JSON") as info:
+        InfinityPipeline.from_pretrained(infinity_copy)
+    assert str(path) in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def sharded_infinity(tmp_path_factory):
+    """A saved pipeline whose transformer and text encoder are sharded (each with its index)."""
+    folder = tmp_path_factory.mktemp("sharded") / "pipe"
+    build_tiny_infinity_pipeline(seed=0).save_pretrained(folder, max_shard_size="60KB")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "component, index", [("transformer", f"{WEIGHTS}.index.json"), ("text_encoder", "model.safetensors.index.json")]
+)
+def test_a_shard_index_or_a_shard_that_is_missing(sharded_infinity, tmp_path, component, index):
+    folder = Path(shutil.copytree(sharded_infinity, tmp_path / "copy"))
+    InfinityPipeline.from_pretrained(folder)  # whole, it loads
+    index_path = folder / component / index
+    shard = folder / component / sorted(set(json.loads(index_path.read_text())["weight_map"].values()))[-1]
+    shard.rename(shard.with_name("moved"))
+    with pytest.raises(FileNotFoundError, match="is missing") as info:
+        InfinityPipeline.from_pretrained(folder)
+    assert str(shard) in str(info.value) and str(index_path) in str(info.value)
+    shard.with_name("moved").rename(shard)
+    index_path.unlink()  # the shards are there, their index is not
+    with pytest.raises(FileNotFoundError, match="is missing") as info:
+        InfinityPipeline.from_pretrained(folder)
+    assert str(index_path) in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "not a tokenizer"])
+def test_a_tokenizer_file_that_is_missing_or_corrupt(infinity_copy, damage):
+    path = infinity_copy / "tokenizer" / "tokenizer.json"
+    if damage == "deleted":
+        path.unlink()
+    else:
+        path.write_text(json.dumps({"version": "1.0", "model": {"type": "NoSuchModel"}}))  # valid JSON, no tokenizer
+    with pytest.raises((FileNotFoundError, CheckpointFileError)) as info:
+        InfinityPipeline.from_pretrained(infinity_copy)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("lie", ["offsets past the data", "a shape larger than its bytes"])
+def test_a_safetensors_header_that_lies_about_sizes(infinity_copy, lie):
+    import struct
+
+    path = infinity_copy / "vae" / WEIGHTS
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    if lie == "offsets past the data":
+        start, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = [start, end + len(data)]
+    else:
+        header[name]["shape"] = [d * 2 for d in header[name]["shape"]]
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length :])
+    with pytest.raises(CheckpointFileError, match="not a readable safetensors file") as info:
+        InfinityPipeline.from_pretrained(infinity_copy)
+    assert str(path) in str(info.value)
 
 
 def test_hart_folder_with_an_extra_key(saved_hart, tmp_path):
