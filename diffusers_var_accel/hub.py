@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Union
 
 
 from .families import MODEL_FAMILIES
+from .files import resolve_interrupted_replace, write_text_atomic
 from .schedulers.presets import (
     available_presets,
     preset_folder,
@@ -60,17 +61,21 @@ _SHIM_LINE = (
 # model_index.json and the shim
 # ---------------------------------------------------------------------------------------------------------------------
 def read_index(folder: PathLike) -> Dict[str, Any]:
+    resolve_interrupted_replace(folder)  # a save killed while swapping the folder in: the earlier or the new, whole
     path = Path(folder) / "model_index.json"
     if not path.is_file():
         raise ValueError(
             f"{folder} has no model_index.json: save a pipeline there first (pipe.save_pretrained) or "
             "convert official checkpoints (scripts/convert_*_original.py)"
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON (truncated or corrupted?): {err}") from None
 
 
 def write_index(folder: PathLike, index: Dict[str, Any]) -> None:
-    (Path(folder) / "model_index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(Path(folder) / "model_index.json", json.dumps(index, indent=2) + "\n")
 
 
 def pipeline_class(folder: PathLike):
@@ -175,7 +180,7 @@ def write_hub_shim(folder: PathLike, overwrite: bool = False) -> Path:
     source = hub_shim_source(cls.__name__)
     if shim.is_file() and shim.read_text(encoding="utf-8") != source and not overwrite:
         raise ValueError(f"{shim} exists and is not the diffusers_var_accel shim; pass overwrite=True to replace it")
-    shim.write_text(source, encoding="utf-8")
+    write_text_atomic(shim, source)
     index = read_index(folder)
     index["_class_name"] = [HUB_SHIM_MODULE, cls.__name__]
     write_index(folder, index)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
 from ..families import MODEL_FAMILIES
@@ -34,7 +34,9 @@ def prepare_pipeline_loading(
     * a local folder's ``model_index.json`` must be valid JSON and name ``cls`` (with or without the Hub shim): a
       class that does not exist or another pipeline's class is an error naming it and the allowed ones; every
       component folder it lists must exist, with valid JSON files and readable safetensors files (an error names the
-      file), so that no library fails later with a message that names no file.
+      file), so that no library fails later with a message that names no file;
+    * what a ``save_pretrained`` killed while swapping the folder in left beside it is settled first (the earlier
+      pipeline or the new one, whole: :func:`~diffusers_var_accel.files.resolve_interrupted_replace`).
     """
     from ..models.checkpoint_utils import CheckpointFileError, check_folder_files, resolve_torch_dtype
 
@@ -64,6 +66,10 @@ def prepare_pipeline_loading(
                 f"{path!r} is not a folder, a Hub repo id ('org/name') or a packaged model name{hint}; "
                 f"packaged: {sorted(packaged)}"
             )
+    if isinstance(path, (str, os.PathLike)):
+        from ..files import resolve_interrupted_replace
+
+        resolve_interrupted_replace(path)  # a save killed while swapping folders: the earlier or the new, whole
     if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
         index_file = os.path.join(os.fspath(path), "model_index.json")
         if not os.path.isfile(index_file):
@@ -133,19 +139,50 @@ def no_nested_progress_bars():
             transformers_logging.enable_progress_bar()
 
 
-def save_pipeline_folder(pipe, save_directory, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-    """``DiffusionPipeline.save_pretrained(save_directory, *args, **kwargs)`` written into a temporary sibling folder
-    and moved into place entry by entry, ``model_index.json`` last (:func:`~diffusers_var_accel.files.
-    save_folder_atomically`): a process killed while saving leaves no half-written file, and the same save again
-    completes. With ``push_to_hub`` diffusers' own saving runs unchanged (it uploads from the folder it wrote)."""
+#: What ``var-accel convert`` leaves in a folder it finished: the command's sources and settings (hidden), so that
+#: the same command again knows the folder as its own output. A later ``save_pretrained`` into the folder drops it.
+CONVERSION_RECORD = ".var-accel-conversion.json"
+
+
+def saved_pipeline_entries(folder) -> List[str]:
+    """The entries of a saved pipeline folder that belong to the pipeline saved there: ``model_index.json``, the
+    component folders it lists, and the conversion record. A new save replaces all of them (other entries, e.g. a
+    README, stay)."""
+    entries = ["model_index.json", CONVERSION_RECORD]
+    try:
+        with open(os.path.join(os.fspath(folder), "model_index.json"), encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        return entries
+    if isinstance(index, dict):
+        entries += [k for k in index if isinstance(k, str) and not k.startswith("_")]
+    return entries
+
+
+def save_pipeline_folder(
+    pipe, save_directory, args: Tuple[Any, ...], kwargs: Dict[str, Any], finish: Optional[Callable[[Any], None]] = None
+) -> None:
+    """``DiffusionPipeline.save_pretrained(save_directory, *args, **kwargs)``, all or nothing: the whole pipeline is
+    written into a temporary sibling folder and swapped in by two renames (:func:`~diffusers_var_accel.files.
+    replace_folder`), so a process killed at any point leaves the earlier pipeline or the new one, never a mix of two
+    saves and never neither; a save into a new folder that is killed leaves no folder there. Entries of the earlier
+    folder that are not part of its pipeline (a README, the Hub shim's ``pipeline.py``) stay, as with diffusers.
+    ``finish(tmp)`` runs on the written folder before the swap (e.g. the Hub shim). With ``push_to_hub`` diffusers'
+    own saving runs unchanged (it uploads from the folder it wrote)."""
     from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 
-    from ..files import save_folder_atomically
+    from ..files import replace_folder
 
     if kwargs.get("push_to_hub"):
         DiffusionPipeline.save_pretrained(pipe, save_directory, *args, **kwargs)
         return
-    save_folder_atomically(save_directory, lambda tmp: DiffusionPipeline.save_pretrained(pipe, tmp, *args, **kwargs))
+
+    def write(tmp):
+        DiffusionPipeline.save_pretrained(pipe, tmp, *args, **kwargs)
+        if finish is not None:
+            finish(tmp)
+
+    replace_folder(save_directory, write, owned=saved_pipeline_entries)
 
 
 def check_loaded_pipeline(pipe, path, passed: Sequence[str] = ()) -> None:
