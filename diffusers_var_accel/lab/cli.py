@@ -21,7 +21,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from diffusers_var_accel.lab.families import lab_families, lab_family
 from diffusers_var_accel.lab.generate_job import SAMPLING_KEYS
@@ -513,7 +513,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             )
             return 2
     output = check_output_folder(args.output)
+    from diffusers_var_accel.files import resolve_interrupted_replace
+
+    resolve_interrupted_replace(output)  # what a killed earlier conversion left beside the folder
+    record = _conversion_record(args)
     if (output / "model_index.json").is_file() and not args.overwrite:
+        if _read_conversion_record(output) == record:
+            print(f"{output} already holds this conversion (same sources and settings): nothing to do")
+            return 0
         print(
             f"error: --output {output} already holds a pipeline (model_index.json); pass --overwrite or another folder",
             file=sys.stderr,
@@ -531,17 +538,48 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             raise
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 1
-    _make_output_folder(output)
-    pipe.save_pretrained(output, safe_serialization=True)
-    if args.hub_shim:
-        from diffusers_var_accel.hub import write_hub_shim
+    from diffusers_var_accel.files import write_text_atomic
+    from diffusers_var_accel.pipelines.pipeline_loading import CONVERSION_RECORD, save_pipeline_folder
 
-        write_hub_shim(output)
+    def finish(folder: Path) -> None:
+        if args.hub_shim:
+            from diffusers_var_accel.hub import write_hub_shim
+
+            write_hub_shim(folder)
+        write_text_atomic(Path(folder) / CONVERSION_RECORD, json.dumps(record, indent=2) + "\n")
+
+    # all or nothing: the whole folder (shim and record included) is written beside --output and swapped in, so a
+    # killed conversion leaves the earlier folder or none, and the same command again starts over
+    save_pipeline_folder(pipe, output, (), {"safe_serialization": True}, finish=finish)
     components = [
         name for name in ("transformer", "vae", "text_encoder", "tokenizer") if getattr(pipe, name, None) is not None
     ]
     print(f'wrote {output} ({", ".join(components)}); run it with: var-accel generate "a red fox" --model {output}')
     return 0
+
+
+def _conversion_record(args: argparse.Namespace) -> Dict[str, Any]:
+    """What makes a conversion's output: the family, every option but ``--output`` / ``--overwrite`` / ``--debug``,
+    and the stamp (size, modification time) of every file under the files and folders the options name."""
+    options, sources = {}, {}
+    for name, value in sorted(vars(args).items()):
+        if name in ("output", "overwrite", "debug", "func") or callable(value):
+            continue
+        options[name] = value if isinstance(value, (bool, int, float, type(None))) else str(value)
+        if isinstance(value, (str, os.PathLike)) and name != "family" and Path(value).exists():
+            root = Path(value)
+            files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+            sources[name] = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    return {"command": "var-accel convert", "options": options, "sources": sources}
+
+
+def _read_conversion_record(folder: Path) -> Optional[Dict[str, Any]]:
+    from diffusers_var_accel.pipelines.pipeline_loading import CONVERSION_RECORD
+
+    try:
+        return json.loads((folder / CONVERSION_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
 
 
 def _cmd_flops(argv: List[str]) -> int:
