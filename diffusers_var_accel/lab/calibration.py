@@ -564,28 +564,32 @@ def calibration_record(result: Dict[str, Any]) -> Dict[str, Any]:
 def write_calibration(result: Dict[str, Any], output_dir: Union[str, Path]) -> Dict[str, Path]:
     """Write ``calibration.json``, ``frontier.png`` and (when a setting was chosen) ``acceleration_config.json``.
 
+    The three are written together into a temporary folder beside ``output_dir`` and swapped in as a whole
+    (:func:`~diffusers_var_accel.files.replace_folder`): a killed run leaves the earlier calibration or this one, never
+    files of both (an earlier calibration's files that this one does not write, e.g. its config when nothing was
+    chosen now, go with it; other files of the folder stay).
+
     Returns:
         `dict`: the written paths by name (``"config"`` only when a setting was chosen).
     """
-    from diffusers_var_accel.files import atomic_file, write_text_atomic
+    from diffusers_var_accel.files import replace_folder
 
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written: Dict[str, Path] = {}
-    # each file under a temporary name, then renamed: a killed run leaves no half-written file (the search is
-    # deterministic, so the same command again writes the same files)
-    with atomic_file(out / FRONTIER_FILE) as tmp:
-        plot_frontier(result, tmp)
-    written["frontier"] = out / FRONTIER_FILE
-    path = write_text_atomic(
-        out / CALIBRATION_FILE, json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n"
-    )
-    written["calibration"] = path
-    if result.get("scheduler") is not None:  # last: a folder with a config holds the whole calibration
-        written["config"] = write_text_atomic(
-            out / VARAccelScheduler.config_name, result["scheduler"].to_json_string()
+    names = {"frontier": FRONTIER_FILE, "calibration": CALIBRATION_FILE}
+    if result.get("scheduler") is not None:
+        names["config"] = VARAccelScheduler.config_name
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir()
+        plot_frontier(result, tmp / FRONTIER_FILE)
+        (tmp / CALIBRATION_FILE).write_text(
+            json.dumps(calibration_record(result), indent=2, allow_nan=False) + "\n", encoding="utf-8"
         )
-    return written
+        if "config" in names:
+            (tmp / names["config"]).write_text(result["scheduler"].to_json_string(), encoding="utf-8")
+
+    replace_folder(out, write, owned=lambda folder: [FRONTIER_FILE, CALIBRATION_FILE, VARAccelScheduler.config_name])
+    return {key: out / name for key, name in names.items()}
 
 
 def plot_frontier(result: Dict[str, Any], path: Union[str, Path]) -> Path:
