@@ -111,12 +111,56 @@ def _read_manifest(out_dir: Path) -> Tuple[Optional[Dict[str, Any]], List[Dict[s
         ):  # written by an older version (0000.png, ...): its images are not named by prompt and seed
             settings = {"version": "older var-accel (files numbered 0000.png, ...)"}
     for journal in _journal_files(out_dir):
-        for line in journal.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                pass  # the last line of a process killed while writing it: that image is redone
+        records.extend(_read_journal(journal))
     return settings, records
+
+
+def _read_journal(journal: Path) -> List[Dict[str, Any]]:
+    """The whole records of a process's journal. A record is one line ending in a newline; a line without its newline
+    (torn by a power cut) or not valid JSON is ignored with a warning naming the file and line: that image is redone."""
+    records = []
+    data = journal.read_bytes()
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        torn = number == len(lines)  # after the last newline: empty, or a record cut short
+        if torn and not line:
+            break
+        try:
+            if torn:
+                raise ValueError("the line has no newline: the record was cut short")
+            record = json.loads(line.decode("utf-8"))
+            if not isinstance(record, dict) or not isinstance(record.get("file"), str):
+                raise ValueError("not a record of an image")
+        except (ValueError, UnicodeDecodeError) as err:
+            print(
+                f"warning: {journal}, line {number}: ignored ({err}); its image is generated again",
+                file=sys.stderr,
+            )
+            continue
+        records.append(record)
+    return records
+
+
+def _repair_journal(journal: Path) -> None:
+    """Cut a torn last record (no newline) off ``journal`` before records are appended to it: a record appended to
+    a torn line would be unreadable with it."""
+    if not journal.is_file():
+        return
+    data = journal.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with journal.open("r+b") as stream:
+            stream.truncate(data.rfind(b"\n") + 1)
+
+
+def _append_record(journal: Path, record: Dict[str, Any]) -> None:
+    """Append ``record`` to ``journal`` as one line in one write, flushed to disk: a record is whole, or (a power cut
+    during the write) a torn last line that :func:`_read_journal` ignores."""
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
@@ -369,6 +413,7 @@ def run_generate_job(
         if acceleration is not None:
             options["acceleration"] = acceleration
         journal = out_dir / f".generations-process{state.process_index}.jsonl"
+        _repair_journal(journal)
         for first in range(0, len(todo), job.batch_size):
             batch = todo[first : first + job.batch_size]
             generators = [
@@ -396,8 +441,7 @@ def run_generate_job(
                     "seconds": round(seconds, 3),
                     "process": state.process_index,
                 }
-                with journal.open("a", encoding="utf-8") as stream:
-                    stream.write(json.dumps(record) + "\n")
+                _append_record(journal, record)
                 print(f"{path}  ({seconds:.2f} s)  {item['prompt']}")
 
         # 5. One manifest: the main process merges every process's journal
