@@ -312,6 +312,10 @@ def run_generate_job(
     out_dir, prompts = job.output, job.prompts
     # 1. The same invocation over a folder that holds all its images: nothing to load
     if nothing_to_do(job):
+        # what a run killed after writing this manifest left: its journals (merged into the manifest) and temporaries
+        for journal_file in _journal_files(out_dir):
+            journal_file.unlink()
+        remove_stale_temporaries(out_dir)
         print(
             f"{out_dir}: all {len(prompts)} images of this command are already there (same command, same files): "
             "nothing to generate",

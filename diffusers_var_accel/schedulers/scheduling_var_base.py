@@ -161,6 +161,11 @@ class VARAccelScheduler(SchedulerMixin, ConfigMixin):
         hub_kwargs = {k: v for k, v in kwargs.items() if k in hub_keys}
         preset = resolve_preset_reference(pretrained_model_name_or_path, subfolder)
         source = pretrained_model_name_or_path
+        if preset is None and isinstance(source, (str, os.PathLike)):
+            from ..files import resolve_interrupted_replace
+
+            # a folder replaced as a whole (a calibration, a saved pipeline) by a process killed while swapping it in
+            resolve_interrupted_replace(os.path.join(os.fspath(source), subfolder) if subfolder else source)
         if preset is not None:
             source, subfolder = str(preset_folder(preset)), None
         try:
