@@ -105,13 +105,18 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_stale_temporaries(folder: PathLike, only: Optional[str] = None) -> None:
+def remove_stale_temporaries(folder: PathLike, only: Optional[str] = None, recursive: bool = False) -> None:
     """Clear what killed writers left in ``folder``: temporaries ``.partial-<pid>-...`` whose process is gone are
     removed (a live writer's are left alone), and an interrupted folder swap is settled
-    (:func:`resolve_interrupted_replace`). ``only``: just the leftovers of the entry of that name."""
+    (:func:`resolve_interrupted_replace`). ``only``: just the leftovers of the entry of that name; ``recursive``: in
+    every folder below ``folder`` too."""
     folder = Path(folder)
     if not folder.is_dir():
         return
+    if recursive:
+        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()):
+            if not sub.name.startswith((TEMP_PREFIX, REPLACED_PREFIX)):
+                remove_stale_temporaries(sub, only, recursive=True)
     for entry in sorted(folder.iterdir()):
         replaced = _stale_writer(entry.name, REPLACED_PREFIX)
         if replaced is not None and only in (None, replaced):
@@ -130,8 +135,8 @@ def resolve_interrupted_replace(folder: PathLike) -> None:
     """Settle what a process killed while :func:`replace_folder` wrote ``folder`` left beside it: the earlier folder
     moved back when the new one never arrived (killed between the two renames), or removed when it did; an unfinished
     new folder removed. Afterwards ``folder`` is the earlier one or the new one, whole. Cheap when nothing is left."""
-    folder = Path(folder)
-    parent = folder.parent if str(folder.parent) else Path(".")
+    folder = Path(os.path.abspath(folder))
+    parent = folder.parent
     try:
         names = os.listdir(parent)
     except OSError:  # no such parent (e.g. a Hub repo id), or not readable: nothing of ours there
@@ -165,10 +170,10 @@ def replace_folder(
     Returns:
         `Path`: ``folder``.
     """
-    folder = Path(folder)
+    folder = Path(os.path.abspath(folder))  # "." or "out/" has a name and a parent too
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{folder} is a file, not a folder; give a folder path")
-    parent = folder.parent if str(folder.parent) else Path(".")
+    parent = folder.parent
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(parent, only=folder.name)
     if folder.is_symlink():  # swap the folder the link points to; the link stays
@@ -196,6 +201,7 @@ def replace_folder(
                     os.symlink(os.readlink(entry), tmp / entry.name)
                 else:
                     _link_or_copy(os.fspath(entry), os.fspath(tmp / entry.name))
+            cwd = os.getcwd()
             os.replace(folder, aside)
             try:
                 os.replace(tmp, folder)
@@ -203,6 +209,8 @@ def replace_folder(
                 os.replace(aside, folder)  # the new folder did not arrive: the earlier one comes back
                 raise
             _fsync_dir(parent)
+            if cwd == os.fspath(folder) or cwd.startswith(os.fspath(folder) + os.sep):
+                os.chdir(cwd if os.path.isdir(cwd) else folder)  # the process was in the earlier folder: the new one
             shutil.rmtree(aside)
         else:
             os.replace(tmp, folder)

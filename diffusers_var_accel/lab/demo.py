@@ -182,7 +182,9 @@ def run_demo(
         )
     out.mkdir(parents=True, exist_ok=True)
     rows = [[to_pil(images[m][i]) for i in range(len(prompts))] for m in methods]
-    from diffusers_var_accel.files import atomic_file, write_text_atomic
+    from diffusers_var_accel.files import atomic_file, remove_stale_temporaries, write_text_atomic
+
+    remove_stale_temporaries(out)  # what a killed earlier run was writing
 
     with atomic_file(out / "grid.png") as tmp:
         caption_grid(rows, methods, prompts, cell=128).save(tmp)

@@ -77,3 +77,22 @@ def test_a_file_is_not_replaced_by_a_folder(tmp_path):
     with pytest.raises(NotADirectoryError, match="is a file"):
         replace_folder(tmp_path / "out", write({"a": "1"}))
     assert (tmp_path / "out").read_text() == "a file"
+
+
+def test_stale_temporaries_are_removed_below_a_folder(tmp_path):
+    """What a killed run left in its output tree (bench writes images two folders down) goes; finished files and a
+    live writer's temporaries stay."""
+    from diffusers_var_accel.files import remove_stale_temporaries
+
+    pid = dead_pid()
+    deep = tmp_path / "lazyvar" / "images"
+    deep.mkdir(parents=True)
+    (deep / "00000-s0.png").write_text("whole")
+    (deep / f"{TEMP_PREFIX}{pid}-00001-s0.png").write_text("half")
+    (tmp_path / f"{TEMP_PREFIX}{pid}-results.json").write_text("half")
+    (tmp_path / f"{TEMP_PREFIX}{os.getppid()}-results.json").write_text("being written")
+    remove_stale_temporaries(tmp_path, recursive=True)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        f"{TEMP_PREFIX}{os.getppid()}-results.json",
+        "lazyvar/images/00000-s0.png",
+    ]

@@ -57,7 +57,7 @@ from diffusers_var_accel.lab.metrics import (
 )
 from diffusers_var_accel.lab.bench.probe import CallProbe, PeakMemory, make_flop_counter, synchronize
 from diffusers_var_accel.lab.bench.prompts import PromptSet, load_prompt_set
-from diffusers_var_accel.files import atomic_file, write_atomic, write_text_atomic
+from diffusers_var_accel.files import atomic_file, remove_stale_temporaries, write_atomic, write_text_atomic
 from diffusers_var_accel.families import MODEL_FAMILIES, model_family_names
 from diffusers_var_accel.lab.families import check_sampling_options
 from diffusers_var_accel.schedulers.registry import default_method_specs, method_names
@@ -601,6 +601,7 @@ def _run_bench(plan: _BenchPlan, networks: _MetricNetworks) -> _BenchRun:
 
     method_list, batches, state = plan.method_list, plan.batches, plan.state
     plan.out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(plan.out_dir, recursive=True)  # what a killed earlier run was writing
     meter = PeakMemory(plan.device)
     if meter.unavailable:
         networks.skipped["peak_memory"] = meter.unavailable

@@ -433,8 +433,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         return pipe
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """``DiffusionPipeline.save_pretrained``, so that a process killed while saving leaves no half-written file
-        (a temporary sibling folder, then renames; ``model_index.json`` last) and the same save again completes."""
+        """``DiffusionPipeline.save_pretrained``, all or nothing: the whole folder is written beside ``save_directory``
+        and swapped in by two renames, so a process killed while saving leaves the earlier pipeline or this one, never a
+        mix of both and never neither (:func:`~diffusers_var_accel.pipelines.pipeline_loading.save_pipeline_folder`)."""
         save_pipeline_folder(self, save_directory, args, kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
