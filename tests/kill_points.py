@@ -83,7 +83,9 @@ def _install(kill_at: int, log: List[str]) -> None:
     shutil.copytree = copytree
     import safetensors.torch
 
-    real_serialize = safetensors.torch.serialize_file  # what save_file calls (the weights file of diffusers, transformers)
+    real_serialize = (
+        safetensors.torch.serialize_file
+    )  # what save_file calls (the weights file of diffusers, transformers)
 
     def serialize_file(tensors, filename, *args, **kwargs):
         out = real_serialize(tensors, filename, *args, **kwargs)

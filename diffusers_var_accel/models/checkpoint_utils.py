@@ -393,7 +393,9 @@ def _check_tokenizer_files(folder: str) -> None:
     try:
         Tokenizer.from_file(path)
     except Exception as err:  # noqa: BLE001 - the Rust library raises a bare Exception
-        raise CheckpointFileError(f"{path} is not a readable tokenizer file (truncated or corrupted?): {err}") from None
+        raise CheckpointFileError(
+            f"{path} is not a readable tokenizer file (truncated or corrupted?): {err}"
+        ) from None
 
 
 def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -> None:

@@ -71,7 +71,9 @@ def prepare_pipeline_loading(
 
         resolve_interrupted_replace(path)  # a save killed while swapping folders: the earlier or the new, whole
     if isinstance(path, os.PathLike) and not os.path.exists(path):  # a path object names a local folder
-        raise FileNotFoundError(f"{path}: no such folder (a pipeline folder written by {cls.__name__}.save_pretrained)")
+        raise FileNotFoundError(
+            f"{path}: no such folder (a pipeline folder written by {cls.__name__}.save_pretrained)"
+        )
     if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
         index_file = os.path.join(os.fspath(path), "model_index.json")
         if not os.path.isfile(index_file):

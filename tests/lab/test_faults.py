@@ -79,9 +79,11 @@ def test_save_pretrained_killed_at_each_write_over_an_earlier_save(tmp_path, fam
     new.save_pretrained(reference / "new")
     expected_earlier, expected_new = tree(reference / "earlier"), {**tree(reference / "new"), "README.md": ""}
     expected_new["README.md"] = expected_earlier["README.md"]
-    assert expected_earlier["transformer/diffusion_pytorch_model.safetensors"] != expected_new[
-        "transformer/diffusion_pytorch_model.safetensors"
-    ] and "acceleration/acceleration_config.json" in expected_new
+    assert (
+        expected_earlier["transformer/diffusion_pytorch_model.safetensors"]
+        != expected_new["transformer/diffusion_pytorch_model.safetensors"]
+        and "acceleration/acceleration_config.json" in expected_new
+    )
     work = tmp_path / "work"
     folder = work / "pipe"
     outcomes = []
