@@ -249,6 +249,14 @@ def _checked_scheduler(scheduler, config_file: Path):
 
 def _read_prompts(args: argparse.Namespace) -> List[str]:
     prompts: List[str] = list(args.prompt)
+    for index, prompt in enumerate(prompts):
+        if not prompt.strip():
+            which = "the prompt" if len(prompts) == 1 else f"prompt {index + 1}"
+            raise CLIError(
+                f"{which} is {'empty' if not prompt else 'only whitespace'} ({prompt!r}); give a prompt "
+                '(var-accel generate "two red circles"). The pipeline itself takes "" as diffusers does (the '
+                "unconditional image), from Python"
+            )
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():

@@ -650,7 +650,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         r"""Generate images from text.
 
         Args:
-            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`. `""` is encoded like
+                any text, as diffusers' pipelines do (the command line refuses an empty prompt).
             negative_prompt (`str` or `List[str]`, *optional*): its Qwen2 features replace the official all-zero
                 unconditional context in the CFG rows.
             height (`int`, *optional*): must be the model's one size (`default_size`, 1024 for HART-0.7B).

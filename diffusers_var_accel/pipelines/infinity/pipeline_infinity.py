@@ -642,7 +642,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         r"""Generate images from text.
 
         Args:
-            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`. `""` is encoded like
+                any text, as diffusers' pipelines do (the command line refuses an empty prompt).
             negative_prompt (`str` or `List[str]`, *optional*): T5 features of this text replace the learned
                 unconditional embedding in the CFG rows.
             height (`int`, *optional*): with `width`, one of the official sizes (15 aspect ratios x 4 pixel budgets;
