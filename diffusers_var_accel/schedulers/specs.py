@@ -33,7 +33,7 @@ def load_acceleration(
     """
     import json
 
-    from .presets import available_presets, is_preset_name
+    from .presets import is_preset_name
 
     if spec is None or spec.lower() in (BASELINE, "none"):
         return None

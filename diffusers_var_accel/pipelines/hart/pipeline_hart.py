@@ -846,3 +846,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 def _reseeded(generator: torch.Generator) -> torch.Generator:
     """A fresh generator on the same device seeded with ``generator``'s seed (official: one seed for both streams)."""
     return torch.Generator(device=generator.device).manual_seed(generator.initial_seed())
+
+
+# a folder whose model_index.json names HARTPipeline loads through DiffusionPipeline.from_pretrained as soon as this
+# module is imported, whichever way it was reached
+from ..diffusers_registration import register_pipelines_with_diffusers  # noqa: E402
+
+register_pipelines_with_diffusers(HARTPipeline)

@@ -848,3 +848,10 @@ def _concat_padded(
 
     (e1, m1), (e2, m2) = pad(*a), pad(*b)
     return torch.cat((e1, e2.to(e1.dtype))), torch.cat((m1, m2))
+
+
+# a folder whose model_index.json names InfinityPipeline loads through DiffusionPipeline.from_pretrained as soon as this
+# module is imported, whichever way it was reached
+from ..diffusers_registration import register_pipelines_with_diffusers  # noqa: E402
+
+register_pipelines_with_diffusers(InfinityPipeline)
