@@ -308,7 +308,8 @@ def test_an_empty_or_blank_prompt_is_refused_before_loading(tmp_path, capsys, pr
 
 
 @pytest.mark.parametrize(
-    "family, fits, other", [("infinity", "embedded/lazyvar", "hart-0.7b"), ("hart", "hart-0.7b/lazyvar", "infinity-2b")]
+    "family, fits, other",
+    [("infinity", "embedded/lazyvar", "hart-0.7b"), ("hart", "hart-0.7b/lazyvar", "infinity-2b")],
 )
 def test_an_unknown_method_lists_only_the_presets_of_the_loaded_family(family, fits, other):
     from diffusers_var_accel.schedulers.specs import load_acceleration
