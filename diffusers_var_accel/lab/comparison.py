@@ -11,7 +11,6 @@ method uses the same seed, so its image is the same in every round; PSNR and SSI
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 import time
@@ -19,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from diffusers_var_accel.lab.bench.pairs import UNSTEADY_SPREAD, paired_speedup  # noqa: F401  (used here, and from here)
 
 #: A spread ``(max - min) / median`` of a method's timed calls above this gets a note: its speed-up is noisy.
 LARGE_SPREAD = 0.25
@@ -82,27 +83,6 @@ def time_interleaved(
                 if on_call is not None:
                     on_call()
     return seconds, outputs
-
-
-def paired_speedup(baseline_seconds: Sequence[float], method_seconds: Sequence[float]) -> Tuple[float, float]:
-    """The median of the per-pair ratios ``baseline / method`` (a pair: the same round, the same prompt, run back to
-    back) and their spread, ``(max - min) / median`` of the ratios. A load change during the run moves both calls
-    of a pair alike, and hits only the pairs it falls inside, which the median leaves out; a ratio of two medians
-    taken over the whole run does not (a baseline slow in the first half and a method fast in the second)."""
-    if len(baseline_seconds) != len(method_seconds) or not baseline_seconds:
-        raise ValueError(
-            f"paired timings need as many baseline as method calls, got {len(baseline_seconds)} and "
-            f"{len(method_seconds)}"
-        )
-    ratios = [b / m if m > 0 else float("inf") for b, m in zip(baseline_seconds, method_seconds)]
-    finite = [r for r in ratios if math.isfinite(r)]
-    median = statistics.median(ratios)
-    spread = (max(finite) - min(finite)) / median if finite and median > 0 and math.isfinite(median) else 0.0
-    return median, spread
-
-
-#: A row whose per-pair speed-ups spread by more than this (``(max - min) / median``) is marked unsteady.
-UNSTEADY_SPREAD = 0.3
 
 
 def spread_note(name: str, spread: float, advice: str) -> str:
