@@ -23,15 +23,28 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+# Only modules that import neither torch nor diffusers at module level: the parser, --help and a bad flag answer at
+# once (tests/lab/test_cli_startup.py); each command imports what it runs.
+from diffusers_var_accel.builtin_methods import BUILTIN_METHODS
 from diffusers_var_accel.lab.families import lab_families, lab_family
 from diffusers_var_accel.lab.generate_job import SAMPLING_KEYS
-from diffusers_var_accel.lab.loading import load_pipeline
-from diffusers_var_accel.schedulers.registry import default_method_specs, method_names, method_titles
 from diffusers_var_accel.lab.user_errors import UserInputError, one_line, user_errors
 
-#: ``var-accel bench``'s default methods (``diffusers_var_accel.lab.bench.DEFAULT_METHODS``, without importing it).
-#: ``var-accel bench --methods`` default: the baseline and every registered method (the registry's order).
-DEFAULT_BENCH_METHODS = default_method_specs()
+#: ``var-accel bench``'s default methods (``diffusers_var_accel.lab.bench.DEFAULT_METHODS``, without importing it):
+#: the baseline and every built-in method (the registry's order).
+DEFAULT_BENCH_METHODS = ("baseline", *BUILTIN_METHODS)
+
+
+def method_names() -> List[str]:
+    """The registered methods (the registry's, which imports torch: call it only when a command runs)."""
+    from diffusers_var_accel.schedulers.registry import method_names as registered
+
+    return registered()
+
+
+#: For help texts: the built-in methods' names and titles (a plugin's method is in the registry only).
+_METHOD_NAMES = ", ".join(BUILTIN_METHODS)
+_METHOD_TITLES = ", ".join(BUILTIN_METHODS.values())
 
 #: A bad value given on the command line: printed as one ``error:`` line on stderr, exit status 2 (the generate job
 #: raises the same type).
@@ -194,7 +207,11 @@ def _example(hint: Any) -> Any:
 # loading
 # ---------------------------------------------------------------------------------------------------------------------
 #: ``--model``: the pipeline loader below the CLI and the benchmark (kept under this name: tests replace it).
-_load_pipeline = load_pipeline
+def _load_pipeline(*args, **kwargs):
+    """:func:`diffusers_var_accel.lab.loading.load_pipeline` (imported at the call: it imports torch)."""
+    from diffusers_var_accel.lab.loading import load_pipeline
+
+    return load_pipeline(*args, **kwargs)
 
 
 def _load_accel(spec: Optional[str], family: str, preset_model: Optional[str] = None):
@@ -249,6 +266,14 @@ def _checked_scheduler(scheduler, config_file: Path):
 
 def _read_prompts(args: argparse.Namespace) -> List[str]:
     prompts: List[str] = list(args.prompt)
+    for index, prompt in enumerate(prompts):
+        if not prompt.strip():
+            which = "the prompt" if len(prompts) == 1 else f"prompt {index + 1}"
+            raise CLIError(
+                f"{which} is {'empty' if not prompt else 'only whitespace'} ({prompt!r}); give a prompt "
+                '(var-accel generate "two red circles"). The pipeline itself takes "" as diffusers does (the '
+                "unconditional image), from Python"
+            )
     if args.prompts_file:
         path = Path(args.prompts_file)
         if not path.is_file():
@@ -313,7 +338,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     methods = split_acceleration_specs(args.methods)
     for method in methods:
-        check_acceleration_overrides(method, "--methods")
+        check_acceleration_overrides(method, _accel_flag(args))
     check_output_folder(args.output)
     with _user_errors("", args.debug):
         run_demo(
@@ -341,7 +366,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     unknown = [m for m in picked if m not in method_names()]
     if unknown:
         raise CLIError(
-            f"--methods {args.methods}: unknown methods {unknown}; the page's methods are {method_names()} "
+            f"{_accel_flag(args)} {args.methods}: unknown methods {unknown}; the page's methods are {method_names()} "
             "(presets, overrides and compositions are typed in the page)"
         )
     if not 1 <= args.repeats <= MAX_REPEATS:
@@ -366,7 +391,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
     for method in split_acceleration_specs(args.methods):
-        check_acceleration_overrides(method, "--methods")
+        check_acceleration_overrides(method, _accel_flag(args))
     check_device(args.device)
     check_output_folder(args.output)
     sampling = {
@@ -631,7 +656,7 @@ downloaded); otherwise results.json says which metric was skipped and why. Proto
 
 _MAIN_DESCRIPTION = f"""\
 Infinity / HART next-scale (VAR) text-to-image generation with training-free acceleration
-({", ".join(method_titles())}). Nothing is downloaded, except a pipeline that bench --model names by Hub id.
+({_METHOD_TITLES}). Nothing is downloaded, except a pipeline that bench --model names by Hub id.
 """
 
 _MAIN_EPILOG = """\
@@ -759,7 +784,8 @@ _AT_LEAST_1 = _number_type(int, 1, what="1 or more")
 
 
 class _Parser(argparse.ArgumentParser):
-    """``argparse`` without abbreviated options (``--prompt`` is not ``--prompts-file``), with ``--debug``."""
+    """``argparse`` without abbreviated options (``--prompt`` is not ``--prompts-file``), with ``--debug``; an unknown
+    option is named with the close one of its command (``--accell``: did you mean ``--accel``?)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -772,6 +798,49 @@ class _Parser(argparse.ArgumentParser):
                 help="show the Python traceback of an error instead of its one-line message",
             )
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(parsed, extras)}")
+        return parsed
+
+    def _suggestion(self, parsed: argparse.Namespace, extras: List[str]) -> str:
+        import difflib
+
+        parser: argparse.ArgumentParser = self
+        for action in self._actions:  # the command's own parser holds its options
+            if isinstance(action, argparse._SubParsersAction) and getattr(parsed, action.dest, None) in action.choices:
+                parser = action.choices[getattr(parsed, action.dest)]
+        options = [option for action in parser._actions for option in action.option_strings]
+        hints = []
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"did you mean {close[0]} for {extra.split('=', 1)[0]}?")
+        return f" ({'; '.join(hints)})" if hints else ""
+
+
+class _StoreSpelling(argparse._StoreAction):
+    """Stores the value and the option as typed (``--accel`` or its alias ``--methods``), so that an error about the
+    value names the flag the user typed (``args.<dest>_flag``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
+
+
+def _accel_flag(args: argparse.Namespace, dest: str = "methods") -> str:
+    """The acceleration flag the user typed (``--accel`` when none was: the default was used)."""
+    return getattr(args, f"{dest}_flag", None) or "--accel"
+
+
+#: What ``--accel`` takes, in every command (one vocabulary).
+_ACCEL_VOCABULARY = (
+    "baseline, a method ({methods}), methods joined with '+' (lazyvar+arvar), a packaged preset "
+    "(infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or an acceleration_config.json file"
+)
+
 
 def _sampling_default(family_defaults: str) -> str:
     from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
@@ -782,7 +851,9 @@ def _sampling_default(family_defaults: str) -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """The ``var-accel`` parser. Given the command line (``argv``), a ``convert`` family's own options (whose module
+    imports its converter, and torch) are added only when that family is named; without it, all of them are."""
     parser = _Parser(
         prog="var-accel",
         description=_MAIN_DESCRIPTION,
@@ -799,7 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generate",
         help="generate images from prompts",
         description=_GENERATE_DESCRIPTION,
-        epilog=_GENERATE_EPILOG.replace("{methods}", ", ".join(method_names())),
+        epilog=_GENERATE_EPILOG.replace("{methods}", _METHOD_NAMES),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gen.add_argument("prompt", nargs="*", help="prompt(s)")
@@ -874,8 +945,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--accel",
         metavar="NAME|JSON",
-        help=f"acceleration: baseline (default), {', '.join(method_names())}, "
-        "methods joined with '+' (lazyvar+arvar), a packaged preset (infinity-2b/lazyvar), name:key=value overrides, a scheduler folder or a JSON file",
+        help="acceleration, one of: " + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES) + " (default baseline)",
     )
     gen.add_argument(
         "--batch-size",
@@ -897,10 +967,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)"
     )
     demo.add_argument(
+        "--accel",
         "--methods",
-        default=",".join(default_method_specs()),
-        help="comma-separated: baseline, preset names, name:key=value overrides or scheduler folders "
-        "(default: baseline and every registered method)",
+        dest="methods",
+        action=_StoreSpelling,
+        metavar="SPECS",
+        default=",".join(DEFAULT_BENCH_METHODS),
+        help="comma-separated, each one of: "
+        + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES)
+        + " (default: baseline and every registered method; --methods is the same flag)",
     )
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i (default 0)")
     demo.add_argument(
@@ -943,7 +1018,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--port", type=_number_type(int, 1, 65535, what="a port in [1, 65535]"), default=7860, help="port"
     )
-    srv.add_argument("--methods", default="lazyvar,fastvar", help="methods ticked when the page opens")
+    srv.add_argument(
+        "--accel",
+        "--methods",
+        dest="methods",
+        action=_StoreSpelling,
+        metavar="METHODS",
+        default="lazyvar,fastvar",
+        help=f"comma-separated methods ticked when the page opens ({_METHOD_NAMES}; presets, overrides and "
+        "compositions are typed in the page; --methods is the same flag)",
+    )
     srv.add_argument("--repeats", type=int, default=2, help="timed rounds per request (the page can change it)")
     srv.set_defaults(func=_cmd_serve)
 
@@ -977,11 +1061,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seeds per prompt: '0', '0,1,2' or '0-3' (default 0); GenEval's sample index is the seed's position",
     )
     bench.add_argument(
+        "--accel",
         "--methods",
+        dest="methods",
+        action=_StoreSpelling,
+        metavar="SPECS",
         default=",".join(DEFAULT_BENCH_METHODS),
-        help=f"comma-separated: baseline (always run first), preset names ({', '.join(method_names())}), "
-        "name:key=value overrides, scheduler folders or acceleration_config.json files "
-        f"(default {','.join(DEFAULT_BENCH_METHODS)})",
+        help="comma-separated, each one of: "
+        + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES)
+        + f"; the baseline always runs first (default {','.join(DEFAULT_BENCH_METHODS)}; --methods is the same flag)",
     )
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds per batch of prompts (default 3)")
     bench.add_argument(
@@ -1026,9 +1114,13 @@ def build_parser() -> argparse.ArgumentParser:
         "folder, or a Hub id (owner/name)",
     )
     cal.add_argument(
+        "--accel",
         "--method",
+        dest="method",
         required=True,
-        help=f"a method ({', '.join(method_names())}) or methods joined with '+' (lazyvar+arvar)",
+        metavar="NAME",
+        help=f"the method whose settings are searched: {_METHOD_NAMES}, or methods joined with '+' (lazyvar+arvar); "
+        "--method is the same flag",
     )
     cal.add_argument(
         "--target-flops-ratio",
@@ -1092,6 +1184,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="family", required=True, metavar="{" + ",".join(f.name for f in convertible) + "}"
     )
     for family in convertible:  # each family's own options, next to its converter
+        if argv is not None and family.name not in argv:  # not asked for: its name only, no converter imported
+            families.add_parser(family.name, help=f"official {family.name} checkpoints -> a pipeline folder")
+            continue
         command = family.convert_command()
         family_parser = families.add_parser(
             family.name,
@@ -1144,7 +1239,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _cmd_flops(command[1:] + leading_debug)
         if command and command[0] == "launches":
             return _cmd_launches(command[1:] + leading_debug)
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         args.debug = getattr(args, "debug", False)
         return args.func(args)
     except SystemExit as exit_:  # argparse (--help: 0; a bad value: 2, with the allowed values on stderr)

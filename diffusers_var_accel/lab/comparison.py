@@ -15,9 +15,11 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from diffusers_var_accel.lab.bench.pairs import UNSTEADY_SPREAD, paired_speedup  # noqa: F401  (used here, and from here)
 
 #: A spread ``(max - min) / median`` of a method's timed calls above this gets a note: its speed-up is noisy.
 LARGE_SPREAD = 0.25
@@ -31,7 +33,8 @@ class MethodResult:
     image: torch.Tensor  # (1, 3, H, W) in [0, 1]
     seconds: List[float]
     flops: int
-    speedup: float = 1.0
+    speedup: float = 1.0  # the median of the per-round ratios baseline / method (:func:`paired_speedup`)
+    speedup_spread: float = 0.0  # their (max - min) / median
     flops_ratio: float = 1.0
     psnr: float = float("inf")
     ssim: float = 1.0
@@ -39,6 +42,11 @@ class MethodResult:
     @property
     def median_seconds(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def unsteady(self) -> bool:
+        """Whether the per-round speed-ups spread by more than :data:`UNSTEADY_SPREAD`."""
+        return self.speedup_spread > UNSTEADY_SPREAD
 
     @property
     def spread(self) -> float:
@@ -50,6 +58,31 @@ def time_spread(seconds: Sequence[float]) -> float:
     """``(max - min) / median`` of timed calls (0 when the median is 0)."""
     median = statistics.median(seconds)
     return (max(seconds) - min(seconds)) / median if median > 0 else 0.0
+
+
+def time_interleaved(
+    generate: Callable[[str, int], Any],
+    methods: Sequence[str],
+    num_items: int,
+    repeats: int = 1,
+    clock: Optional[Callable[[], float]] = None,
+    on_call: Optional[Callable[[], None]] = None,
+) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
+    """Time ``generate(method, item)`` in rounds: per (item, repeat), every method once, back to back on the same
+    item, the baseline (``methods[0]``) first; ``clock`` defaults to ``time.perf_counter``. Returns each method's seconds per round (in round order, so that
+    ``seconds[m][k]`` and ``seconds[methods[0]][k]`` are a pair) and the last output per (method, item)."""
+    clock = clock if clock is not None else time.perf_counter  # looked up at the call (tests replace it)
+    seconds: Dict[str, List[float]] = {m: [] for m in methods}
+    outputs: Dict[str, List[Any]] = {m: [None] * num_items for m in methods}
+    for item in range(num_items):
+        for _ in range(repeats):
+            for m in methods:
+                start = clock()
+                outputs[m][item] = generate(m, item)
+                seconds[m].append(clock() - start)
+                if on_call is not None:
+                    on_call()
+    return seconds, outputs
 
 
 def spread_note(name: str, spread: float, advice: str) -> str:
@@ -73,8 +106,11 @@ class Comparison:
         """How the numbers were measured, and a warning per method whose times spread widely."""
         rounds = "1 timed round" if self.repeats == 1 else f"{self.repeats} interleaved timed rounds"
         notes = [
-            f"time: median of {rounds} after one untimed call per method (the FLOP count); speed-up: baseline "
-            "median / method median, measured side by side in this request"
+            f"time: median of {rounds} after one untimed call per method (the FLOP count); speed-up: the median of "
+            "the per-round ratios baseline / method (each round runs the baseline and every method back to back), "
+            f"marked unsteady when they spread by more than {UNSTEADY_SPREAD:.0%}",
+            "the FLOPs ratio counts arithmetic; on a small model on a CPU the time is set by the operations "
+            "dispatched, not their arithmetic, so the wall-clock speed-up stays below the FLOPs ratio",
         ]
         for r in self.results:
             if len(r.seconds) > 1 and r.spread > LARGE_SPREAD:
@@ -157,10 +193,9 @@ def compare_methods(
     report("done")
     base = "baseline"
     comparison = Comparison(prompt=prompt, seed=seed, repeats=repeats)
-    base_median = statistics.median(seconds[base])
     for spec in methods:
         result = MethodResult(spec=spec, image=images[spec], seconds=seconds[spec], flops=flops[spec])
-        result.speedup = base_median / result.median_seconds if result.median_seconds > 0 else float("inf")
+        result.speedup, result.speedup_spread = paired_speedup(seconds[base], seconds[spec])
         result.flops_ratio = flops[base] / flops[spec] if flops[spec] else float("inf")
         result.psnr = float(psnr(images[spec], images[base]))
         result.ssim = float(ssim(images[spec], images[base]))
@@ -184,7 +219,7 @@ def table_rows(comparison: Comparison) -> List[List[Any]]:
                 r.spec,
                 round(r.median_seconds, 4),
                 f"{r.spread:.0%}" if len(r.seconds) > 1 else "-",
-                f"{r.speedup:.2f}x",
+                f"{r.speedup:.2f}x" + (" unsteady" if r.unsteady else ""),
                 round(r.flops / 1e9, 4),
                 f"{r.flops_ratio:.2f}x",
                 "inf" if r.psnr == float("inf") else f"{r.psnr:.2f}",

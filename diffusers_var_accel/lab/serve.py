@@ -101,6 +101,7 @@ class ComparisonService:
         unknown = [m for m in picked if m not in self.methods]
         if unknown:
             raise ValueError(f"unknown methods {unknown}; known: {self.methods}")
+        picked = [m for m in self.methods if m in picked]  # the checkboxes' order, whatever order they were ticked in
         try:
             edited = json.loads(settings_json) if settings_json and settings_json.strip() else {}
         except json.JSONDecodeError as err:
@@ -360,7 +361,8 @@ def launch_options(host: str = "127.0.0.1", port: int = 7860) -> Dict[str, Any]:
     theme = gr.themes.Default(
         font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
     )
-    return dict(server_name=host, server_port=port, ssr_mode=False, theme=theme, footer_links=["api"])
+    # quiet: no "set share=True in launch()" hint, which a command-line user cannot act on (serve prints the address)
+    return dict(server_name=host, server_port=port, ssr_mode=False, theme=theme, footer_links=["api"], quiet=True)
 
 
 def serve(
@@ -374,4 +376,5 @@ def serve(
 ) -> None:
     """Build the app and serve it until interrupted."""
     demo = build_app(model=model, device=device, dtype=dtype, picked=picked, repeats=repeats)
+    print(f"serving on http://{host}:{port} (Ctrl-C stops it)", flush=True)
     demo.launch(**launch_options(host, port))

@@ -87,10 +87,21 @@ PAPER_RANK_RATIOS = (
 )
 
 
+#: The constant ``c`` of the official ``representative_token_indices`` (a lower bound on probabilities in the paper's
+#: sampling scheme; it cancels mathematically when the probabilities are normalised again, but not in float32).
+PROBABILITY_CONSTANT = 0.1
+
+
 def representative_probabilities(x_RNC: torch.Tensor) -> torch.Tensor:
-    """Spec §2.3: ``pi_i = ||x_i||^2 / sum_k ||x_k||^2`` per row, in fp32 ``(R, N)``."""
-    energy = x_RNC.float().square().sum(dim=-1)
-    return energy / energy.sum(dim=-1, keepdim=True)
+    """Spec §2.3: ``pi_i = ||x_i||^2 / sum_k ||x_k||^2`` per row, in fp32 ``(R, N)``, computed in the official
+    expression's float32 order: the row norms squared (``torch.norm(x, dim=2) ** 2``), scaled by
+    :data:`PROBABILITY_CONSTANT` over their sum, then normalised again. Both releases use this one expression
+    (FasterVAR's ``Infinity/utils/low_rank_feature.py`` and ``hart/hart/utils/low_rank_feature.py``). Its rounding
+    matters: the positions are an exponential race on these values, and ``x.square().sum(-1) / sum`` rounds a
+    near-tie (one ulp apart) the other way, which swaps two draws and changes the run from that chunk on."""
+    row_norm2_RN = torch.norm(x_RNC.float(), dim=-1) ** 2
+    probs_RN = PROBABILITY_CONSTANT * row_norm2_RN / row_norm2_RN.sum(dim=-1, keepdim=True)
+    return probs_RN / probs_RN.sum(dim=-1, keepdim=True)
 
 
 def stage_rank(ratio: float, num_tokens: int, width: Optional[int] = None) -> int:

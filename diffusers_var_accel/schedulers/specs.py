@@ -3,6 +3,7 @@ overrides (the command line's, the benchmark's and ``pipe.enable_acceleration(na
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +33,7 @@ def load_acceleration(
     """
     import json
 
-    from .presets import available_presets, is_preset_name
+    from .presets import is_preset_name
 
     if spec is None or spec.lower() in (BASELINE, "none"):
         return None
@@ -52,14 +53,17 @@ def load_acceleration(
     if "/" in name:
         if not is_preset_name(name):
             raise ValueError(
-                f"unknown acceleration preset {name!r}; available presets: {available_presets()} (a Hub repo "
+                f"unknown acceleration preset {name!r}; presets for this {model_family} model: "
+                f"{family_presets(model_family)} (a Hub repo "
                 "loads with VARAccelScheduler.from_pretrained(repo_id, subfolder=...))"
             )
     elif name.lower() not in by_method:
+        close = difflib.get_close_matches(name.lower(), list(by_method) + [BASELINE], n=1, cutoff=0.6)
+        did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown acceleration {name!r}; known: {list(by_method) + [BASELINE]}, methods joined with "
-            f"{COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name "
-            f"({', '.join(available_presets())}) or a config folder/JSON file"
+            f"unknown acceleration {name!r}{did_you_mean}; known: {list(by_method) + [BASELINE]}, methods joined "
+            f"with {COMPOSE_SEPARATOR!r} ('lazyvar{COMPOSE_SEPARATOR}arvar'), a preset name for this "
+            f"{model_family} model ({', '.join(family_presets(model_family))}) or a config folder/JSON file"
         )
     overrides = {}
     for item in split_top_level(overrides_text):
@@ -75,7 +79,7 @@ def load_acceleration(
         if scheduler.model_family not in (None, model_family):
             raise ValueError(
                 f"the preset {name!r} is for model family {scheduler.model_family!r}, not {model_family!r}; "
-                f"presets for {model_family!r}: {[n for n in available_presets() if _preset_family(n) == model_family]}"
+                f"presets for {model_family!r}: {family_presets(model_family)}"
             )
         return scheduler
     own = own_preset_name(preset_model, model_family, name.lower())
@@ -185,6 +189,13 @@ def build_acceleration(
             )
     members = [preset(n, cls, overrides.get(n, {})) for n, cls in zip(names, classes)]
     return ComposedScheduler(members, model_family=model_family)
+
+
+def family_presets(model_family: str) -> List[str]:
+    """The packaged presets that fit a model of ``model_family`` (those for another family are left out)."""
+    from .presets import available_presets
+
+    return [name for name in available_presets() if _preset_family(name) in (None, model_family)]
 
 
 def _preset_family(name: str) -> Optional[str]:

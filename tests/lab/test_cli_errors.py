@@ -298,3 +298,26 @@ def test_sampling_values_are_checked_before_loading(tmp_path, capsys, command, o
 )
 def test_demo_counts_are_checked(tmp_path, capsys, option, value):
     _fails_cleanly(capsys, ["demo", option, value, "-o", str(tmp_path / "o")], f"argument {option}", f"'{value}'")
+
+
+@pytest.mark.parametrize("prompts", [[""], ["   "], ["two red circles", "\t"]])
+def test_an_empty_or_blank_prompt_is_refused_before_loading(tmp_path, capsys, prompts):
+    line = _fails_cleanly(capsys, ["generate", *prompts, "-o", str(tmp_path / "out")], "prompt")
+    assert ("empty" in line) == (prompts == [""]) and repr(prompts[-1]) in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "family, fits, other",
+    [("infinity", "embedded/lazyvar", "hart-0.7b"), ("hart", "hart-0.7b/lazyvar", "infinity-2b")],
+)
+def test_an_unknown_method_lists_only_the_presets_of_the_loaded_family(family, fits, other):
+    from diffusers_var_accel.schedulers.specs import load_acceleration
+
+    for spec in ("lazyvr", "infinity-2b/lazyvr"):
+        with pytest.raises(ValueError) as err:
+            load_acceleration(spec, family)
+        listed = str(err.value).split(";", 1)[1]  # after the bad name itself
+        assert other not in listed and fits in listed
+    with pytest.raises(ValueError, match="did you mean 'lazyvar'"):
+        load_acceleration("lazyvr", family)

@@ -1,6 +1,7 @@
 """``var-accel demo``: its captions, its FLOPs (the same as ``var-accel bench``'s) and what the docs say it draws."""
 
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,7 @@ def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch
 
     monkeypatch.setattr(type(pipe), "__call__", recording)
     ticks = iter([0.0, 1.0, 10.0, 11.0, 20.0, 21.0, 30.0, 34.0])  # lazyvar: 1 s then 4 s
-    monkeypatch.setattr(demo_module.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
     report = demo_module.run_demo(
         num_prompts=1, methods=["baseline", "lazyvar"], repeats=2, output_dir=tmp_path / "d", pipe=pipe, progress=False
     )
@@ -109,3 +110,6 @@ def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch
     assert report["methods"]["lazyvar"]["spread"] == pytest.approx(3 / 2.5)
     assert [n.split(":")[0] for n in report["spread_notes"]] == ["lazyvar"]
     assert "note: lazyvar: its times spread by 120% of the median" in demo_module.format_table(report)
+    # the speed-up is the median of the per-round ratios: 1 s / 1 s and 1 s / 4 s
+    assert report["methods"]["lazyvar"]["speedup"] == pytest.approx((1.0 + 0.25) / 2)
+    assert report["methods"]["lazyvar"]["unsteady"] and "unsteady" in demo_module.format_table(report)

@@ -28,6 +28,7 @@ LIBRARY_UNITS = {
     "embedded",
     "utils",
     "families",
+    "builtin_methods",
     "files",
     "version",
     "hub",
@@ -49,6 +50,8 @@ FORBIDDEN: Dict[str, Set[str]] = {
     "pipelines": set(LAB_UNITS),
     "hub": LAB_UNITS | {"next_scale", "models"},
     "families": LAB_UNITS | {"next_scale", "models", "schedulers", "pipelines", "hub"},
+    # the built-in methods' names, for the command line's help without torch
+    "builtin_methods": _ALL_UNITS - {"builtin_methods"},
     # below everything: writing files so that a killed process leaves none half-written
     "files": _ALL_UNITS - {"files"},
     # the packaged model's path and names only: the pipelines resolve the name "embedded" through it

@@ -74,7 +74,8 @@ def test_a_projection_seed_draws_the_same_mixtures_for_any_token_seed(pipe):
 def test_ranks_and_probabilities():
     assert stage_rank(0.016776672694393688, 1600) == 27 and stage_rank(1.0, 10) == 10
     x = torch.tensor([[[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]]])
-    assert torch.equal(representative_probabilities(x), torch.tensor([[25 / 26, 0.0, 1 / 26]]))
+    # the values to float32 rounding (the official expression's own rounding: the near-tie test below)
+    assert torch.allclose(representative_probabilities(x), torch.tensor([[25 / 26, 0.0, 1 / 26]]), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -199,6 +200,30 @@ def test_graph_runners_refuse_projected_passes_and_run_the_unguided_ones(monkeyp
     finally:
         emb.disable_cuda_graphs()
         emb.disable_acceleration()
+
+
+def test_a_near_tie_is_drawn_as_the_official_expression_rounds_it():
+    """The positions are an exponential race on the probabilities, so their float32 rounding decides near-ties. Rows
+    whose squared norms are proportional to the race's exponential draws make every race value the same number
+    mathematically: the order is then decided by rounding alone. The official code's draws (its expression
+    ``c * norm(x, dim=2) ** 2 / total``, normalised again, then ``multinomial``) must be reproduced; the plain
+    ``x.square().sum(-1) / sum`` (what this computed before) draws another order."""
+    num_tokens, width, rank, seed = 64, 8, 16, 5
+    race_draws = torch.empty(1, num_tokens).exponential_(generator=g(seed))
+    directions = torch.randn(num_tokens, width, generator=g(1))
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    x = (directions * race_draws.reshape(num_tokens, 1).sqrt()).unsqueeze(0)
+
+    row_norm2 = torch.norm(x, dim=2) ** 2  # the official expression, written out
+    official = 0.1 * row_norm2 / row_norm2.sum(dim=1, keepdim=True)
+    official = official / official.sum(dim=1, keepdim=True)
+    expected = torch.multinomial(official, rank, replacement=False, generator=g(seed))
+
+    positions, _ = RepresentativeMixer(rank / num_tokens - 1e-9, [g(seed)])(x)
+    assert positions.shape == (1, rank) and torch.equal(positions, expected)
+    energy = x.square().sum(-1)
+    plain = torch.multinomial(energy / energy.sum(-1, keepdim=True), rank, replacement=False, generator=g(seed))
+    assert not torch.equal(plain, expected)  # the construction is a near-tie that the expression decides
 
 
 @pytest.mark.parametrize("num_tokens, rank", [(1600, 27), (4096, 656), (10, 10), (50, 1)])

@@ -45,7 +45,7 @@ def format_table(results: Dict[str, Any]) -> str:
             name,
             _fmt(t["median"], ".4f"),
             f"{_fmt(t['min'], '.4f')} – {_fmt(t['max'], '.4f')}",
-            _fmt(r["speedup"], ".2f") + "x",
+            _fmt(r["speedup"], ".2f") + "x" + (" unsteady" if r.get("unsteady") else ""),
             _fmt(f["transformer_gflops"], ".3f"),
             _fmt(f["vae_gflops"], ".3f"),
             _fmt(f["ratio"], ".2f") + ("x" if f["ratio"] is not None else ""),

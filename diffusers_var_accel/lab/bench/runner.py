@@ -56,6 +56,7 @@ from diffusers_var_accel.lab.metrics import (
     load_lpips,
 )
 from diffusers_var_accel.lab.bench.probe import CallProbe, PeakMemory, make_flop_counter, synchronize
+from diffusers_var_accel.lab.bench.pairs import UNSTEADY_SPREAD, paired_speedup
 from diffusers_var_accel.lab.bench.prompts import PromptSet, load_prompt_set
 from diffusers_var_accel.files import atomic_file, remove_stale_temporaries, write_atomic, write_text_atomic
 from diffusers_var_accel.families import MODEL_FAMILIES, model_family_names
@@ -879,6 +880,7 @@ def _aggregate(
     for m in methods:
         seconds = [s for rec in records for s in rec["methods"][m]["seconds_per_image"]]
         timing = _stats(seconds)
+        paired = paired_speedup(base_seconds, seconds)  # aligned: the same records, rounds in the same order
         per_process = []
         for s in summaries:
             b, x = s["median_seconds"][_BASELINE], s["median_seconds"][m]
@@ -938,7 +940,11 @@ def _aggregate(
             "spec": m,
             "folder": folders[m],
             "seconds_per_image": timing,
-            "speedup": base_median / timing["median"] if timing["median"] else None,
+            # the median of the per-round ratios: each round ran the baseline and the method on the same item
+            "speedup": paired[0],
+            "speedup_spread": paired[1],
+            "unsteady": paired[1] > UNSTEADY_SPREAD,
+            "speedup_of_medians": base_median / timing["median"] if timing["median"] else None,
             "speedup_per_process": per_process,
             "flops": flop_summary,
             "peak_memory": {
@@ -968,8 +974,10 @@ def _aggregate(
     notes = [
         "Time: the whole pipeline call (text encoder, next-scale loop, decode, post-processing to uint8) divided by the "
         "batch size; warm-up rounds excluded; every batch runs all methods in turn, in reversed order every other round; "
-        "CUDA synchronised around every call. Speed-up: the baseline's median s / image over the method's, same run "
-        "(speedup_per_process: the same ratio within each process).",
+        "CUDA synchronised around every call. Speed-up: the median of the per-round ratios baseline / method (each "
+        "round runs the baseline and the method on the same prompts), unsteady when they spread by more than "
+        f"{UNSTEADY_SPREAD:.0%}; speedup_of_medians: the baseline's median s / image over the method's "
+        "(speedup_per_process: that ratio within each process).",
         "FLOPs: torch.utils.flop_counter on one real single-image call per method (first prompt and seed); "
         "FLOPs = 2 x multiply-accumulates of matmul / linear / conv / attention, element-wise work not counted. "
         "transformer = the next-scale loop (condition encoding, every scale, HART's diffusion head); VAE = decode; "

@@ -651,7 +651,8 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         r"""Generate images from text.
 
         Args:
-            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`. `""` is encoded like
+                any text, as diffusers' pipelines do (the command line refuses an empty prompt).
             negative_prompt (`str` or `List[str]`, *optional*): its Qwen2 features replace the official all-zero
                 unconditional context in the CFG rows.
             height (`int`, *optional*): must be the model's one size (`default_size`, 1024 for HART-0.7B).
@@ -846,3 +847,10 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
 def _reseeded(generator: torch.Generator) -> torch.Generator:
     """A fresh generator on the same device seeded with ``generator``'s seed (official: one seed for both streams)."""
     return torch.Generator(device=generator.device).manual_seed(generator.initial_seed())
+
+
+# a folder whose model_index.json names HARTPipeline loads through DiffusionPipeline.from_pretrained as soon as this
+# module is imported, whichever way it was reached
+from ..diffusers_registration import register_pipelines_with_diffusers  # noqa: E402
+
+register_pipelines_with_diffusers(HARTPipeline)

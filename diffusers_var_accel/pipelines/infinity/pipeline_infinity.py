@@ -643,7 +643,8 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         r"""Generate images from text.
 
         Args:
-            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`.
+            prompt (`str` or `List[str]`, *optional*): the prompt(s); or pass `prompt_embeds`. `""` is encoded like
+                any text, as diffusers' pipelines do (the command line refuses an empty prompt).
             negative_prompt (`str` or `List[str]`, *optional*): T5 features of this text replace the learned
                 unconditional embedding in the CFG rows.
             height (`int`, *optional*): with `width`, one of the official sizes (15 aspect ratios x 4 pixel budgets;
@@ -848,3 +849,10 @@ def _concat_padded(
 
     (e1, m1), (e2, m2) = pad(*a), pad(*b)
     return torch.cat((e1, e2.to(e1.dtype))), torch.cat((m1, m2))
+
+
+# a folder whose model_index.json names InfinityPipeline loads through DiffusionPipeline.from_pretrained as soon as this
+# module is imported, whichever way it was reached
+from ..diffusers_registration import register_pipelines_with_diffusers  # noqa: E402
+
+register_pipelines_with_diffusers(InfinityPipeline)
