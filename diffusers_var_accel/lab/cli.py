@@ -1080,6 +1080,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernel launches and host-device syncs per generation, every method on the real Infinity-2B and "
         "HART-0.7B structures at a tiny width on the CPU [--models ...] [--methods ...] [--syncs] [--json]",
     )
+    # parsed by diffusers_var_accel.lab.bench.memory itself, like flops
+    sub.add_parser(
+        "memory",
+        add_help=False,
+        help="counted peak device memory of one generation per phase and part: --model M [--accel ...] [--weights "
+        "int8|float8] [--offload model|group-block|group-leaf] [--tiling] [--json FILE] (meta tensors; no recipe flag: "
+        "every documented recipe)",
+    )
     return parser
 
 
@@ -1106,6 +1114,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _cmd_flops(command[1:] + leading_debug)
         if command and command[0] == "launches":
             return _cmd_launches(command[1:] + leading_debug)
+        if command and command[0] == "memory":  # parses its own arguments, like the counters
+            from diffusers_var_accel.lab.bench import memory
+
+            return memory.main(command[1:], prog="var-accel memory")
         args = build_parser().parse_args(argv)
         args.debug = getattr(args, "debug", False)
         return args.func(args)
