@@ -160,3 +160,30 @@ def test_command_line_writes_rows_with_settings_and_peak(tmp_path, capsys):
         memory.main(["--model", "hart-0.7b", "--weights", "int4"])
     assert exit_status.value.code == 2
     assert "invalid choice: 'int4' (choose from 'none', 'int8', 'float8')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["infinity", "hart"])
+def test_pipelines_free_the_kv_cache_before_decoding(family):
+    """What the meter assumes of the pipelines: when the decoder starts, the call's KV cache is no longer alive."""
+    if family == "infinity":
+        from diffusers_var_accel.pipelines.infinity.tiny import build_tiny_infinity_pipeline as build
+
+        size = dict(height=256, width=256)
+    else:
+        from diffusers_var_accel.pipelines.hart.tiny import build_tiny_hart_pipeline as build
+
+        size = {}
+    pipe = build()
+    pipe.set_progress_bar_config(disable=True)
+    decode = pipe.vae.decode
+    live_at_decode = []
+
+    def watched_decode(*args, **kwargs):
+        live_at_decode.append(tracker.live)
+        return decode(*args, **kwargs)
+
+    pipe.vae.decode = watched_decode
+    with MemoryTracker() as tracker:
+        pipe("a cat", output_type="pt", generator=torch.Generator().manual_seed(0), **size)
+    kv_bytes = pipe.kv_cache_bytes(**size)
+    assert live_at_decode and 0 < live_at_decode[0] < kv_bytes, (live_at_decode, kv_bytes)  # held: >= kv_bytes

@@ -7,13 +7,15 @@ text projection, the next-scale loop with the method's plans and the plan-sized 
 the storage) and keeps, per phase, the most bytes alive at once and what they were at that moment:
 
 * **weights**: the parameters and buffers resident on the device in the phase: every component without offload;
-  the component in use with ``enable_model_cpu_offload``; with group offload its parameters outside the offloaded
+  with ``enable_model_cpu_offload`` those the pipeline's offload sequence keeps there (the one in use, the last of
+  the sequence until the call ends, those excluded from offload); with group offload its parameters outside the offloaded
   blocks (leaf level: none) plus the largest group, twice when streams prefetch the next one. Quantised linear
   weights count as torchao stores them (int8 weight-only: int8 data, a weight-dtype scale and an int64 zero point
   per output channel; float8 weight-only: float8 data and a float32 scale per output channel), and each quantised
   product counts the transient dequantised weight it reads.
 * **kv_cache**: the KV cache buffers the loop allocates (sized from the plan).
-* **activations**: everything else alive in the text encoding and the loop (features, ``f_hat``, per-pass tensors).
+* **activations**: everything else alive in the text encoding and the loop (text features and their projection,
+  ``f_hat``, per-pass tensors).
 * **decode_buffers**: what the decoder allocates.
 
 Half precision runs as on a GPU: the loop and the text projection under autocast (the matrix products and
@@ -46,6 +48,7 @@ import sys
 import weakref
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -59,6 +62,7 @@ __all__ = [
     "OFFLOAD_MODES",
     "PARTS",
     "PHASES",
+    "BUDGET_RECIPES",
     "RECIPES",
     "WEIGHT_FORMS",
     "count_memory",
@@ -318,6 +322,9 @@ class _Components:
     vae: torch.nn.Module
     run: Callable[..., Any]  # (transformer, vae, settings, scheduler) -> GenerationRun
     default_text_tokens: int
+    #: per phase, the components on the device under the pipeline's model offload (``model_cpu_offload_seq``: the
+    #: one in use, the last of the sequence until the call ends, and those excluded from offload)
+    offloaded_resident: Dict[str, Tuple[str, ...]]
 
 
 def _infinity(model: str) -> _Components:
@@ -359,6 +366,8 @@ def _infinity(model: str) -> _Components:
         build_on_meta(InfinityBSQVAE, **spec.vae),
         run,
         DEFAULT_TEXT_TOKENS,
+        # text_encoder->transformer->vae: each moves in when called, the previous one out
+        {"text_encoding": ("text_encoder",), "next_scale_loop": ("transformer",), "decode": ("vae",)},
     )
 
 
@@ -384,6 +393,13 @@ def _hart(model: str) -> _Components:
         vae,
         run,
         450,
+        # text_encoder->transformer with the tokenizer excluded (the loop calls it at every scale); the transformer,
+        # last of the sequence, stays on the device until the call ends
+        {
+            "text_encoding": ("text_encoder", "vae"),
+            "next_scale_loop": ("transformer", "vae"),
+            "decode": ("transformer", "vae"),
+        },
     )
 
 
@@ -522,7 +538,8 @@ def track_generation(
     """Run one generation (a :class:`~diffusers_var_accel.lab.bench.flop_meter.GenerationRun`, on meta or real
     tensors) under a :class:`MemoryTracker` and return it: per phase (:data:`PHASES`) the peak of the bytes the
     generation allocated (weights and inputs that existed before are not counted), by tag (``activations``,
-    ``kv_cache``, ``decode_buffers``; the text encoder's and the text projection's own under ``text_encoding``), and
+    ``kv_cache``, ``decode_buffers``; the text encoder's own under ``text_encoding``, the text projection opens the loop),
+    and
     ``kv_cache_bytes`` (the largest the KV cache held).
 
     ``text_encoder(**text_inputs)`` runs first when given (its ``last_hidden_state`` is kept for the call, as the
@@ -535,18 +552,20 @@ def track_generation(
     tracker.kv_cache_bytes = 0
     with tracker, _AsOnAGPU(tracker):
         features = None if text_encoder is None else text_encoder(**text_inputs).last_hidden_state
+        tracker.set_phase("next_scale_loop", tag="activations")  # the transformer's text projection opens it
         tracker.autocast_dtype = autocast_dtype
         condition = run.encode()
-        tracker.set_phase("next_scale_loop", tag="activations")
 
         def on_scale_end(si, state):
             tracker.kv_cache_bytes = max(tracker.kv_cache_bytes, state.kv_cache.nbytes)
 
         state = run.loop(condition, on_scale_end)
+        latents = SimpleNamespace(f_hat=state.f_hat)
+        del state  # as the pipelines do: the KV cache is freed before the decoder runs
         tracker.autocast_dtype = None
         tracker.set_phase("decode", tag="decode_buffers")
-        image = run.decode(state)
-        del image, state, condition, features
+        image = run.decode(latents)
+        del image, latents, condition, features
     return tracker
 
 
@@ -564,7 +583,14 @@ def count_memory(settings: MemorySettings) -> Dict[str, Any]:
     settings.check()
     dtype = _DTYPES[settings.dtype]
     parts = _MODELS[settings.model](settings.model)
-    transformer, vae, text_encoder = (m.to(dtype) for m in (parts.transformer, parts.vae, parts.text_encoder))
+    from diffusers.utils import logging as diffusers_logging
+
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # ModelMixin.to(dtype) warns about an empty list of fp32 modules
+    try:
+        transformer, vae, text_encoder = (m.to(dtype) for m in (parts.transformer, parts.vae, parts.text_encoder))
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
     if settings.tiling:
         vae.enable_tiling()
     components = {"text_encoder": text_encoder, "transformer": transformer, "vae": vae}
@@ -585,11 +611,7 @@ def count_memory(settings: MemorySettings) -> Dict[str, Any]:
         autocast_dtype=dtype if dtype != torch.float32 else None,
         dequantized=dequantized,
     )
-    used = {
-        "text_encoding": ("text_encoder", "transformer"),
-        "next_scale_loop": ("transformer", "vae"),
-        "decode": ("vae",),
-    }
+    used = parts.offloaded_resident
     phases = {}
     for phase in PHASES:
         record = tracker.phase_peaks.get(phase, {"bytes": 0, "by_tag": {}})
@@ -633,42 +655,34 @@ def profiled_peak_bytes(fn: Callable[[], Any]) -> int:
 # recipes
 # ---------------------------------------------------------------------------------------------------------------------
 def _recipes() -> Dict[str, List[MemorySettings]]:
-    def rows(model: str, preset_methods: Sequence[str], low: MemorySettings) -> List[MemorySettings]:
+    methods = ("fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
+    out = {}
+    for model, budget in BUDGET_RECIPES.items():
         base = MemorySettings(model)
-        out = [base] + [replace(base, accel=m) for m in preset_methods]
-        out += [
+        out[model] = [
+            base,
+            *(replace(base, accel=m) for m in methods),
             replace(base, accel="lazyvar", weights="int8"),
+            replace(base, accel="lazyvar", weights="float8"),
             replace(base, accel="lazyvar", offload="model"),
             replace(base, accel="lazyvar", offload="group-block", streams=True),
             replace(base, accel="lazyvar", tiling=True),
-            low,
+            budget,
         ]
-        return out
+    return out
 
-    infinity_methods = ("fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
-    hart_methods = ("fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
-    return {
-        "infinity-2b": rows(
-            "infinity-2b",
-            infinity_methods,
-            MemorySettings("infinity-2b", accel="lazyvar", weights="int8", offload="model", tiling=True),
-        ),
-        "infinity-8b": rows(
-            "infinity-8b",
-            infinity_methods,
-            MemorySettings("infinity-8b", accel="lazyvar", weights="int8", offload="model", tiling=True),
-        ),
-        "hart-0.7b": rows(
-            "hart-0.7b",
-            hart_methods,
-            MemorySettings("hart-0.7b", accel="lazyvar", weights="int8", offload="model", tiling=True),
-        ),
-    }
 
+#: The low-memory recipe of each model (docs/memory.md): Infinity-2B within 8 GB and HART-0.7B within 6 GB with
+#: LazyVAR, model offload and tiled decoding; Infinity-8B within 16 GB needs int8 weights on top.
+BUDGET_RECIPES: Dict[str, MemorySettings] = {
+    "infinity-2b": MemorySettings("infinity-2b", accel="lazyvar", offload="model", tiling=True),
+    "infinity-8b": MemorySettings("infinity-8b", accel="lazyvar", weights="int8", offload="model", tiling=True),
+    "hart-0.7b": MemorySettings("hart-0.7b", accel="lazyvar", offload="model", tiling=True),
+}
 
 #: Every documented recipe per model (the rows ``var-accel memory --model M`` prints without recipe flags): the bf16
-#: baseline, each method's preset, LazyVAR with int8 weights / model offload / group offload / tiled decode, and the
-#: low-memory recipe (LazyVAR + int8 weights + model offload + tiled decode).
+#: baseline, each method's preset, LazyVAR with int8 / float8 weights, model offload, group offload (block level,
+#: streams) and tiled decode, and the model's low-memory recipe (:data:`BUDGET_RECIPES`).
 RECIPES: Dict[str, List[MemorySettings]] = _recipes()
 
 
