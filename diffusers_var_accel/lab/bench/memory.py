@@ -137,7 +137,8 @@ class MemoryTracker(TorchDispatchMode):
     and convolutions to that dtype and those of norms and softmax to float32, as CUDA autocast does, on meta tensors.
 
     Attributes:
-        live (`int`): bytes alive now. peak (`int`): the most alive at once.
+        live (`int`): bytes alive now.
+        peak (`int`): the most alive at once.
         phase_peaks (`dict`): per phase, ``{"bytes": peak, "by_tag": {tag: bytes at that moment}}``.
 
     Examples:
@@ -263,11 +264,14 @@ class MemorySettings:
     Args:
         model: ``infinity-2b``, ``infinity-8b`` or ``hart-0.7b``.
         accel: an acceleration spec (``None``: the baseline), as ``pipe.enable_acceleration`` takes it.
-        height / width: the image size (HART: 1024 only).
-        batch_size: images per call. cfg: classifier-free guidance (the unconditional rows run too).
+        height: the image height (HART: 1024 only).
+        width: the image width (HART: 1024 only).
+        batch_size: images per call.
+        cfg: classifier-free guidance (the unconditional rows run too).
         dtype: the weights' dtype (``bfloat16``, ``float16``, ``float32``).
         weights: linear weights of the transformer and text encoder as stored (:data:`WEIGHT_FORMS`).
-        offload: :data:`OFFLOAD_MODES`. streams: group offload prefetches the next group (one more group resident).
+        offload: one of :data:`OFFLOAD_MODES`.
+        streams: group offload prefetches the next group (one more group resident).
         tiling: ``pipe.vae.enable_tiling()``.
         text_tokens: tokens per prompt through the text encoder (default: the model's; Infinity 32, HART 450).
     """
