@@ -47,6 +47,26 @@ def test_tracker_tags_and_phases():
     del b
 
 
+def test_emulated_autocast_counts_the_casts_and_a_quantised_product_its_dequantised_weight():
+    """On meta tensors under the emulated autocast a product casts its float32 input to bf16 (a counted copy, alive
+    during the op) and returns bf16; a weight declared weight-only quantised adds its dequantised copy."""
+    linear = torch.nn.Linear(1024, 512, bias=False).to("meta").to(torch.bfloat16)
+    x = torch.empty(1, 1024, device="meta")  # float32: the residual stream under autocast
+    tracker = MemoryTracker()
+    tracker.autocast_dtype = torch.bfloat16
+    with tracker:
+        y = linear(x)
+    assert y.dtype == torch.bfloat16
+    assert tracker.peak == 1024 * 2 + 512 * 2  # the cast input, then the output while it is alive
+    held = linear.weight.untyped_storage()
+    tracker = MemoryTracker()
+    tracker.autocast_dtype = torch.bfloat16
+    tracker.dequantized = {id(held): linear.weight.numel() * 2}
+    with tracker:
+        y = linear(x.to(torch.bfloat16))
+    assert tracker.peak == 1024 * 2 + 1024 * 512 * 2 + 512 * 2
+
+
 def test_meter_on_meta_matches_a_real_pipeline_call_of_the_embedded_model():
     """The count at the embedded model's structure (meta tensors, the loop driven with teacher tokens) is within
     10 % of the peak of the bytes a real ``pipe(prompt)`` allocates on the CPU (profiler memory events)."""

@@ -194,22 +194,24 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         temporaries = []
-        if self.autocast_dtype is not None and (func in _AUTOCAST_LOW or func in _AUTOCAST_FP32):
-            dtype = self.autocast_dtype if func in _AUTOCAST_LOW else torch.float32
-            args = tuple(
-                a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dtype else a
-                for a in args
-            )
-        if self.dequantized and func in _AUTOCAST_LOW:
+        packet = func.overloadpacket
+        if self.autocast_dtype is not None and (packet in _AUTOCAST_LOW or packet in _AUTOCAST_FP32):
+            dtype = self.autocast_dtype if packet in _AUTOCAST_LOW else torch.float32
+            cast = [isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dtype for a in args]
+            args = tuple(a.to(dtype) if c else a for a, c in zip(args, cast))
+            temporaries += [a for a, c in zip(args, cast) if c]  # autocast's copies, alive during the op
+        if self.dequantized and packet in _AUTOCAST_LOW:
             for a in args:  # a weight-only quantised product reads its weight dequantised
                 extra = self.dequantized.get(id(a.untyped_storage())) if isinstance(a, torch.Tensor) else None
                 if extra:
                     temporaries.append(torch.empty(extra, dtype=torch.uint8, device=a.device))
+        for t in temporaries:  # made inside this handler, where the mode does not see them
+            self._count(t)
         out = func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._count(t)
-        del temporaries
+        del temporaries, args
         return out
 
     def _count(self, tensor: torch.Tensor) -> None:
@@ -537,7 +539,7 @@ def track_generation(
     text_encoder: Optional[torch.nn.Module] = None,
     text_inputs: Optional[Dict[str, torch.Tensor]] = None,
     autocast_dtype: Optional[torch.dtype] = None,
-    dequantized: Optional[Dict[int, int]] = None,
+    dequantized: Optional[Sequence[Tuple[torch.Tensor, int]]] = None,
 ) -> MemoryTracker:
     """Run one generation (a :class:`~diffusers_var_accel.lab.bench.flop_meter.GenerationRun`, on meta or real
     tensors) under a :class:`MemoryTracker` and return it: per phase (:data:`PHASES`) the peak of the bytes the
@@ -548,11 +550,12 @@ def track_generation(
 
     ``text_encoder(**text_inputs)`` runs first when given (its ``last_hidden_state`` is kept for the call, as the
     pipeline keeps the prompt embeddings). ``autocast_dtype``: meta tensors only: the text projection and the loop run
-    as under autocast in that dtype (the decoder runs outside it, as in the pipelines). ``dequantized``: ``{storage id
-    of a weight-only quantised weight: bytes of its dequantised copy}``, allocated for each product that reads it.
+    as under autocast in that dtype (the decoder runs outside it, as in the pipelines). ``dequantized``: ``(weight,
+    bytes of its dequantised copy)`` of each weight-only quantised weight, allocated for each product that reads it.
     """
     tracker = MemoryTracker(phase="text_encoding")
-    tracker.dequantized = dict(dequantized or {})
+    storages = [(weight.untyped_storage(), nbytes) for weight, nbytes in dequantized or ()]
+    tracker.dequantized = {id(storage): nbytes for storage, nbytes in storages}  # storages held: their ids stay
     tracker.kv_cache_bytes = 0
     with tracker, _AsOnAGPU(tracker):
         features = None if text_encoder is None else text_encoder(**text_inputs).last_hidden_state
@@ -601,13 +604,13 @@ def count_memory(settings: MemorySettings) -> Dict[str, Any]:
     scheduler = load_acceleration(settings.accel, _FAMILY[settings.model])
     run = parts.run(transformer, vae, settings, scheduler)
     tokens = settings.text_tokens or parts.default_text_tokens
-    dequantized = {}
+    dequantized = []
     if settings.weights != "none":
         low = torch.empty((), dtype=dtype).element_size()
         for module in (transformer, text_encoder):
             for m in module.modules():
                 if isinstance(m, torch.nn.Linear):
-                    dequantized[id(m.weight.untyped_storage())] = m.weight.numel() * low
+                    dequantized.append((m.weight, m.weight.numel() * low))
     tracker = track_generation(
         run,
         text_encoder,
