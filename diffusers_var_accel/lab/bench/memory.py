@@ -35,7 +35,9 @@ Usage (``var-accel memory``)::
     var-accel memory --model infinity-2b --accel lazyvar --weights int8 --offload model --tiling
     var-accel memory --model hart-0.7b --batch-size 4 --json rows.json
 
-Importable API: :class:`MemoryTracker` (a context manager counting any code), :class:`MemorySettings`,
+Each family's part (its models, their structures, offload sequence and low-memory recipe) lives in
+``lab/bench/<family>_memory.py``. Importable API: :class:`MemoryTracker` (a context manager counting any code),
+:class:`MemorySettings`,
 :func:`count_memory` (one setting), :func:`count_recipes`, :data:`RECIPES`, :func:`format_memory_table`.
 """
 
@@ -292,8 +294,9 @@ class MemorySettings:
     text_tokens: Optional[int] = None
 
     def check(self) -> None:
-        if self.model not in _MODELS:
-            raise ValueError(f"unknown model {self.model!r}; the memory meter knows {', '.join(_MODELS)}")
+        models = _family_memory()
+        if self.model not in models:
+            raise ValueError(f"unknown model {self.model!r}; the memory meter knows {', '.join(models)}")
         for name, value, allowed in (
             ("dtype", self.dtype, tuple(_DTYPES)),
             ("weights", self.weights, WEIGHT_FORMS),
@@ -333,88 +336,21 @@ class _Components:
     offloaded_resident: Dict[str, Tuple[str, ...]]
 
 
-def _infinity(model: str) -> _Components:
-    from transformers import T5Config, T5EncoderModel
+def _family_memory() -> Dict[str, Tuple[str, Any]]:
+    """``{model: (family name, its memory module)}``: each registered family's ``lab/bench/<family>_memory.py``
+    (``MODELS``, ``memory_parts(model)``, ``BUDGET_RECIPES``), in registration order."""
+    import importlib
 
-    from diffusers_var_accel.lab.bench.flop_meter import build_on_meta
-    from diffusers_var_accel.lab.bench.infinity_flops import (
-        DEFAULT_TEXT_TOKENS,
-        FLAN_T5_XL_ENCODER_CONFIG,
-        MODEL_SPECS,
-        infinity_generation,
-    )
-    from diffusers_var_accel.models.autoencoder_bsq import InfinityBSQVAE
-    from diffusers_var_accel.models.infinity_resolutions import rope_grid_hw, schedule_for_size
-    from diffusers_var_accel.models.transformer_infinity import InfinityTransformer
+    from diffusers_var_accel.lab.families import lab_families
 
-    spec = MODEL_SPECS[model]
-    with torch.device("meta"):
-        text_encoder = T5EncoderModel(T5Config(**FLAN_T5_XL_ENCODER_CONFIG)).eval()
-
-    def run(transformer, vae, s: MemorySettings, scheduler):
-        schedule, template = schedule_for_size(s.height, s.width)
-        return infinity_generation(
-            transformer,
-            vae,
-            schedule,
-            rope_grid_hw(template),
-            cfg=s.cfg,
-            batch_size=s.batch_size,
-            text_tokens=s.text_tokens or DEFAULT_TEXT_TOKENS,
-            spatial_patchify=spec.spatial_patchify,
-            scheduler=scheduler,
-        )
-
-    return _Components(
-        text_encoder,
-        lambda tokens, batch: {"input_ids": torch.zeros(batch, tokens, dtype=torch.long, device="meta")},
-        build_on_meta(InfinityTransformer, **spec.transformer),
-        build_on_meta(InfinityBSQVAE, **spec.vae),
-        run,
-        DEFAULT_TEXT_TOKENS,
-        # text_encoder->transformer->vae: each moves in when called, the previous one out
-        {"text_encoding": ("text_encoder",), "next_scale_loop": ("transformer",), "decode": ("vae",)},
-    )
-
-
-def _hart(model: str) -> _Components:
-    from transformers import Qwen2Config, Qwen2Model
-
-    from diffusers_var_accel.lab.bench.hart_flops import QWEN2_1_5B_CONFIG, build_hart_on_meta, hart_generation
-
-    with torch.device("meta"):
-        text_encoder = Qwen2Model(Qwen2Config(**QWEN2_1_5B_CONFIG)).eval()
-    transformer, vae = build_hart_on_meta(model)
-
-    def run(transformer, vae, s: MemorySettings, scheduler):
-        if (s.height, s.width) != (1024, 1024):
-            raise ValueError(f"HART generates 1024x1024 images only, got {s.height}x{s.width}")
-        return hart_generation(transformer, vae, cfg=s.cfg, batch_size=s.batch_size, scheduler=scheduler)
-
-    # the official prompt encoding: system instruction + the prompt padded to 300 tokens (~450 tokens)
-    return _Components(
-        text_encoder,
-        lambda tokens, batch: {"input_ids": torch.zeros(batch, tokens, dtype=torch.long, device="meta")},
-        transformer,
-        vae,
-        run,
-        450,
-        # text_encoder->transformer with the tokenizer excluded (the loop calls it at every scale); the transformer,
-        # last of the sequence, stays on the device until the call ends
-        {
-            "text_encoding": ("text_encoder", "vae"),
-            "next_scale_loop": ("transformer", "vae"),
-            "decode": ("transformer", "vae"),
-        },
-    )
-
-
-_MODELS: Dict[str, Callable[[str], _Components]] = {
-    "infinity-2b": _infinity,
-    "infinity-8b": _infinity,
-    "hart-0.7b": _hart,
-}
-_FAMILY = {"infinity-2b": "infinity", "infinity-8b": "infinity", "hart-0.7b": "hart"}
+    out: Dict[str, Tuple[str, Any]] = {}
+    for family in lab_families():
+        try:
+            module = importlib.import_module(f"diffusers_var_accel.lab.bench.{family.name}_memory")
+        except ModuleNotFoundError:
+            continue
+        out.update({model: (family.name, module) for model in module.MODELS})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -589,7 +525,8 @@ def count_memory(settings: MemorySettings) -> Dict[str, Any]:
 
     settings.check()
     dtype = _DTYPES[settings.dtype]
-    parts = _MODELS[settings.model](settings.model)
+    family, module = _family_memory()[settings.model]
+    parts = module.memory_parts(settings.model)
     from diffusers.utils import logging as diffusers_logging
 
     verbosity = diffusers_logging.get_verbosity()
@@ -601,7 +538,7 @@ def count_memory(settings: MemorySettings) -> Dict[str, Any]:
     if settings.tiling:
         vae.enable_tiling()
     components = {"text_encoder": text_encoder, "transformer": transformer, "vae": vae}
-    scheduler = load_acceleration(settings.accel, _FAMILY[settings.model])
+    scheduler = load_acceleration(settings.accel, family)
     run = parts.run(transformer, vae, settings, scheduler)
     tokens = settings.text_tokens or parts.default_text_tokens
     dequantized = []
@@ -664,7 +601,7 @@ def profiled_peak_bytes(fn: Callable[[], Any]) -> int:
 def _recipes() -> Dict[str, List[MemorySettings]]:
     methods = ("fastvar", "lazyvar", "depthvar", "arvar", "stagevar")
     out = {}
-    for model, budget in BUDGET_RECIPES.items():
+    for model, budget in _budget_recipes().items():
         base = MemorySettings(model)
         out[model] = [
             base,
@@ -679,13 +616,16 @@ def _recipes() -> Dict[str, List[MemorySettings]]:
     return out
 
 
-#: The low-memory recipe of each model (docs/memory.md): Infinity-2B within 8 GB and HART-0.7B within 6 GB with
-#: LazyVAR, model offload and tiled decoding; Infinity-8B within 16 GB needs int8 weights on top.
-BUDGET_RECIPES: Dict[str, MemorySettings] = {
-    "infinity-2b": MemorySettings("infinity-2b", accel="lazyvar", offload="model", tiling=True),
-    "infinity-8b": MemorySettings("infinity-8b", accel="lazyvar", weights="int8", offload="model", tiling=True),
-    "hart-0.7b": MemorySettings("hart-0.7b", accel="lazyvar", offload="model", tiling=True),
-}
+def _budget_recipes() -> Dict[str, MemorySettings]:
+    return {
+        model: MemorySettings(model, **module.BUDGET_RECIPES[model]) for model, (_, module) in _family_memory().items()
+    }
+
+
+#: The low-memory recipe of each model (docs/memory.md, from the families' ``BUDGET_RECIPES``): Infinity-2B within
+#: 8 GB and HART-0.7B within 6 GB with LazyVAR, model offload and tiled decoding; Infinity-8B within 16 GB needs int8
+#: weights on top.
+BUDGET_RECIPES: Dict[str, MemorySettings] = _budget_recipes()
 
 #: Every documented recipe per model (the rows ``var-accel memory --model M`` prints without recipe flags): the bf16
 #: baseline, each method's preset, LazyVAR with int8 / float8 weights, model offload, group offload (block level,
@@ -734,7 +674,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="What is counted and left out: the module docstring (docs/memory.md).",
     )
-    parser.add_argument("--model", required=True, choices=tuple(_MODELS))
+    parser.add_argument("--model", required=True, choices=tuple(_family_memory()))
     parser.add_argument("--accel", default=None, help="an acceleration spec (default: the baseline)")
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024)
