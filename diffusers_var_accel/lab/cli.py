@@ -863,7 +863,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{generate,demo,serve,bench,calibrate,convert,flops,launches}",
+        metavar="{generate,demo,serve,bench,calibrate,convert,flops,launches,memory}",
         parser_class=_Parser,
     )
     gen = sub.add_parser(
@@ -1213,6 +1213,14 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
         help="kernel launches and host-device syncs per generation, every method on the real Infinity-2B and "
         "HART-0.7B structures at a tiny width on the CPU [--models ...] [--methods ...] [--syncs] [--json]",
     )
+    # parsed by diffusers_var_accel.lab.bench.memory itself, like flops
+    sub.add_parser(
+        "memory",
+        add_help=False,
+        help="counted peak device memory of one generation per phase and part: --model M [--accel ...] [--weights "
+        "int8|float8] [--offload model|group-block|group-leaf] [--tiling] [--json FILE] (meta tensors; no recipe flag: "
+        "every documented recipe)",
+    )
     return parser
 
 
@@ -1233,12 +1241,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # the counters parse their own arguments: a --debug before their name goes to them, not to the main parser
-        leading_debug = ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"]) else []
+        leading_debug = ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"], ["memory"]) else []
         command = argv[len(leading_debug) :]
         if command and command[0] == "flops":
             return _cmd_flops(command[1:] + leading_debug)
         if command and command[0] == "launches":
             return _cmd_launches(command[1:] + leading_debug)
+        if command and command[0] == "memory":  # parses its own arguments, like the counters
+            from diffusers_var_accel.lab.bench import memory
+
+            return memory.main(command[1:], prog="var-accel memory")
         args = build_parser(argv).parse_args(argv)
         args.debug = getattr(args, "debug", False)
         return args.func(args)

@@ -825,6 +825,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        del state  # its KV cache (up to gigabytes) is freed before the decoder's buffers are allocated
 
         # 3. Decode
         return self._decode_output(

@@ -821,6 +821,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        del state  # its KV cache (up to gigabytes) is freed before the decoder's buffers are allocated
 
         # 4. Decode
         return self._decode_output(
