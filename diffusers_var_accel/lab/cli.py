@@ -1241,7 +1241,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # the counters parse their own arguments: a --debug before their name goes to them, not to the main parser
-        leading_debug = ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"], ["memory"]) else []
+        leading_debug = (
+            ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"], ["memory"]) else []
+        )
         command = argv[len(leading_debug) :]
         if command and command[0] == "flops":
             return _cmd_flops(command[1:] + leading_debug)
