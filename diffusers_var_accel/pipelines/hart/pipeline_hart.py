@@ -17,6 +17,7 @@ from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..lora_loading import VARLoraLoaderMixin
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -333,7 +334,7 @@ class HARTSampling(NamedTuple):
     more_smooth: bool
 
 
-class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
+class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin, VARLoraLoaderMixin):
     r"""Text-to-image generation with HART (arXiv:2410.10812).
 
     Args:

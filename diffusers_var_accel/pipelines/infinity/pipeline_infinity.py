@@ -26,6 +26,7 @@ from ...models.transformer_infinity import (
 )
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..lora_loading import VARLoraLoaderMixin
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -357,7 +358,7 @@ class InfinitySampling(NamedTuple):
     top_p: Optional[float]
 
 
-class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
+class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin, VARLoraLoaderMixin):
     r"""Text-to-image generation with Infinity (arXiv:2412.04431).
 
     Args:
