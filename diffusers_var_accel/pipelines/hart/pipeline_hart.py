@@ -824,6 +824,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed
 
         # 3. Decode
         return self._decode_output(

@@ -820,6 +820,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed
 
         # 4. Decode
         return self._decode_output(
