@@ -25,6 +25,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .lora import VARPeftAdapterMixin
+from .step_caches import VARStepCacheMixin
 from .attention_processor import FusedProjection, VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .dtype_utils import fused_cast_out, linear_input_dtype
 from .checkpoint_utils import (
@@ -421,7 +422,9 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin):
+class InfinityTransformer(
+    StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin, VARStepCacheMixin
+):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller
