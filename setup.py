@@ -43,6 +43,8 @@ extras = {
         *app_requires,
         *lab_requires,
         "selenium>=4.20",
+        # LoRA on the transformers (diffusers' PEFT backend): tests/library/test_lora.py
+        "peft>=0.17",
         # the lint and format check of tests/test_style.py (pinned: another version may format differently)
         "ruff==0.17.6",
     ],

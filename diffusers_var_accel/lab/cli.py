@@ -325,6 +325,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         batch_size=args.batch_size,
         overwrite=args.overwrite,
+        summary=args.summary,
         progress=args.progress,
         debug=args.debug,
     )
@@ -889,6 +890,12 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     )
     gen.add_argument("--width", type=int, help="image width (default: the height)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the first prompt; prompt i uses seed + i")
+    gen.add_argument(
+        "--summary",
+        action="store_true",
+        help="after each call, print what acceleration did per pass (tokens computed, layers per token, CFG rows, "
+        "scales grouped or skipped, KV kept) and the call's counted FLOPs against the baseline's (two more calls)",
+    )
     gen.add_argument(
         "--guidance-scale",
         type=_GUIDANCE,

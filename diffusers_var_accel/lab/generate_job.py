@@ -52,6 +52,8 @@ class GenerateJob:
         device / dtype: where and in which dtype the pipeline runs.
         batch_size: prompts per pipeline call (each image keeps its own seed).
         overwrite: delete an earlier run's images made with other settings instead of refusing.
+        summary: after each call, print what acceleration did (``pipe.acceleration_summary()``) and the call's
+            counted FLOPs against the baseline's (two more calls, under the FLOP counter).
         progress: a progress bar per image (single process only).
         debug: re-raise the original error of a bad input instead of a :class:`UserInputError`.
     """
@@ -68,6 +70,7 @@ class GenerateJob:
     dtype: str = "float32"
     batch_size: int = 1
     overwrite: bool = False
+    summary: bool = False
     progress: bool = True
     debug: bool = False
 
@@ -434,6 +437,11 @@ def run_generate_job(
                         [item["prompt"] for item in batch], height=height, width=width, generator=generators, **options
                     ).images
             seconds = (time.perf_counter() - start) / len(batch)
+            if job.summary:  # what acceleration did in this call, and its counted FLOPs against the baseline's
+                from .summary import call_summary
+
+                call = {"height": height, "width": width, **options}
+                print(call_summary(pipe, [item["prompt"] for item in batch], **call))
             for item, image in zip(batch, images):
                 path = out_dir / item["file"]
                 with atomic_file(path) as tmp:  # a killed run leaves no half-written image behind

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from diffusers.models.attention import AttentionMixin, AttentionModuleMixin
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
@@ -160,16 +161,33 @@ def rotate_pairs(
     return torch.addcmul(cos_part, swapped, tables[1], out=out)
 
 
+class FusedProjection(nn.Linear):
+    """A fused q/k/v (or k/v) projection: an ``nn.Linear`` with no bias of its own, whose bias is given at the call
+    (the official layout keeps q's and v's biases beside it and k has none; their concatenation is a per-call
+    constant): ``F.linear(x, weight, bias)``, one GEMM with the bias in it.
+
+    The attention calls it as a module, never reads its weight, so whatever wraps it applies: a peft LoRA layer
+    passes the call's ``bias`` to this base layer and adds its low-rank update; hooks (offload, layerwise casting)
+    run. The state-dict names are a Linear's (``weight``)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
+
+
 def fused_qkv(
-    attn, hidden_states_RLC: torch.Tensor, weight: torch.Tensor, context: Optional[VARForwardContext] = None
+    attn, hidden_states_RLC: torch.Tensor, projection: nn.Module, context: Optional[VARForwardContext] = None
 ):
     """q, k, v as ``(R, L, H, c)`` views of one fused projection with q and v biases and no k bias (both families),
-    laid out ``(R, L, 3, H, c)``; the concatenated bias is a per-call constant."""
+    laid out ``(R, L, 3, H, c)``; the concatenated bias is a per-call constant. ``projection`` is a
+    :class:`FusedProjection` or what wraps it (a LoRA layer), called as a module."""
     R, L, C = hidden_states_RLC.shape
     bias = _call_cached(
         context, ("qkv_bias", attn.layer_idx), lambda: torch.cat((attn.q_bias, attn.zero_k_bias, attn.v_bias))
     )
-    return F.linear(hidden_states_RLC, weight, bias).view(R, L, 3, attn.num_heads, attn.head_dim)
+    return projection(hidden_states_RLC, bias=bias).view(R, L, 3, attn.num_heads, attn.head_dim)
 
 
 def _call_cached(context: Optional[VARForwardContext], key, compute):
@@ -480,7 +498,7 @@ class VARAttnProcessor:
         context: Optional[VARForwardContext] = None,
     ):
         """q, k, v as ``(R, L, H, c)`` with cosine normalisation, per-head scale and RoPE applied (q and k together)."""
-        qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv.weight, context)
+        qkv = fused_qkv(attn, hidden_states_RLC, attn.mat_qkv, context)
         qk = _cosine_qk(attn, qkv[:, :, :2], context, eps=1e-12)
         tables = self._rope_tables(rope_cos_sin, context, qk.dtype)
         q, k = rotate_pairs(qk, tables, halves=False, out_dtype=self._attention_dtype(qk.device)).unbind(2)
@@ -557,7 +575,7 @@ class VARAttnProcessor:
         T = text_RTC.shape[1]
 
         def text_kv():  # a GEMM over the text per block: constant for the call
-            kv = F.linear(text_RTC, attn.mat_kv.weight, torch.cat((attn.zero_k_bias, attn.v_bias)))
+            kv = attn.mat_kv(text_RTC, bias=torch.cat((attn.zero_k_bias, attn.v_bias)))
             return kv.view(text_RTC.shape[0], T, 2, attn.num_heads, attn.head_dim).unbind(dim=2)
 
         layer = getattr(attn, "layer_idx", None)
@@ -585,7 +603,7 @@ class HARTAttnProcessor(VARAttnProcessor):
         rope_cos_sin: torch.Tensor,
         context: Optional[VARForwardContext] = None,
     ):
-        qkv = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj.weight, context)
+        qkv = fused_qkv(attn, hidden_states_RLC, attn.qkv_proj, context)
         qk = qkv[:, :, :2]
         if attn.attn_l2_norm:
             qk = _cosine_qk(attn, qk, context, eps=None)

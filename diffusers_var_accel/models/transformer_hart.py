@@ -32,7 +32,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .attention_processor import HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
+from .lora import VARPeftAdapterMixin
+from .step_caches import VARStepCacheMixin
+from .attention_processor import FusedProjection, HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
 from ..next_scale.context import VARForwardContext
@@ -127,7 +129,7 @@ class HARTAttention(nn.Module, VARAttentionModuleMixin):
             self.softmax_scale = 1.0
         else:
             self.softmax_scale = 0.25 / math.sqrt(self.head_dim)
-        self.qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.qkv_proj = FusedProjection(embed_dim, 3 * embed_dim)
         self.q_bias = nn.Parameter(torch.zeros(embed_dim))
         self.v_bias = nn.Parameter(torch.zeros(embed_dim))
         self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
@@ -244,7 +246,9 @@ class HARTHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class HARTTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin):
+class HARTTransformer(
+    StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin, VARStepCacheMixin
+):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 
     Args:

@@ -24,7 +24,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils.accelerate_utils import apply_forward_hook
 
-from .attention_processor import VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
+from .lora import VARPeftAdapterMixin
+from .step_caches import VARStepCacheMixin
+from .attention_processor import FusedProjection, VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .dtype_utils import fused_cast_out, linear_input_dtype
 from .checkpoint_utils import (
     StrictLoadingMixin,
@@ -172,7 +174,7 @@ class InfinitySelfAttention(nn.Module, VARAttentionModuleMixin):
         self.max_scale_mul = _MAX_SCALE_MUL
         self.softmax_scale = 1.0  # cosine attention: the learned per-head scale replaces 1/sqrt(c)
         self.scale_mul_1H11 = nn.Parameter(torch.full((1, num_heads, 1, 1), 4.0).log())
-        self.mat_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.mat_qkv = FusedProjection(embed_dim, 3 * embed_dim)
         self.q_bias = nn.Parameter(torch.zeros(embed_dim))
         self.v_bias = nn.Parameter(torch.zeros(embed_dim))
         self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
@@ -214,7 +216,7 @@ class InfinityCrossAttention(nn.Module, VARAttentionModuleMixin):
             self.mat_q = nn.Parameter(torch.zeros(1, num_heads, self.head_dim))
         else:
             self.mat_q = nn.Linear(embed_dim, embed_dim, bias=True)
-        self.mat_kv = nn.Linear(kv_dim, 2 * embed_dim, bias=False)
+        self.mat_kv = FusedProjection(kv_dim, 2 * embed_dim)
         self.v_bias = nn.Parameter(torch.zeros(embed_dim))
         self.register_buffer("zero_k_bias", torch.zeros(embed_dim))
         self.proj = nn.Linear(embed_dim, embed_dim)
@@ -252,7 +254,7 @@ class InfinityTextPool(nn.Module):
     def forward(self, text_RTD: torch.Tensor, text_mask_R11T: Optional[torch.Tensor]) -> torch.Tensor:
         ca = self.ca
         R, T = text_RTD.shape[:2]
-        kv = F.linear(text_RTD, ca.mat_kv.weight, torch.cat((ca.zero_k_bias, ca.v_bias)))
+        kv = ca.mat_kv(text_RTD, bias=torch.cat((ca.zero_k_bias, ca.v_bias)))
         k, v = kv.view(R, T, 2, ca.num_heads, ca.head_dim).unbind(dim=2)
         q = ca.mat_q.to(kv.dtype).unsqueeze(0).expand(R, 1, ca.num_heads, ca.head_dim)
         # the kernel is chosen as for every other attention (set_attention_backend / attention_backend context)
@@ -420,7 +422,9 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------------------------------
-class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin):
+class InfinityTransformer(
+    StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin, VARStepCacheMixin
+):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
     It holds weights only: the KV cache and everything else that lives for one generation belongs to the caller
@@ -456,6 +460,10 @@ class InfinityTransformer(StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttent
     # recompile limit at 32 blocks).
     _repeated_blocks = ["InfinityFeedForward"]
     _skip_layerwise_casting_patterns = ["norm", "lvl_embed", "pos_start", "cfg_uncond"]
+    _lora_refused_modules = {
+        "lvl_embed": "the start token reads level 0's row of its weight directly (embed_start), so a LoRA would "
+        "not reach scale 0",
+    }
 
     @register_to_config
     def __init__(

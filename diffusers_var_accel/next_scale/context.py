@@ -86,6 +86,9 @@ class VARForwardContext:
     rope_source: Optional[Tuple["VARForwardContext", torch.Tensor]] = field(default=None, repr=False, compare=False)
     static_pass: bool = False
     decisions: Dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: ``{(layer, level): tokens per row}`` the executor computed where a route acted (:mod:`.work`), shared by the
+    #: contexts :meth:`for_tokens` derives; ``None``: not recorded
+    work: Optional[Dict[Tuple[int, str], int]] = field(default=None, repr=False, compare=False)
 
     def for_tokens(
         self, index_RK: torch.Tensor, scale_lengths: Optional[Tuple[int, ...]] = None, self_attention: bool = True

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .context import VARForwardContext
+from .work import tally
 from .plan import FILL_MODES, SUBLAYER_KINDS, EarlierScale, LayerProxy, MixingRoute, PassThrough, TokenRoute
 
 
@@ -201,6 +202,7 @@ def _routed_block(
     if route is None:
         return block(x_RLC, condition, context)
     index_RK = _select(route, x_RLC, context, key)
+    tally(context.work, block.layer_idx, "block", index_RK.shape[1])  # an inner route's count replaces this one
     if index_RK.shape[1] == 0:  # nothing computed: every position takes the fill
         return _block_canvas(route.fill, x_RLC, context, x_RLC.dtype)
     x_RKC = gather_tokens(x_RLC, index_RK)
@@ -314,6 +316,7 @@ def _run_mixing(
         taken_Rr = positions_Rr
     tokens_context = replace(context.for_tokens(taken_Rr, None), routes=None)
     for block in blocks:
+        tally(context.work, block.layer_idx, "block", r)  # the span runs on r mixtures
         y_RrC = block(y_RrC, condition, tokens_context)
     canvas = _block_canvas(route.fill, x_RLC, context, torch.promote_types(x_RLC.dtype, y_RrC.dtype))
     return scatter_tokens(canvas, positions_Rr, y_RrC)
@@ -331,6 +334,8 @@ def _run_span(
     """Consecutive blocks on the same kept tokens: one gather before, one scatter after (the selection is the first
     block's, ``key``)."""
     index_RK = _select(route, x_RLC, context, key)
+    for block in blocks:
+        tally(context.work, block.layer_idx, "block", index_RK.shape[1])
     if index_RK.shape[1] == 0:
         return x_RLC
     x_RKC = gather_tokens(x_RLC, index_RK)
@@ -367,6 +372,7 @@ def run_sublayer(
             context.records.sublayer_updates[(layer_idx, kind)] = update
         return x_RLC + update
     index_RK = _select(route, x_RLC, context, (layer_idx, kind))
+    tally(context.work, layer_idx, kind, index_RK.shape[1])
     if not index_RK.shape[1]:
         update_RLC = _update_canvas(route.fill, x_RLC, context)
         if recorded:

@@ -27,6 +27,7 @@ from .context import PassRecords, VARForwardContext
 from .executor import keep_residual, weight_codes
 from .plan import DRAWING_PASSES_WAY_OUT, ModelInfo, PassRoutes, ScalePlan, validate_plans
 from .rows import RowLayout
+from .work import CallWork, PassWork
 from .state import NextScaleState, ScaleModelFamily, ScheduleTables, schedule_slice
 
 
@@ -112,6 +113,7 @@ def run_next_scale_loop(
     state.generator = generator
     state.plans = tuple(plans)
     state.tables = tables if tables is not None else ScheduleTables()
+    state.work = CallWork()
     last_run = last_block_pass(plans)
 
     for pass_index, plan in enumerate(plans):
@@ -123,15 +125,19 @@ def run_next_scale_loop(
         if scheduler is not None:
             scheduler.before_scale(state, plan)
         if plan.skip:
+            state.work.passes.append(_pass_work(state, plan, None, None, family.num_start_tokens))
             for si in plan.scale_indices:
                 if on_scale_end is not None:
                     on_scale_end(si, state)
             continue
         routes = scheduler.route_pass(state, plan) if scheduler is not None else None
         pass_layout = layout.for_plan(plan)
+        # counted in eager passes only: a captured or compiled pass keeps its traced code free of host bookkeeping
+        work = {} if pass_runner is None else None
         hidden_RLC, lengths, pass_condition = _run_pass(
-            family, condition, state, plan, routes, pass_layout, pass_runner
+            family, condition, state, plan, routes, pass_layout, pass_runner, work
         )
+        state.work.passes.append(_pass_work(state, plan, pass_layout, work, family.num_start_tokens))
         offset = 0
         for si, length in zip(plan.scale_indices, lengths):
             h_scale = hidden_RLC[:, offset : offset + length]
@@ -165,7 +171,34 @@ def run_next_scale_loop(
         for si in plan.scale_indices:
             if on_scale_end is not None:
                 on_scale_end(si, state)
+    state.work.kv_positions = tuple(state.kv_cache.filled()[0])
+    state.work.kv_bytes = state.kv_cache.nbytes
     return state
+
+
+def _pass_work(
+    state: NextScaleState, plan: ScalePlan, layout: Optional[RowLayout], work, start_tokens: int
+) -> PassWork:
+    """The :class:`~.work.PassWork` of a pass that ran (``layout``: its rows) or was skipped (``layout`` ``None``)."""
+    schedule = state.scale_schedule
+    guided = state.layout.guided
+    rows_run = 0 if layout is None else layout.run_rows
+    unconditional = None
+    if guided:
+        unconditional = layout is not None and (not layout.halved or layout.run_slice.start > 0)
+    scale_tokens = tuple(int(schedule[si][-2]) * int(schedule[si][-1]) for si in plan.scale_indices)
+    return PassWork(
+        scale_indices=tuple(plan.scale_indices),
+        scale_tokens=scale_tokens,
+        input_tokens=sum(start_tokens if si == 0 else n for si, n in zip(plan.scale_indices, scale_tokens)),
+        skipped=layout is None,
+        rows_run=rows_run,
+        rows=state.layout.cache_rows,
+        unconditional_ran=unconditional,
+        num_layers=state.model.num_layers,
+        routed=dict(work or {}),
+        recorded=work is not None or layout is None,
+    )
 
 
 def scheduler_key(scheduler) -> Hashable:
@@ -186,6 +219,7 @@ def _run_pass(
     routes: Optional[PassRoutes],
     layout: RowLayout,
     pass_runner: Optional[Callable] = None,
+    work: Optional[dict] = None,
 ):
     """Embed the inputs of the plan's scales and run the blocks once.
 
@@ -224,6 +258,7 @@ def _run_pass(
         cache_row_start=layout.run_slice.start if layout.halved else 0,
         scale_hws=scale_hws,
         records=records,
+        work=work,
     )
     if pass_runner is None:
         hidden_RLC = family.run_blocks(x_RLC, cond_rows, context)

@@ -196,6 +196,8 @@ class NextScaleState:
     call_cache: Dict[Any, Any] = field(default_factory=dict)
     #: the constant tables shared with other calls of the same schedule (:class:`ScheduleTables`, owned by the caller)
     tables: ScheduleTables = field(default_factory=ScheduleTables)
+    #: what each pass computed, as the executor ran it (:class:`~.work.CallWork`; the pipelines' summary)
+    work: Optional[Any] = None
 
     @property
     def num_scales(self) -> int:

@@ -38,6 +38,37 @@ class VARAccelerationMixin:
 
         return preset_model_of(self)
 
+    def acceleration_summary(self) -> Dict[str, Any]:
+        """What the last call's passes computed, as the executor carried them out (recorded during the call, not
+        derived from the scheduler's settings).
+
+        Returns:
+            `dict`: ``passes``, one dict per pass in order (``scales`` and their ``scale_tokens``, ``input_tokens``
+            the pass fed the blocks (scale 0: the start tokens), ``grouped``,
+            ``skipped``, ``rows_run`` of ``rows`` and ``unconditional_ran``, ``tokens_computed_per_layer`` per
+            sublayer, ``fewest_tokens_computed``, ``layers_per_token``, ``recorded``: ``False`` for a pass replayed
+            from a captured graph or compiled, whose per-layer counts are not taken); ``token_layers`` (tokens per row
+            times the layers they ran, self-attention, summed over passes) and ``baseline_token_layers`` (every token
+            of every scale through every layer); ``kv_positions`` (positions each layer's KV cache kept) and
+            ``kv_bytes`` (the cache's allocated bytes). FLOPs are counted by the lab's meter:
+            ``var-accel generate --summary`` prints them beside this.
+
+        Raises:
+            RuntimeError: the pipeline has not been called yet.
+        """
+        work = getattr(self, "_last_call_work", None)
+        if work is None:
+            raise RuntimeError("acceleration_summary() describes the last call of the pipeline; call it first")
+        passes = [p.as_dict() for p in work.passes]
+        num_layers = work.passes[0].num_layers if work.passes else 0
+        return {
+            "passes": passes,
+            "token_layers": sum(sum(p["tokens_computed_per_layer"]["self_attn"]) for p in passes),
+            "baseline_token_layers": sum(p["input_tokens"] for p in passes) * num_layers,
+            "kv_positions": list(work.kv_positions),
+            "kv_bytes": work.kv_bytes,
+        }
+
     def enable_acceleration(self, scheduler: Union[VARAccelScheduler, str], **overrides: Any) -> VARAccelScheduler:
         """Accelerate every following call with ``scheduler`` (replacing any attached one).
 

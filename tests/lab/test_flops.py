@@ -508,3 +508,20 @@ def test_flop_counter_is_importable_from_the_package():
     import diffusers_var_accel.lab.bench.flops as script
 
     assert script.main is flops.main and script.count_generation_flops is flops.count_generation_flops
+
+
+def test_the_text_length_defaults_from_the_model_in_hand():
+    """Without ``text_tokens`` an Infinity count takes a typical prompt's 32 tokens, capped by the model's
+    ``text_maxlen`` (the embedded model takes 24): no error for a model with shorter text."""
+    from diffusers_var_accel.lab.bench.infinity_flops import DEFAULT_TEXT_TOKENS
+
+    transformer = build_on_meta(InfinityTransformer, **TINY)  # text_maxlen 16 < 32
+    vae = build_on_meta(InfinityBSQVAE, **TINY_VAE)
+    assert TINY["text_maxlen"] < DEFAULT_TEXT_TOKENS
+    default = count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0))
+    capped = count_generation_flops(
+        transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), text_tokens=TINY["text_maxlen"]
+    )
+    assert default["text_flops"] == capped["text_flops"] and default["total_flops"] == capped["total_flops"]
+    with pytest.raises(ValueError, match="exceeds text_maxlen"):
+        count_generation_flops(transformer, vae, TINY_SCHEDULE, rope_grid_hw(1.0), text_tokens=DEFAULT_TEXT_TOKENS)

@@ -279,3 +279,38 @@ def test_push_to_hub_uploads_the_same_layout(monkeypatch):
     pushed = json.loads(files["acceleration_config.json"])
     pushed.pop("_diffusers_version")
     assert pushed == stored(presets_module.PRESETS_DIR / "infinity-2b" / "lazyvar")
+
+
+def _official_schedules(model):
+    """``[(schedule, size)]`` of every official size of a preset model, and its depth."""
+    from diffusers_var_accel import HART_CONFIGS, schedule_for_size, supported_sizes
+    from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS
+
+    if model == "hart-0.7b":
+        patch_nums = HART_CONFIGS[model]["patch_nums"]
+        return [(tuple((1, p, p) for p in patch_nums), "1024x1024")], HART_CONFIGS[model]["depth"]
+    schedules = [(tuple(map(tuple, schedule_for_size(h, w)[0])), f"{h}x{w}") for h, w in sorted(supported_sizes())]
+    return schedules, INFINITY_CONFIGS[model]["depth"]
+
+
+@pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])
+def test_every_preset_plans_at_every_official_size_but_depthvar_r9_at_7_scales(model):
+    """docs/presets_and_hub.md: the presets run at every official size and aspect ratio, except infinity-2b/depthvar's
+    R = 9 (counted from the start) at the 7-scale 0.06M sizes, which raises naming R and the allowed range."""
+    from diffusers_var_accel.next_scale.plan import ModelInfo, validate_plans
+
+    family = MODELS[model]
+    schedules, depth = _official_schedules(model)
+    refused = []
+    for method in METHODS:
+        scheduler = load_acceleration(f"{model}/{method}", family)
+        for schedule, size in schedules:
+            try:
+                plans = scheduler.plan_scales(schedule, ModelInfo(depth, family))
+            except ValueError as err:
+                assert "R=9 is outside the schedule's 7 scales" in str(err), (method, size, err)
+                refused.append((method, len(schedule)))
+                continue
+            validate_plans(plans, len(schedule))
+    expected = [("depthvar", 7)] * (15 if model == "infinity-2b" else 0)  # 15 aspect ratios at 0.06M
+    assert refused == expected

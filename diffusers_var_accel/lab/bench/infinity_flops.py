@@ -139,7 +139,7 @@ def infinity_generation(
     grid_hw: Tuple[int, int],
     cfg: bool = True,
     batch_size: int = 1,
-    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    text_tokens: Optional[int] = None,
     decode_vae: Optional[InfinityBSQVAE] = None,
     spatial_patchify: bool = False,
     scheduler=None,
@@ -153,13 +153,17 @@ def infinity_generation(
         scale_schedule / grid_hw: the ``(1, h, w)`` schedule and its RoPE grid (``schedule_for_size``, ``rope_grid_hw``).
         cfg: classifier-free guidance (2B rows: conditional + learned unconditional text) or not (B rows).
         batch_size: images B.
-        text_tokens: T5 tokens per prompt (the unconditional rows use as many ``cfg_uncond`` rows, as the pipeline).
+        text_tokens: T5 tokens per prompt (the unconditional rows use as many ``cfg_uncond`` rows, as the pipeline);
+            ``None``: {DEFAULT_TEXT_TOKENS} (a typical prompt), at most the model's ``text_maxlen`` (the embedded
+            model's text is shorter).
         decode_vae: a different decoder (default: ``vae``).
         spatial_patchify: must equal the transformer's ``apply_spatial_patchify`` (kept for callers that state it; the
             loop reads the token layout from the transformer config).
         scheduler: an acceleration scheduler (``None``: the baseline).
     """
     device = transformer.pos_start.device
+    if text_tokens is None:  # the model in hand decides: a typical prompt, capped by the text it takes
+        text_tokens = min(DEFAULT_TEXT_TOKENS, transformer.config.text_maxlen)
     decode_vae = vae if decode_vae is None else decode_vae
     D, d = transformer.config.text_channels, transformer.config.codebook_dim
     check_token_layout(transformer, vae)

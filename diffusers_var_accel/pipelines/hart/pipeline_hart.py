@@ -17,6 +17,7 @@ from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..lora_loading import VARLoraLoaderMixin
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -333,7 +334,7 @@ class HARTSampling(NamedTuple):
     more_smooth: bool
 
 
-class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
+class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin, VARLoraLoaderMixin):
     r"""Text-to-image generation with HART (arXiv:2410.10812).
 
     Args:
@@ -825,6 +826,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed
         del state  # its KV cache (up to gigabytes) is freed before the decoder's buffers are allocated
 
         # 3. Decode

@@ -26,6 +26,7 @@ from ...models.transformer_infinity import (
 )
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
+from ..lora_loading import VARLoraLoaderMixin
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -357,7 +358,7 @@ class InfinitySampling(NamedTuple):
     top_p: Optional[float]
 
 
-class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin):
+class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMixin, VARLoraLoaderMixin):
     r"""Text-to-image generation with Infinity (arXiv:2412.04431).
 
     Args:
@@ -821,6 +822,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 tables=self.schedule_tables,
             )
         latents = state.f_hat
+        self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed
         del state  # its KV cache (up to gigabytes) is freed before the decoder's buffers are allocated
 
         # 4. Decode
