@@ -36,6 +36,7 @@ from torch import nn
 
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 from .vae_decoding import SlicedTiledDecodeMixin
+from .group_offload import GroupOffloadRefusalMixin
 
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
@@ -247,7 +248,7 @@ class BSQDecoder(nn.Module):
         return self.conv_out(_swish(self.norm_out(h_BChw)))
 
 
-class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
+class InfinityBSQVAE(StrictLoadingMixin, GroupOffloadRefusalMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
     r"""The BSQ VAE of Infinity (https://arxiv.org/abs/2412.04431): decoder, encoder and the multi-scale bit helpers.
 
     Generation needs only [`~InfinityBSQVAE.bits_to_codes`], [`~InfinityBSQVAE.add_scale_codes`],

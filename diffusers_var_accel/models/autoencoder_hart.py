@@ -38,6 +38,7 @@ from torch import nn
 
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 from .vae_decoding import SlicedTiledDecodeMixin
+from .group_offload import GroupOffloadRefusalMixin
 
 __all__ = [
     "HARTHybridTokenizer",
@@ -297,7 +298,9 @@ class HARTQuantizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------- model
 
 
-class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
+class HARTHybridTokenizer(
+    StrictLoadingMixin, GroupOffloadRefusalMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin
+):
     r"""The hybrid tokenizer of HART (https://arxiv.org/abs/2410.10812): conv encoder / decoder, a multi-scale VQ
     codebook with shared Phi convolutions, and the ``f_hat`` helpers of next-scale generation.
 

@@ -34,6 +34,7 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .lora import VARPeftAdapterMixin
 from .step_caches import VARStepCacheMixin
+from .group_offload import GroupOffloadRefusalMixin
 from .attention_processor import FusedProjection, HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
@@ -247,7 +248,13 @@ class HARTHeadNorm(nn.Module):
 # model
 # ---------------------------------------------------------------------------------------------------------------------
 class HARTTransformer(
-    StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin, VARStepCacheMixin
+    StrictLoadingMixin,
+    GroupOffloadRefusalMixin,
+    ModelMixin,
+    ConfigMixin,
+    VARAttentionMixin,
+    VARPeftAdapterMixin,
+    VARStepCacheMixin,
 ):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 

@@ -26,6 +26,7 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .lora import VARPeftAdapterMixin
 from .step_caches import VARStepCacheMixin
+from .group_offload import GroupOffloadRefusalMixin
 from .attention_processor import FusedProjection, VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .dtype_utils import fused_cast_out, linear_input_dtype
 from .checkpoint_utils import (
@@ -423,7 +424,13 @@ class InfinityHeadNorm(nn.Module):
 # model
 # ---------------------------------------------------------------------------------------------------------------------
 class InfinityTransformer(
-    StrictLoadingMixin, ModelMixin, ConfigMixin, VARAttentionMixin, VARPeftAdapterMixin, VARStepCacheMixin
+    StrictLoadingMixin,
+    GroupOffloadRefusalMixin,
+    ModelMixin,
+    ConfigMixin,
+    VARAttentionMixin,
+    VARPeftAdapterMixin,
+    VARStepCacheMixin,
 ):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 

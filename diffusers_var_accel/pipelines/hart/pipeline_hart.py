@@ -12,6 +12,7 @@ from diffusers.utils import logging, replace_example_docstring
 from ...families import get_model_family
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.dtype_utils import compute_dtype
+from ...models.group_offload import refuse_group_offload
 from ...next_scale.context import VARForwardContext
 from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
@@ -423,6 +424,17 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         and swapped in by two renames, so a process killed while saving leaves the earlier pipeline or this one, never a
         mix of both and never neither (:func:`~diffusers_var_accel.pipelines.pipeline_loading.save_pipeline_folder`)."""
         save_pipeline_folder(self, save_directory, args, kwargs)
+
+    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityPipeline.enable_group_offload
+    def enable_group_offload(self, *args, **kwargs) -> None:
+        """Refused, before any component is touched: group offloading never moves the weights these models read
+        outside a module ``forward`` (:mod:`~diffusers_var_accel.models.group_offload`); ``enable_model_cpu_offload()``
+        works with every acceleration method.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        refuse_group_offload(self)
 
     @property
     def vae_scale_factor(self) -> int:

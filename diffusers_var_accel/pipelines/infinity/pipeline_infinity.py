@@ -15,6 +15,7 @@ from ...families import get_model_family
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...next_scale.context import VARForwardContext
 from ...models.dtype_utils import compute_dtype
+from ...models.group_offload import refuse_group_offload
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import (
     INFINITY_CONFIGS,
@@ -438,6 +439,16 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         and swapped in by two renames, so a process killed while saving leaves the earlier pipeline or this one, never a
         mix of both and never neither (:func:`~diffusers_var_accel.pipelines.pipeline_loading.save_pipeline_folder`)."""
         save_pipeline_folder(self, save_directory, args, kwargs)
+
+    def enable_group_offload(self, *args, **kwargs) -> None:
+        """Refused, before any component is touched: group offloading never moves the weights these models read
+        outside a module ``forward`` (:mod:`~diffusers_var_accel.models.group_offload`); ``enable_model_cpu_offload()``
+        works with every acceleration method.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        refuse_group_offload(self)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def text_token_limit(self) -> int:
