@@ -831,6 +831,62 @@ class _StoreSpelling(argparse._StoreAction):
         setattr(namespace, f"{self.dest}_flag", option_string)
 
 
+def default_threads() -> int:
+    """torch's intra-op CPU threads when ``--threads`` is not given: the usable cores less one, at least 1. Measured on
+    the embedded model, 2 cores, one image: quiet, 1 thread 0.53 s and 2 threads 3.03 s (the machine shared with other
+    jobs); beside one busy process per core, 1 thread 1.91 s and 2 threads 15.05 s (docs/benchmarks.md, "Threads"):
+    a thread per core collapses as soon as a neighbour takes a core."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        default=None,
+        help=f"torch's intra-op CPU threads (default: the usable cores less one, at least 1; here {default_threads()}). "
+        "A thread per core collapses beside a busy neighbour (docs/benchmarks.md, Threads)",
+    )
+
+
+def parse_threads(value: Optional[str]) -> int:
+    """``--threads`` as a number of threads (``None``: :func:`default_threads`); a bad value is a one-line error."""
+    if value is None:
+        return default_threads()
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1 or str(value).strip() != str(threads):
+        raise CLIError(f"--threads {value}: must be a whole number of threads, 1 or more")
+    return threads
+
+
+def _torch_threads() -> Optional[int]:
+    """torch's intra-op threads if torch is already imported (``None`` otherwise: nothing to restore)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def apply_threads(args: argparse.Namespace) -> Optional[int]:
+    """Set torch's intra-op threads from ``--threads`` for the commands that take it (before any work); the count."""
+    if not hasattr(args, "threads"):
+        return None
+    threads = parse_threads(args.threads)
+    _set_torch_threads(threads)
+    return threads
+
+
 def _accel_flag(args: argparse.Namespace, dest: str = "methods") -> str:
     """The acceleration flag the user typed (``--accel`` when none was: the default was used)."""
     return getattr(args, f"{dest}_flag", None) or "--accel"
@@ -960,6 +1016,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
         default=1,
         help="prompts per pipeline call (default 1); each image keeps its own seed",
     )
+    _add_threads_flag(gen)
     gen.set_defaults(func=_cmd_generate)
 
     demo = sub.add_parser(
@@ -1001,6 +1058,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
         help="replace an earlier demo's report.json and grid.png in --output (without it, they are an error)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (default: shown)")
+    _add_threads_flag(demo)
     demo.set_defaults(func=_cmd_demo)
 
     srv = sub.add_parser(
@@ -1036,6 +1094,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
         "compositions are typed in the page; --methods is the same flag)",
     )
     srv.add_argument("--repeats", type=int, default=2, help="timed rounds per request (the page can change it)")
+    _add_threads_flag(srv)
     srv.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser(
@@ -1105,6 +1164,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     bench.add_argument("-o", "--output", default="bench_outputs", help="output folder (default bench_outputs)")
     bench.add_argument("--no-images", action="store_true", help="do not write the generated images")
     bench.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_threads_flag(bench)
     bench.set_defaults(func=_cmd_bench)
 
     cal = sub.add_parser(
@@ -1262,7 +1322,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             return memory.main(command[1:], prog="var-accel memory")
         args = build_parser(argv).parse_args(argv)
         args.debug = getattr(args, "debug", False)
-        return args.func(args)
+        threads_before = _torch_threads()
+        apply_threads(args)
+        try:
+            return args.func(args)
+        finally:  # main() called in a process that goes on (a test, a notebook) leaves its thread count as it was
+            if threads_before is not None:
+                _set_torch_threads(threads_before)
     except SystemExit as exit_:  # argparse (--help: 0; a bad value: 2, with the allowed values on stderr)
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except CLIError as err:

@@ -196,6 +196,7 @@ def run_demo(
         seeds=[seed + i for i in range(len(prompts))],
         sampling=kwargs,
         repeats=repeats,
+        threads=torch.get_num_threads(),
         methods=report_methods,
         spread_notes=spread_notes(report_methods),
         notes="time: median s/image, interleaved, after one untimed call per method; spread: (max - min) / "
@@ -248,6 +249,8 @@ def format_table(report: Dict[str, Any]) -> str:
             f"| {m} | {r['seconds_per_image_median']:.3f} | {spread} | {speedup} | {r['gflops']:.3f} | "
             f"{r['flops_ratio']:.2f}x | {psnr_text} | {r['ssim_mean']:.3f} | {r['scorer_accuracy']:.0%} |"
         )
+    if report.get("threads"):
+        lines += ["", f"timed with {report['threads']} torch CPU thread(s) (var-accel demo --threads N)"]
     lines += [
         "",
         "speed-up: median of the per-pair ratios (the baseline and the method on the same prompt, back to back); "

@@ -321,8 +321,8 @@ def build_app(
         gallery = gr.Gallery(
             label="images (baseline first)",
             columns=4,
-            height=340,
-            object_fit="contain",
+            height="auto",  # a fixed height hid each image's lower part and its caption behind a scroll bar
+            object_fit="contain",  # each image whole at its own aspect (a size other than square is not cropped)
             elem_id="images",
             format="png",
         )
@@ -331,7 +331,9 @@ def build_app(
         plots = service.frontier_plots()
         if plots:
             with gr.Accordion("speed-fidelity frontier of this model's calibrations", open=False):
-                gr.Gallery(value=plots, columns=2, height="auto", label="frontier", elem_id="frontier")
+                gr.Gallery(
+                    value=plots, columns=2, height="auto", object_fit="contain", label="frontier", elem_id="frontier"
+                )  # contain: the default cover centre-cropped the plots (their left panel and x label)
         methods.change(on_pick, inputs=methods, outputs=settings)
         button.click(
             on_generate,
@@ -354,6 +356,18 @@ def _message(err: BaseException) -> str:
     )
 
 
+# Gradio draws a gallery caption on one line cut short with an ellipsis at 80% of the image's width, which hid the
+# numbers (time, FLOPs, SSIM); here it wraps, spans the image's width and stays readable. And a gallery of
+# height="auto" still stops at 55% of the window and scrolls inside (the frontier's third row of plots was hidden);
+# here it grows with its rows and the page scrolls instead.
+GALLERY_CSS = """
+#images .grid-wrap, #frontier .grid-wrap { max-height: none; }
+#images .caption-label, #frontier .caption-label {
+  white-space: normal; text-overflow: clip; max-width: none; left: var(--block-label-margin); opacity: 0.9;
+}
+"""
+
+
 def launch_options(host: str = "127.0.0.1", port: int = 7860) -> Dict[str, Any]:
     """The arguments of ``demo.launch`` for this page: the address, no server-side rendering (no Node.js needed) and a
     theme with system fonts only (no web fonts: the page works offline)."""
@@ -362,7 +376,15 @@ def launch_options(host: str = "127.0.0.1", port: int = 7860) -> Dict[str, Any]:
         font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
     )
     # quiet: no "set share=True in launch()" hint, which a command-line user cannot act on (serve prints the address)
-    return dict(server_name=host, server_port=port, ssr_mode=False, theme=theme, footer_links=["api"], quiet=True)
+    return dict(
+        server_name=host,
+        server_port=port,
+        ssr_mode=False,
+        theme=theme,
+        css=GALLERY_CSS,
+        footer_links=["api"],
+        quiet=True,
+    )
 
 
 def serve(

@@ -113,3 +113,7 @@ def test_demo_warms_every_method_up_and_reports_its_spread(tmp_path, monkeypatch
     # the speed-up is the median of the per-round ratios: 1 s / 1 s and 1 s / 4 s
     assert report["methods"]["lazyvar"]["speedup"] == pytest.approx((1.0 + 0.25) / 2)
     assert report["methods"]["lazyvar"]["unsteady"] and "unsteady" in demo_module.format_table(report)
+    threads = __import__("torch").get_num_threads()
+    assert report["threads"] == threads and f"timed with {threads} torch CPU thread" in demo_module.format_table(
+        report
+    )

@@ -202,6 +202,72 @@ def test_twenty_concurrent_visitors_each_get_their_own_images(pipe, app_url):
             assert np.array_equal(got, want), (seed, method)
 
 
+# For each image under the selector: its natural size, the part of it drawn (after object-fit), the part of that left
+# visible by every clipping ancestor (overflow other than visible, up to the gallery) and by the window; and the same
+# for each caption. An image is whole when what is drawn is the whole image at its own aspect and all of it is visible.
+_RENDERED_JS = """
+const root = document.querySelector(arguments[0]);
+function clip(el, r) {
+  let out = {left: r.left, top: r.top, right: r.right, bottom: r.bottom};
+  for (let a = el.parentElement; a; a = a.parentElement) {
+    const s = getComputedStyle(a);
+    if (s.overflowX !== 'visible' || s.overflowY !== 'visible') {
+      const b = a.getBoundingClientRect();
+      out = {left: Math.max(out.left, b.left), top: Math.max(out.top, b.top),
+             right: Math.min(out.right, b.right), bottom: Math.min(out.bottom, b.bottom)};
+    }
+    if (a === root) break;
+  }
+  return out;
+}
+function drawn(img) {
+  const r = img.getBoundingClientRect(), fit = getComputedStyle(img).objectFit;
+  const nw = img.naturalWidth, nh = img.naturalHeight;
+  let w = r.width, h = r.height, cropped = false, stretched = false;
+  if (fit === 'contain' || (fit === 'scale-down' && (nw > r.width || nh > r.height))) {
+    const k = Math.min(r.width / nw, r.height / nh); w = nw * k; h = nh * k;
+  } else if (fit === 'none' || fit === 'scale-down') {
+    w = Math.min(nw, r.width); h = Math.min(nh, r.height); cropped = nw > r.width + 0.5 || nh > r.height + 0.5;
+  } else if (fit === 'cover') {
+    cropped = Math.abs(r.width / r.height - nw / nh) > 0.01 * (nw / nh);
+  } else {  // fill: the box's own aspect
+    stretched = Math.abs(r.width / r.height - nw / nh) > 0.01 * (nw / nh);
+  }
+  const left = r.left + (r.width - w) / 2, top = r.top + (r.height - h) / 2;
+  return {fit, nw, nh, cropped, stretched, box: {left, top, right: left + w, bottom: top + h}};
+}
+const images = Array.from(root.querySelectorAll('img')).map(img => {
+  const d = drawn(img); d.visible = clip(img, d.box); return d;
+});
+const captions = Array.from(root.querySelectorAll(arguments[1])).map(c => {
+  const r = c.getBoundingClientRect();
+  return {text: c.innerText, truncated: c.scrollWidth > c.clientWidth + 1 || c.scrollHeight > c.clientHeight + 1,
+          box: {left: r.left, top: r.top, right: r.right, bottom: r.bottom}, visible: clip(c, r)};
+});
+return {images, captions, window: {width: window.innerWidth, height: window.innerHeight}};
+"""
+
+
+def _hidden_parts(rendered) -> list:
+    """What of each image (or caption) is cropped, stretched or hidden; empty when everything is whole and visible."""
+    problems = []
+    for i, image in enumerate(rendered["images"]):
+        box, seen = image["box"], image["visible"]
+        if image["cropped"] or image["stretched"]:
+            problems.append(f"image {i}: object-fit {image['fit']} crops or stretches it ({image})")
+        if any(abs(box[k] - seen[k]) > 1 for k in ("left", "top", "right", "bottom")):
+            problems.append(f"image {i}: only {seen} of {box} is visible")
+    for caption in rendered["captions"]:
+        box, seen = caption["box"], caption["visible"]
+        if caption["truncated"]:
+            problems.append(f"caption {caption['text']!r}: cut short (ellipsis)")
+        if box["right"] - box["left"] < 1 or any(
+            abs(box[k] - seen[k]) > 1 for k in ("left", "top", "right", "bottom")
+        ):
+            problems.append(f"caption {caption['text']!r}: only {seen} of {box} is visible")
+    return problems
+
+
 def _chromium():
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name)
@@ -259,6 +325,28 @@ def test_the_page_in_a_real_browser(app_url, tmp_path):
         assert "fastvar" not in table
         captions = driver.find_element(By.CSS_SELECTOR, "#images").text
         assert "SSIM" in captions and "FLOPs" in captions
+        wait.until(
+            lambda d: d.execute_script(
+                "return Array.from(document.querySelectorAll('#images img'))"
+                ".every(i => i.complete && i.naturalWidth > 0)"
+            )
+        )
+        rendered = driver.execute_script(_RENDERED_JS, "#images", ".caption-label")
+        assert len(rendered["images"]) == 3 and len(rendered["captions"]) == 3, rendered
+        problems = _hidden_parts(rendered)
+        assert not problems, "\n".join(problems)
+        opener = [b for b in driver.find_elements(By.CSS_SELECTOR, "button") if "frontier" in b.text]
+        if opener:  # the loaded model has calibrations: their plots, whole
+            opener[0].click()
+            wait.until(
+                lambda d: d.execute_script(
+                    "const i = document.querySelectorAll('#frontier img');"
+                    "return i.length > 0 && Array.from(i).every(x => x.complete && x.naturalWidth > 0)"
+                )
+            )
+            plots = driver.execute_script(_RENDERED_JS, "#frontier", ".caption-label")
+            problems = _hidden_parts(plots)
+            assert not problems, "\n".join(problems)
         assert "median of 1 timed round" in driver.find_element(By.CSS_SELECTOR, "#notes").text
         driver.save_screenshot(str(tmp_path / "serve.png"))
         assert (tmp_path / "serve.png").stat().st_size > 10_000
