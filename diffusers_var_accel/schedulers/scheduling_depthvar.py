@@ -1,6 +1,7 @@
 """DepthVAR: every token of a late scale gets a number of layers instead of keep / drop (CVPR 2026 Findings).
 
-No public code: where the paper is ambiguous the choice is ours, stated here and in ``docs/depthvar.md``. Equations
+The paper names a repository (``STOVAGtz/DepthVAR``), not retrievable here, so this follows the paper's text;
+where it is ambiguous the choice is ours, stated here and in ``docs/depthvar.md``. Equations
 are numbered in the method's order (``shared/docs/methods.md``). For a dynamic scale ``i`` of ``N = h w`` tokens and
 a model of ``L`` layers:
 
