@@ -19,6 +19,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diffusers_var_accel.lab.selection import decides  # noqa: E402
+
 #: The nine (guidance, tau) settings of the original validation (docs/embedded.md, fifth round).
 SETTINGS = [
     (2.0, 1.0),
@@ -33,6 +35,7 @@ SETTINGS = [
 ]
 
 
+@decides("the sampling check")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=96, help="calibration prompts (default 96)")

@@ -57,6 +57,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diffusers_var_accel.lab.selection import decides  # noqa: E402
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -717,6 +719,7 @@ def finetune_decoder(args, vae, transformer, text_encoder, tokenizer, captions, 
     return vae
 
 
+@decides("training's validation")
 def evaluate_validation(folder, n: int, settings: str, label: str = "eval") -> None:
     """Scorer accuracy on ``heldout_prompts(n, seed=1)`` (validation, disjoint draws from the held-out set) for each
     'guidance:tau:top_k' setting: how the embedded model's sampling settings are chosen. ``folder`` is a pipeline

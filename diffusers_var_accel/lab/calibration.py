@@ -54,6 +54,7 @@ from diffusers_var_accel.schedulers.registry import COMPOSE_SEPARATOR, get_metho
 from diffusers_var_accel.schedulers.composition import ComposedScheduler
 from diffusers_var_accel.schedulers.scheduling_var_base import CALIBRATION_RECORD_NAME
 from diffusers_var_accel.schedulers.scheduling_var_base import VARAccelScheduler
+from diffusers_var_accel.lab.selection import decides
 
 #: Seed of the default calibration prompts (the held-out set uses ``HELDOUT_SEED``; validation used seed 1).
 CALIBRATION_PROMPT_SEED = 7
@@ -235,7 +236,7 @@ def _load_lpips_if_cached():
 
 
 def _fidelity(
-    images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], lpips_fn, shapes: bool
+    images: torch.Tensor, baseline: torch.Tensor, prompts: List[str], lpips_fn, shapes: bool, strict: bool = True
 ) -> Dict[str, Any]:
     from diffusers_var_accel.lab.metrics import psnr, ssim
 
@@ -248,7 +249,8 @@ def _fidelity(
         from diffusers_var_accel.lab.data.scorer import score
 
         out["correct"] = [
-            bool(score(p, images[i].permute(1, 2, 0).clamp(0, 1).numpy())["correct"]) for i, p in enumerate(prompts)
+            bool(score(p, images[i].permute(1, 2, 0).clamp(0, 1).numpy(), strict=strict)["correct"])
+            for i, p in enumerate(prompts)
         ]
     return out
 
@@ -294,6 +296,7 @@ def model_name(pipe) -> str:
     return name
 
 
+@decides("a calibration search")
 def calibrate(
     pipe,
     method: str,
@@ -467,6 +470,9 @@ def calibrate(
         num_layers=layers,
         budget=dict(target_flops_ratio=target_flops_ratio, target_speedup=target_speedup),
         select=select,
+        # The scorer decides only an accuracy selection; records chosen by SSIM stay as they were. Accuracy records
+        # without this field were made with the lenient scorer (before 2026-12-06; score(..., strict=False)).
+        **(dict(scorer="strict") if select == "accuracy" else {}),
         prompts=prompts,
         seeds=seeds,
         sampling=sampling,
@@ -522,6 +528,7 @@ def meets_budget(
     )
 
 
+@decides("a calibration choice")
 def choose(
     tried: Sequence[Dict[str, Any]],
     target_flops_ratio: Optional[float] = None,

@@ -14,6 +14,7 @@ def evaluate_shapes(
     batch_size: int = 8,
     sampling: Optional[Dict[str, Any]] = None,
     progress: bool = True,
+    keep_images: bool = False,
 ) -> Dict[str, Any]:
     """Generate every held-out prompt with its own seed and score it.
 
@@ -24,6 +25,7 @@ def evaluate_shapes(
         acceleration: a scheduler for every call (``None``: the baseline).
         batch_size: prompts per call; each image has its own generator, so results do not depend on it.
         sampling: call arguments (default: ``EMBEDDED_SAMPLING``).
+        keep_images: also return the images (``"images"``, float arrays in [0, 1], in the prompts' order).
 
     Returns:
         ``score_batch``'s report (``per_category``, ``overall``, ``overall_images``, ``n``, ...) plus ``results``
@@ -57,4 +59,6 @@ def evaluate_shapes(
         )
         for e, img in zip(entries, images)
     ]
+    if keep_images:
+        report["images"] = images
     return report

@@ -331,4 +331,75 @@ def test_original_prompts_are_judged_as_before_the_grammar_grew():
     diamond = render_scene(_with_objects(base, [dataclasses.replace(base.objects[0], shape="diamond")]))
     assert detect_objects(diamond)[0]["shape"] in ("circle", "square", "triangle", None)
     assert detect_objects(diamond, "enlarged")[0]["shape"] == "diamond"
-    assert set(detect_objects(render_scene(base))[0]["features"]) == {"circle", "square", "triangle", "aspect"}
+    lenient = detect_objects(render_scene(base), strict=False)[0]["features"]
+    assert set(lenient) == {"circle", "square", "triangle", "aspect"}
+    strict = detect_objects(render_scene(base))[0]["features"]
+    assert set(strict) - set(lenient) >= {"elongation", "corners", "template_shape"} and "diamond" not in strict
+
+
+def _drawn(kind: str, size: float, aspect: float = 1.0, corners: int = 6, turn: float = 0.0, color=(220, 30, 30)):
+    """A 64 x 64 image of one red shape on black, drawn at 8x and box-filtered (antialiased like the renderer)."""
+    from PIL import Image, ImageDraw
+
+    ss, c = 8, 32 * 8
+    big = Image.new("RGB", (64 * ss, 64 * ss), (15, 15, 15))
+    draw = ImageDraw.Draw(big)
+    w, h = size * aspect * ss, size * ss
+    box = [c - w / 2, c - h / 2, c + w / 2, c + h / 2]
+    if kind == "rectangle":
+        draw.rectangle(box, fill=color)
+    elif kind == "ellipse":
+        draw.ellipse(box, fill=color)
+    elif kind == "triangle":
+        draw.polygon([(c, box[1]), (box[2], box[3]), (box[0], box[3])], fill=color)
+    else:  # a regular polygon
+        r = h / 2
+        angles = [2 * np.pi * i / corners + turn - np.pi / 2 for i in range(corners)]
+        draw.polygon([(c + r * np.cos(a), c + r * np.sin(a)) for a in angles], fill=color)
+    return big.resize((64, 64), Image.BOX)
+
+
+@pytest.mark.parametrize("size", [12, 18, 24])
+def test_strict_shapes_tell_squares_from_rectangles_and_circles_from_ellipses_and_polygons(size):
+    """The lenient scorer (``strict=False``, before 2026-12-06) took each of these for the named shape; the strict
+    one rejects it and still accepts the true shape."""
+    cases = {
+        "a red square": [_drawn("rectangle", size, 1.5), _drawn("rectangle", size, 1 / 1.5)],
+        "a red circle": [
+            _drawn("ellipse", size, 2.0),
+            _drawn("ellipse", size, 1.5),
+            _drawn("polygon", size, corners=6),
+            _drawn("polygon", size, corners=6, turn=np.pi / 6),
+            _drawn("polygon", size, corners=5),
+        ],
+        "a red triangle": [_drawn("rectangle", size)],
+    }
+    truths = {
+        "a red square": _drawn("rectangle", size),
+        "a red circle": _drawn("ellipse", size),
+        "a red triangle": _drawn("triangle", size),
+    }
+    for prompt, wrong in cases.items():
+        assert score(prompt, truths[prompt])["correct"], prompt
+        for image in wrong:
+            assert not score(prompt, image)["correct"], prompt
+    for prompt in ("a red square", "a red circle"):  # the leniency the strict rules remove
+        assert all(score(prompt, image, strict=False)["correct"] for image in cases[prompt])
+
+
+def test_strict_rules_read_elongation_and_corners():
+    from diffusers_var_accel.lab.data.scorer import shape_holds
+
+    def geometry(image):
+        return detect_objects(image)[0]["features"]
+
+    assert geometry(_drawn("ellipse", 20, 2.0))["elongation"] == pytest.approx(2.0, abs=0.05)
+    assert geometry(_drawn("rectangle", 20, 1.5))["elongation"] == pytest.approx(1.5, abs=0.05)
+    assert [geometry(_drawn("polygon", 20, corners=n))["corners"] for n in (5, 6)] == [5, 6]
+    assert geometry(_drawn("ellipse", 20))["corners"] == 0
+    assert geometry(_drawn("rectangle", 20))["corners"] == 4
+    assert geometry(_drawn("triangle", 20))["corners"] == 3
+    hexagon = geometry(_drawn("polygon", 20, corners=6))
+    assert hexagon["template_shape"] == "circle" and hexagon["rejected"].startswith("6 corners (harmonic 0.0")
+    assert shape_holds("square", {"elongation": 1.0, "corners": 3}) == (False, "3 corners, 4 wanted")
+    assert shape_holds("triangle", {"elongation": 1.6, "corners": 3}) == (True, "")

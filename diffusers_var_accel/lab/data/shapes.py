@@ -126,6 +126,7 @@ __all__ = [
     "get_grammar",
     "grammar_of",
     "heldout_prompts",
+    "make_dataset_captions",
     "make_dataset",
     "parse_prompt",
     "render_scene",
@@ -659,6 +660,40 @@ def render_scene(scene: ShapeScene, size: int = 64, antialias: bool = True) -> I
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _category_probabilities(category_weights: Optional[Dict[str, float]]) -> Optional[np.ndarray]:
+    """``make_dataset``'s category probabilities (``None``: uniform, drawn by ``sample_scene``)."""
+    if category_weights is None:
+        return None
+    unknown = sorted(set(category_weights) - set(CATEGORIES))
+    if unknown:
+        raise ValueError(f"unknown categories {unknown} in category_weights; expected some of {CATEGORIES}")
+    w = np.array([float(category_weights.get(c, 0.0)) for c in CATEGORIES])
+    if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
+        raise ValueError(f"category_weights {category_weights}: expected finite weights >= 0 with a positive sum")
+    return w / w.sum()
+
+
+def make_dataset_captions(
+    n: int,
+    seed: int = 0,
+    category_weights: Optional[Dict[str, float]] = None,
+    grammar: Union[str, Grammar] = "original",
+) -> List[str]:
+    """The captions of ``make_dataset(n, seed, category_weights=..., grammar=...)``, without rendering: a caption is
+    drawn before the scene's geometry, so it does not depend on the other options (a test compares the two)."""
+    grammar = get_grammar(grammar)
+    p = _category_probabilities(category_weights)
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i])
+        if p is None:
+            category = _choice(rng, CATEGORIES)
+        else:
+            category = CATEGORIES[int(rng.choice(len(CATEGORIES), p=p))]
+        out.append(caption_from_metadata(_sample_meaning(rng, category, grammar)))
+    return out
+
+
 def make_dataset(
     n: int,
     seed: int = 0,
@@ -678,15 +713,7 @@ def make_dataset(
     these weights instead of uniformly: a training set can give more of its images to the categories with many
     distinct captions (``position`` has about a thousand, ``single_object`` three).
     """
-    p = None
-    if category_weights is not None:
-        unknown = sorted(set(category_weights) - set(CATEGORIES))
-        if unknown:
-            raise ValueError(f"unknown categories {unknown} in category_weights; expected some of {CATEGORIES}")
-        w = np.array([float(category_weights.get(c, 0.0)) for c in CATEGORIES])
-        if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
-            raise ValueError(f"category_weights {category_weights}: expected finite weights >= 0 with a positive sum")
-        p = w / w.sum()
+    p = _category_probabilities(category_weights)
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i])
