@@ -31,8 +31,8 @@ class VARAccelerationMixin:
 
     @property
     def preset_model(self) -> str:
-        """The model whose packaged presets ``enable_<method>()`` and method names use: the pipeline's own when it was
-        loaded from a packaged model folder that has presets (the embedded model: ``"embedded"``), else its family's
+        """The model whose packaged presets ``enable_<method>()`` and method names use: the pipeline's ``preset_model``
+        configuration entry, which ``save_pretrained`` keeps (the embedded model: ``"embedded"``), else its family's
         (``"infinity-2b"``, ``"hart-0.7b"``). See :func:`~diffusers_var_accel.pipelines.preset_models.preset_model_of`."""
         from .preset_models import preset_model_of
 
@@ -74,8 +74,10 @@ class VARAccelerationMixin:
 
         Args:
             scheduler (`VARAccelScheduler` or `str`): a scheduler, a registered method's name (``"lazyvar"``: its preset
-                for this pipeline's family) or several names joined with ``"+"`` (``"lazyvar+arvar"``: a
-                [`ComposedScheduler`] of the presets, in that order).
+                for this pipeline's model, ``pipe.preset_model``), several names joined with ``"+"``
+                (``"lazyvar+arvar"``: a [`ComposedScheduler`] of the presets, in that order), or one of this model's
+                packaged presets named in full (``"embedded/lazyvar"``; another model's is refused: attach it as a
+                scheduler, ``VARAccelScheduler.from_pretrained("infinity-2b/lazyvar")``, to compare on purpose).
             **overrides (`Any`): only with a name. For one method, its settings replacing the preset's
                 (``enable_acceleration("lazyvar", keep_ratios=(0.4, 0.2, 0.1, 0.02))``); for a composition, one keyword
                 per member holding that member's settings (``enable_acceleration("lazyvar+arvar",
@@ -85,11 +87,12 @@ class VARAccelerationMixin:
             [`VARAccelScheduler`]: the attached scheduler (``disable_acceleration()`` detaches it).
 
         Raises:
-            ValueError: an unknown method name (the message lists the registered ones), overrides given with a
+            ValueError: an unknown method name (the message lists the registered ones), another model's preset (the
+                message names this model and the presets that fit it), overrides given with a
                 scheduler instance, a bad override, or a scheduler built for another model family.
         """
         if isinstance(scheduler, str):
-            scheduler = build_acceleration(scheduler, self.model_family, preset_model=self.preset_model, **overrides)
+            scheduler = self._named_acceleration(scheduler, overrides)
         elif overrides:
             raise ValueError(
                 f"overrides {sorted(overrides)} apply to a method name (enable_acceleration('lazyvar', ...)); "
@@ -136,6 +139,24 @@ class VARAccelerationMixin:
                     stacklevel=3,
                 )
 
+    def _named_acceleration(self, name: str, overrides: Dict[str, Any]) -> VARAccelScheduler:
+        """The scheduler a name stands for on this pipeline: a method or a composition (the presets of
+        ``self.preset_model``), or a packaged preset named in full, which must be one of this model's own: another
+        model's preset is refused, naming this model and the presets that fit it."""
+        if "/" not in name:
+            return build_acceleration(name, self.model_family, preset_model=self.preset_model, **overrides)
+        from ..schedulers.presets import available_presets
+
+        fitting = available_presets(model=self.preset_model)
+        if name not in fitting:
+            raise ValueError(
+                f"the preset {name!r} does not fit this pipeline's model {self.preset_model!r} ({self.model_family}); "
+                f"the presets that fit it: {fitting} (or a method name: {method_names()}). To run another model's "
+                f"preset on purpose, e.g. for a comparison, attach it as a scheduler: "
+                f"pipe.enable_acceleration(VARAccelScheduler.from_pretrained({name!r}))"
+            )
+        return VARAccelScheduler.from_pretrained(name, **overrides)
+
     def disable_acceleration(self) -> None:
         """Detach the acceleration scheduler: calls run the baseline again, bit for bit."""
         self.register_modules(acceleration=None)
@@ -146,7 +167,7 @@ class VARAccelerationMixin:
         if acceleration is None:
             return getattr(self, "acceleration", None)
         if isinstance(acceleration, str):  # a method name or a composition of names, as in enable_acceleration
-            acceleration = build_acceleration(acceleration, self.model_family, preset_model=self.preset_model)
+            acceleration = self._named_acceleration(acceleration, {})
         if not isinstance(acceleration, VARAccelScheduler):
             raise ValueError(
                 f"acceleration must be a VARAccelScheduler or a method name ({method_names()}), got "

@@ -1,18 +1,16 @@
-"""Which packaged presets a pipeline uses: its own model's, when it was loaded from a packaged model folder that has
-them, else its family's.
+"""Which packaged presets a pipeline uses: its own model's, when its configuration names a model with presets of its
+own, else its family's.
 
-The papers' presets (``infinity-2b/<method>``, ``hart-0.7b/<method>``) are the family defaults. A packaged model with
-presets of its own is listed in :func:`packaged_model_presets` by its folder; a pipeline loaded from that folder
-(``pipe.name_or_path``, which ``from_pretrained`` records) uses them. Recognition is by the folder, not by guessing from
-the model's config: a copy saved elsewhere uses the family's presets (name the preset explicitly there, e.g.
-``--accel embedded/lazyvar``).
+The papers' presets (``infinity-2b/<method>``, ``hart-0.7b/<method>``) are the family defaults. A model with presets of
+its own (the embedded model: ``presets/embedded/<method>``) says so in its pipeline configuration: the
+``preset_model`` entry of ``model_index.json``, an argument of the pipeline's ``__init__``. ``save_pretrained`` writes
+it and ``from_pretrained`` reads it back, so a saved copy of the embedded model still uses ``embedded/<method>``.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict, List, Optional
 
 from ..schedulers.presets import FAMILY_PRESET_MODELS
 
@@ -24,15 +22,30 @@ def packaged_model_presets() -> Dict[Path, str]:
     return {EMBEDDED_MODEL_PATH.resolve(): EMBEDDED_PRESET_MODEL}
 
 
+def fitting_preset_models(model_family: str) -> List[str]:
+    """The preset models whose packaged presets are for ``model_family`` (``["embedded", "infinity-2b"]``)."""
+    from ..schedulers.specs import family_presets
+
+    return sorted({name.split("/")[0] for name in family_presets(model_family)})
+
+
+def check_preset_model(value: Any, model_family: str) -> None:
+    """``preset_model`` (a pipeline's configuration entry) must be ``None`` (the family's presets) or a preset model
+    with packaged presets for ``model_family``."""
+    if value is None:
+        return
+    fitting = fitting_preset_models(model_family)
+    if not isinstance(value, str) or value not in fitting:
+        raise ValueError(
+            f"preset_model={value!r} does not fit this {model_family} model: the preset models with presets for "
+            f"{model_family!r} are {fitting} (None: the family's, {FAMILY_PRESET_MODELS.get(model_family)!r})"
+        )
+
+
 def preset_model_of(pipe) -> str:
-    """The preset model of ``pipe``: its folder's own (:func:`packaged_model_presets`), else its family's
+    """The preset model of ``pipe``: its configuration's ``preset_model`` when set, else its family's
     (:data:`~diffusers_var_accel.schedulers.presets.FAMILY_PRESET_MODELS`)."""
-    name = getattr(getattr(pipe, "config", None), "_name_or_path", None)
-    if isinstance(name, (str, os.PathLike)) and str(name):
-        try:
-            own = packaged_model_presets().get(Path(name).resolve())
-        except OSError:
-            own = None
-        if own is not None:
-            return own
+    own: Optional[str] = getattr(getattr(pipe, "config", None), "preset_model", None)
+    if own is not None:
+        return own
     return FAMILY_PRESET_MODELS[pipe.model_family]

@@ -156,3 +156,54 @@ def test_a_bad_override_names_the_preset_it_was_given_over():
     assert pipe.acceleration is None  # nothing attached
     fitting = too_many[: len(group)]
     assert pipe.enable_lazyvar(keep_ratios=fitting).config.keep_ratios == fitting
+
+
+def test_a_saved_copy_of_the_embedded_model_keeps_its_own_presets(tmp_path):
+    """The pipeline carries what it is into its saved folder: ``preset_model`` is a ``model_index.json`` entry, so a
+    copy saved elsewhere (loaded by the pipeline class or by diffusers' ``DiffusionPipeline``) still resolves
+    ``enable_<method>()`` to ``embedded/<method>``; a preset named in full is still used as named."""
+    from diffusers import DiffusionPipeline
+
+    pipe = InfinityPipeline.from_pretrained("embedded")
+    pipe.save_pretrained(tmp_path / "copy")
+    assert json.loads((tmp_path / "copy" / "model_index.json").read_text())["preset_model"] == "embedded"
+    own = LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict()
+    family = LazyVARScheduler.from_pretrained("infinity-2b/lazyvar").to_dict()
+    assert own != family
+    for loader in (InfinityPipeline, DiffusionPipeline):
+        copy = loader.from_pretrained(tmp_path / "copy")
+        assert copy.preset_model == "embedded"
+        assert copy.enable_lazyvar().to_dict() == own
+        assert copy.enable_acceleration("lazyvar").to_dict() == own
+        assert copy.enable_acceleration("embedded/lazyvar").to_dict() == own
+        with pytest.raises(ValueError) as err:  # another model's preset by name: refused, naming what fits
+            copy.enable_acceleration("infinity-2b/lazyvar")
+        assert str(err.value).startswith(
+            "the preset 'infinity-2b/lazyvar' does not fit this pipeline's model 'embedded' (infinity); the presets "
+            "that fit it: ['embedded/arvar', 'embedded/depthvar', 'embedded/fastvar', 'embedded/lazyvar', "
+            "'embedded/stagevar']"
+        )
+        # on purpose (a comparison, as scripts/eval_embedded.py --accel infinity-2b/lazyvar): as a scheduler
+        assert copy.enable_acceleration(LazyVARScheduler.from_pretrained("infinity-2b/lazyvar")).to_dict() == family
+
+
+def test_a_preset_model_that_does_not_fit_the_model_is_refused(tmp_path):
+    """A ``preset_model`` without presets for the pipeline's family is refused at construction and at load, naming
+    the value, the family and the preset models that fit."""
+    tiny = build_tiny_infinity_pipeline(seed=0)
+    components = dict(tiny.components)
+    for bad in ("hart-0.7b", "infinity-8b", 3):
+        with pytest.raises(ValueError) as err:
+            InfinityPipeline(**components, preset_model=bad)
+        assert str(err.value).startswith(
+            f"preset_model={bad!r} does not fit this infinity model: the preset models with presets for 'infinity' "
+            "are ['embedded', 'infinity-2b']"
+        )
+    own = InfinityPipeline(**components, preset_model="embedded").enable_lazyvar()
+    assert own.to_dict() == LazyVARScheduler.from_pretrained("embedded/lazyvar").to_dict()
+    tiny.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    assert index["preset_model"] is None
+    (tmp_path / "model_index.json").write_text(json.dumps({**index, "preset_model": "hart-0.7b"}))
+    with pytest.raises(ValueError, match=r"preset_model='hart-0.7b' does not fit this infinity model"):
+        InfinityPipeline.from_pretrained(tmp_path)

@@ -19,6 +19,7 @@ from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransfor
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..lora_loading import VARLoraLoaderMixin
+from ..preset_models import check_preset_model
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -348,6 +349,9 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             pipeline's configuration, `model_index.json`); it must equal the transformer's `context_tokens`, which is
             the default; in a pipeline without a transformer the default is the official 300, capped by the
             tokenizer's `model_max_length`.
+        preset_model (`str`, *optional*): the model whose packaged presets `enable_<method>()` and method names use
+            (stored in `model_index.json`, so a saved copy keeps it): the embedded model's folder sets
+            `"embedded"`; `None` (the default) uses the family's. It must have presets for this family.
 
     HART generates at one resolution (the last patch number times the tokenizer's downsampling: 1024 for 0.7B).
     The text encoder and tokenizer are components every prompt needs, as in diffusers' text-to-image pipelines: pass
@@ -373,9 +377,11 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         tokenizer,
         acceleration: Optional[VARAccelScheduler] = None,
         max_sequence_length: Optional[int] = None,
+        preset_model: Optional[str] = None,
     ):
         super().__init__()
         check_max_sequence_length(max_sequence_length)
+        check_preset_model(preset_model, self.model_family)
         if (
             max_sequence_length is not None
             and transformer is not None
@@ -390,7 +396,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         self.register_modules(
             transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, acceleration=acceleration
         )
-        self.register_to_config(max_sequence_length=max_sequence_length)
+        self.register_to_config(max_sequence_length=max_sequence_length, preset_model=preset_model)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
         self.image_processor = VaeImageProcessor(
             vae_scale_factor=self.vae_scale_factor if vae is not None else 32, do_resize=False

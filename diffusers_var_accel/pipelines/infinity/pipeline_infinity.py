@@ -28,6 +28,7 @@ from ...models.transformer_infinity import (
 from ...schedulers.scheduling_var_base import VARAccelScheduler
 from ..acceleration_mixin import VARAccelerationMixin
 from ..lora_loading import VARLoraLoaderMixin
+from ..preset_models import check_preset_model
 from ..guidance import LiveGuidance
 from ..input_checks import (
     check_generator,
@@ -372,6 +373,9 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         max_sequence_length (`int`, *optional*): the T5 token limit of `encode_prompt` (stored in the pipeline's
             configuration, `model_index.json`); by default the transformer's `text_maxlen`, or the official 512 in a
             pipeline without a transformer, capped by the tokenizer's `model_max_length`.
+        preset_model (`str`, *optional*): the model whose packaged presets `enable_<method>()` and method names use
+            (stored in `model_index.json`, so a saved copy keeps it): the embedded model's folder sets
+            `"embedded"`; `None` (the default) uses the family's. It must have presets for this family.
 
     The text encoder and tokenizer are components every prompt needs, as in diffusers' text-to-image pipelines: pass
     ``text_encoder=None, tokenizer=None`` for a pipeline that runs from ``prompt_embeds`` only (``from_pretrained``
@@ -392,9 +396,11 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         tokenizer,
         acceleration: Optional[VARAccelScheduler] = None,
         max_sequence_length: Optional[int] = None,
+        preset_model: Optional[str] = None,
     ):
         super().__init__()
         check_max_sequence_length(max_sequence_length)
+        check_preset_model(preset_model, self.model_family)
         if acceleration is not None:
             acceleration.check_model_family(self.model_family)
         if transformer is not None and vae is not None:  # either may be absent (encode_prompt alone needs neither)
@@ -402,7 +408,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         self.register_modules(
             transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, acceleration=acceleration
         )
-        self.register_to_config(max_sequence_length=max_sequence_length)
+        self.register_to_config(max_sequence_length=max_sequence_length, preset_model=preset_model)
         # vae may be None (a text-encoding-only pipeline: encode_prompt); the factor only matters for resizing, which is off
         self.image_processor = VaeImageProcessor(
             vae_scale_factor=int(vae.config.patch_size) if vae is not None else 16, do_resize=False
