@@ -843,6 +843,19 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
+def _add_accel_list_flag(parser: argparse.ArgumentParser, help_tail: str) -> None:
+    """``--accel SPECS`` (alias ``--methods``): the comma-separated methods a command runs beside the baseline."""
+    parser.add_argument(
+        "--accel",
+        "--methods",
+        dest="methods",
+        action=_StoreSpelling,
+        metavar="SPECS",
+        default=",".join(DEFAULT_BENCH_METHODS),
+        help="comma-separated, each one of: " + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES) + help_tail,
+    )
+
+
 def _add_threads_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
@@ -1030,17 +1043,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     demo.add_argument(
         "--num-prompts", type=_AT_LEAST_1, default=6, help="held-out prompts when none is given (default 6)"
     )
-    demo.add_argument(
-        "--accel",
-        "--methods",
-        dest="methods",
-        action=_StoreSpelling,
-        metavar="SPECS",
-        default=",".join(DEFAULT_BENCH_METHODS),
-        help="comma-separated, each one of: "
-        + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES)
-        + " (default: baseline and every registered method; --methods is the same flag)",
-    )
+    _add_accel_list_flag(demo, " (default: baseline and every registered method; --methods is the same flag)")
     demo.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i (default 0)")
     demo.add_argument(
         "--repeats",
@@ -1126,16 +1129,9 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
         default="0",
         help="seeds per prompt: '0', '0,1,2' or '0-3' (default 0); GenEval's sample index is the seed's position",
     )
-    bench.add_argument(
-        "--accel",
-        "--methods",
-        dest="methods",
-        action=_StoreSpelling,
-        metavar="SPECS",
-        default=",".join(DEFAULT_BENCH_METHODS),
-        help="comma-separated, each one of: "
-        + _ACCEL_VOCABULARY.format(methods=_METHOD_NAMES)
-        + f"; the baseline always runs first (default {','.join(DEFAULT_BENCH_METHODS)}; --methods is the same flag)",
+    _add_accel_list_flag(
+        bench,
+        f"; the baseline always runs first (default {','.join(DEFAULT_BENCH_METHODS)}; --methods is the same flag)",
     )
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds per batch of prompts (default 3)")
     bench.add_argument(
