@@ -17,7 +17,29 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["LiveTensorBytes"]
+__all__ = ["LiveTensorBytes", "storages_alive", "is_new_storage"]
+
+
+def storages_alive(include_meta: bool) -> Dict[int, weakref.ref]:
+    """The storages alive now (by ``id``, with a weak reference to tell a reused id apart): a block's allocations are
+    what is not among them (an in-place op returns one of them)."""
+    import gc
+
+    alive = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and (include_meta or obj.device.type != "meta"):  # type(): no lookups
+            storage = obj.untyped_storage()
+            alive[id(storage)] = weakref.ref(storage)
+    return alive
+
+
+def is_new_storage(storage: torch.UntypedStorage, seen: Dict[int, object], before: Dict[int, weakref.ref]) -> bool:
+    """Whether ``storage`` is neither counted yet (``seen``) nor alive before the block (``before``)."""
+    key = id(storage)
+    if key in seen:
+        return False
+    existed = before.get(key)
+    return existed is None or existed() is not storage
 
 
 class LiveTensorBytes(TorchDispatchMode):
@@ -57,12 +79,9 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def _count(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
+        if not is_new_storage(storage, self._seen, self._before):
+            return
         key = id(storage)
-        if key in self._seen:
-            return
-        before = self._before.get(key)
-        if before is not None and before() is storage:
-            return
         nbytes = storage.nbytes()
         self.live += nbytes
         self.peak = max(self.peak, self.live)
@@ -73,14 +92,7 @@ class LiveTensorBytes(TorchDispatchMode):
         self._seen.pop(key, None)
 
     def __enter__(self) -> "LiveTensorBytes":
-        import gc
-
-        # storages alive before the block are not its allocations (an in-place op returns one of them)
-        self._before = {}
-        for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":  # type(): no __class__ lookups
-                storage = obj.untyped_storage()
-                self._before[id(storage)] = weakref.ref(storage)
+        self._before = storages_alive(include_meta=False)
         return super().__enter__()
 
     def __exit__(self, *exc) -> None:

@@ -44,7 +44,6 @@ Each family's part (its models, their structures, offload sequence and low-memor
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import weakref
@@ -57,6 +56,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from diffusers_var_accel.lab.bench.live_bytes import is_new_storage, storages_alive
 
 __all__ = [
     "MemorySettings",
@@ -218,12 +219,9 @@ class MemoryTracker(TorchDispatchMode):
 
     def _count(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
+        if not is_new_storage(storage, self._seen, self._before):
+            return
         key = id(storage)
-        if key in self._seen:
-            return
-        before = self._before.get(key)
-        if before is not None and before() is storage:
-            return
         nbytes = storage.nbytes()
         self.live += nbytes
         self._by_tag[self.tag] += nbytes
@@ -237,12 +235,7 @@ class MemoryTracker(TorchDispatchMode):
             self._by_tag[entry[2]] -= entry[1]
 
     def __enter__(self) -> "MemoryTracker":
-        # storages alive before the block are not its allocations (an in-place op returns one of them)
-        self._before = {}
-        for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor):  # type(): no __class__ lookups
-                storage = obj.untyped_storage()
-                self._before[id(storage)] = weakref.ref(storage)
+        self._before = storages_alive(include_meta=True)  # meta storages count here: the meter's structure
         self._function_mode.__enter__()
         return super().__enter__()
 
