@@ -45,6 +45,9 @@ extras = {
         "selenium>=4.20",
         # LoRA on the transformers (diffusers' PEFT backend): tests/library/test_lora.py
         "peft>=0.17",
+        # torchao weight quantisation (int8 / float8 weight-only): tests/library/test_quantization.py; it requires
+        # no package (torch is already there), and its version pairs with torch's
+        "torchao>=0.18,<0.19",
         # the lint and format check of tests/test_style.py (pinned: another version may format differently)
         "ruff==0.17.6",
     ],

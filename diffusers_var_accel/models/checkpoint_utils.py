@@ -416,7 +416,11 @@ def check_loaded_keys(model: torch.nn.Module, folder: Union[str, os.PathLike]) -
     stored = set()
     for path in files:
         with safe_open(path, framework="pt") as f:
-            stored.update(f.keys())
+            metadata = f.metadata() or {}
+            if "tensor_names" in metadata:  # torchao's flattened tensors: the file lists the weights they make up
+                stored.update(json.loads(metadata["tensor_names"]))
+            else:
+                stored.update(f.keys())
     expected = set(model.state_dict())
     tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
     ignore_missing = list(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])

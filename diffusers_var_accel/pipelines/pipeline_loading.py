@@ -35,13 +35,18 @@ def prepare_pipeline_loading(
       class that does not exist or another pipeline's class is an error naming it and the allowed ones; every
       component folder it lists must exist, with valid JSON files and readable safetensors files (an error names the
       file), so that no library fails later with a message that names no file;
+    * a ``quantization_config`` must be one of the supported torchao forms
+      (:func:`~diffusers_var_accel.pipelines.quantization.check_quantization_config`);
     * what a ``save_pretrained`` killed while swapping the folder in left beside it is settled first (the earlier
       pipeline or the new one, whole: :func:`~diffusers_var_accel.files.resolve_interrupted_replace`).
     """
     from ..models.checkpoint_utils import CheckpointFileError, check_folder_files, resolve_torch_dtype
 
+    from .quantization import check_quantization_config, settle_quantized_folder_dtype
+
     packaged = packaged or {}
     kwargs = dict(kwargs)
+    check_quantization_config(cls.__name__, kwargs.get("quantization_config"))
     if "torch_dtype" in kwargs:
         # diffusers 0.42 renamed it ``dtype`` (and warns on every load); both names are accepted here, one at a time
         if kwargs.get("dtype") is not None and kwargs["torch_dtype"] is not None:
@@ -111,6 +116,7 @@ def prepare_pipeline_loading(
             )
         for component in stored_components:
             check_folder_files(os.path.join(os.fspath(path), component))
+        settle_quantized_folder_dtype(cls.__name__, os.fspath(path), stored_components, kwargs)
         # a component the folder was saved without (``[null, null]``: a pipeline built with text_encoder=None) stays
         # None: diffusers loads only optional components that way, and the text encoder and tokenizer are required
         # arguments (as in diffusers' text-to-image pipelines) that a pipeline may still set to None
@@ -176,7 +182,9 @@ def save_pipeline_folder(
     from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 
     from ..files import replace_folder
+    from .quantization import check_quantized_components_saveable
 
+    check_quantized_components_saveable(type(pipe).__name__, pipe.components.items())
     if kwargs.get("push_to_hub"):
         DiffusionPipeline.save_pretrained(pipe, save_directory, *args, **kwargs)
         return

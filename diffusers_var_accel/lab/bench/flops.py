@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from diffusers_var_accel.lab.families import lab_family, lab_families
 from diffusers_var_accel.lab.bench.flop_meter import (  # noqa: F401  (the meter's public API, from here too)
@@ -100,6 +100,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="also count each row's peak device memory (var-accel memory's meter, bf16 weights, the same model, "
+        "size, batch, CFG and acceleration; a second run on the meta device): peak_bytes in the JSON rows",
+    )
+    parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
     )
     args = parser.parse_args(argv)
@@ -119,12 +125,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             owners = dict.fromkeys(titles[n] for _, n in foreign.values())
             verb = "apply" if len(foreign) > 1 else "applies"
             raise ValueError(f"{' and '.join(foreign)} {verb} to {' and '.join(owners)} models only")
-        return spec.run_cli(args, methods)
+        if not args.memory:
+            return spec.run_cli(args, methods)
+        return _with_counted_memory(spec, args, methods)
     except ValueError as err:
         if args.debug:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _with_counted_memory(spec: FamilyFlops, args: argparse.Namespace, methods: List[str]) -> int:
+    """``--memory``: the family's output with the memory meter's counted peak of the same setting for the baseline
+    and each method (``peak_bytes`` in the JSON result or comparison rows; a table below the FLOP table)."""
+    import contextlib
+    import io
+    import json
+
+    from .memory import MemorySettings, count_memory
+
+    peaks = {}
+    for method in ["baseline", *methods]:
+        settings = dict(batch_size=args.batch_size, cfg=not args.no_cfg, text_tokens=args.text_tokens)
+        settings.update({k: getattr(args, k) for k in ("height", "width") if getattr(args, k) is not None})
+        accel = None if method.lower() in ("baseline", "none") else method
+        peaks[method] = count_memory(MemorySettings(args.model, accel=accel, **settings))["peak_bytes"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = spec.run_cli(args, methods)
+    if args.json:
+        result = json.loads(out.getvalue())
+        for row in result.get("summary", []):
+            row["peak_bytes"] = peaks.get(row["method"])
+        if "summary" not in result:
+            result["peak_bytes"] = peaks["baseline"]
+        print(json.dumps(result))
+        return status
+    print(out.getvalue(), end="")
+    print("\nCounted peak device memory (var-accel memory; bf16 weights, no offload; docs/memory.md):")
+    for method, peak in peaks.items():
+        print(f"  {method}: {peak / 2**30:.2f} GiB")
+    return status
 
 
 def _family_exports() -> Dict[str, Any]:

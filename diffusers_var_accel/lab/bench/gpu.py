@@ -647,12 +647,41 @@ def _run_blocks(order, args, methods, pipes, info, blocks, skipped, out_of_time,
                 add_speedups(blocks)
                 write_json()
                 raise interrupted
+        if args.count_memory:
+            add_counted_peaks(records, model, batch, meta)
         blocks.append({**block, "records": records})
         add_speedups(blocks)
         done = [f"{r['label']} {r['median_s']:.4f} s" for r in records if r.get("median_s") is not None]
         print(f"{model} batch {batch} {mode}: {', '.join(done) or records[0].get('skipped')}", flush=True)
         print(format_table(blocks, "so far:"), flush=True)
         write_json()
+
+
+_COUNTED_PEAKS: Dict[Tuple[str, str, int, int, int, str], Tuple[Optional[float], Optional[str]]] = {}
+
+
+def add_counted_peaks(records: List[Dict[str, Any]], model: str, batch: int, meta: Dict[str, Any]) -> None:
+    """``--count-memory``: each record gets ``counted_peak_gib``, the memory meter's count (``var-accel memory``, on
+    the meta device) of the same model, method, batch, size and dtype, beside ``peak_gib`` (on CUDA
+    ``torch.cuda.max_memory_allocated``), so a GPU run checks the meter; ``None`` with ``counted_peak_note`` where the
+    meter does not know the model (the dry run's tiny widths) or the setting. Counted once per setting."""
+    from .memory import MemorySettings, count_memory
+
+    for record in records:
+        method = record["method"]
+        key = (model, method, batch, meta["height"], meta["width"], meta["dtype"])
+        if key not in _COUNTED_PEAKS:
+            accel = None if method.lower() in ("baseline", "none") else method
+            settings = MemorySettings(
+                model, accel=accel, height=meta["height"], width=meta["width"], batch_size=batch, dtype=meta["dtype"]
+            )
+            try:
+                _COUNTED_PEAKS[key] = (count_memory(settings)["peak_bytes"] / 2**30, None)
+            except ValueError as err:
+                _COUNTED_PEAKS[key] = (None, str(err).splitlines()[0])
+        record["counted_peak_gib"], note = _COUNTED_PEAKS[key]
+        if note:
+            record["counted_peak_note"] = note
 
 
 def _count_missing_flops(blocks, info, methods, out_of_time) -> List[str]:
@@ -711,6 +740,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="default: cuda if available, else cpu (only tiny widths are practical on a CPU)",
+    )
+    parser.add_argument(
+        "--count-memory",
+        action="store_true",
+        help="also record each row's counted peak (var-accel memory's meter on the meta device, about 10-60 s of CPU "
+        "per setting) as counted_peak_gib beside the measured peak_gib",
     )
     parser.add_argument(
         "--dtype",
