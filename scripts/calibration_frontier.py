@@ -9,9 +9,13 @@ presets, scheduler folders) beside them. Per setting: the scorer's accuracy (mea
 (one real call, ``var-accel bench``'s counter) and the measured CPU speed-up (every chunk of prompts runs the baseline
 and every setting in turn, so drift hits all alike; total baseline time / total setting time). ``--prompt-set fresh``
 measures on calibration prompts the calibrations did not use instead (string-disjoint from the held-out set).
+``--settings-from FRONTIER_JSON`` measures again the rows of an earlier run's ``--json`` (their settings as recorded,
+nothing chosen again), except the methods whose calibration folders are given, which are chosen again from them.
+``scripts/frontier_unseen.py`` measures a run's rows on the string-disjoint test set (this script never reads it).
 
     python scripts/calibration_frontier.py CAL_DIR [CAL_DIR ...] --budgets 1.5,2,3 [--select ssim,accuracy]
         [--extra infinity-2b/lazyvar ...] [--prompt-set heldout|fresh] [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
+        [--settings-from frontier.json] [--threads N]
 """
 
 from __future__ import annotations
@@ -67,6 +71,12 @@ def main(argv=None) -> int:
         "--num-prompts", type=int, default=200, help="the first N prompts of the set (default 200: all held-out ones)"
     )
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--settings-from",
+        help="an earlier run's --json: measure its rows' settings again (the methods of the calibration folders given "
+        "are chosen again from those folders instead)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch's intra-op CPU threads (default: torch's)")
     parser.add_argument("--json", help="write every number here")
     parser.add_argument("--plot", help="write the frontier plot (held-out SSIM and accuracy against FLOPs ratio) here")
     args = parser.parse_args(argv)
@@ -74,14 +84,14 @@ def main(argv=None) -> int:
     import torch
 
     from diffusers_var_accel.lab.calibration import SELECT_METRICS, build_candidate, calibration_prompts, choose
-    from diffusers_var_accel.lab.data.scorer import score_batch
     from diffusers_var_accel.lab.data.shapes import heldout_prompts
-    from diffusers_var_accel.lab.bench.probe import count_call_flops
-    from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
     from diffusers_var_accel.pipelines.pipeline_loading import load_embedded_pipeline
-    from diffusers_var_accel.lab.metrics import psnr, ssim
     from diffusers_var_accel.schedulers.specs import load_acceleration
 
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be an integer >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     pipe = load_embedded_pipeline()
     pipe.set_progress_bar_config(disable=True)
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -146,6 +156,20 @@ def main(argv=None) -> int:
                     ),
                     source=portable_source(folder),
                 )
+    if args.settings_from:
+        rechosen = {record["method"] for record in records.values()}
+        for row in json.loads(Path(args.settings_from).read_text()):
+            if row["name"] == "baseline" or row.get("method") in rechosen:
+                continue
+            if row.get("method") is None:  # an --extra spec of that run
+                settings[row["name"]] = dict(
+                    scheduler=load_acceleration(row["source"], "infinity"), source=row["source"]
+                )
+                continue
+            settings[row["name"]] = dict(
+                scheduler=build_candidate(row["method"], row["settings"], "infinity"),
+                **{k: row[k] for k in ("method", "settings", "budgets", "selected_by", "calibration", "source")},
+            )
     for spec in args.extra:
         settings[spec] = dict(scheduler=load_acceleration(spec, "infinity"), source=spec)
 
@@ -158,6 +182,38 @@ def main(argv=None) -> int:
         fresh = calibration_prompts(args.calibration_prompts + args.num_prompts)[args.calibration_prompts :]
         entries = [dict(prompt=prompt, seed=i) for i, prompt in enumerate(fresh)]
     prefix = "heldout" if args.prompt_set == "heldout" else "fresh"
+    rows = measure(pipe, settings, entries, prefix, args.batch_size)
+    for row in rows:
+        row["prompt_set"] = args.prompt_set
+    print(
+        f"| setting | chosen by | counted FLOPs ratio | CPU speed-up | {prefix} SSIM | {prefix} PSNR (dB) | "
+        f"{prefix} accuracy |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        budget = ", ".join(r["selected_by"]) if r["selected_by"] else "-"
+        print(
+            f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r[prefix + '_ssim']:.3f} | "
+            f"{r[prefix + '_psnr']:.2f} | {r[prefix + '_accuracy']:.1%} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.plot:
+        plot(rows, args.plot, prefix)
+    return 0
+
+
+def measure(pipe, settings: dict, entries: list, prefix: str, batch_size: int = 8) -> list:
+    """Run the baseline and every setting on ``entries`` (``{"prompt", "seed"}``), interleaved per chunk of prompts,
+    and return one row per setting: counted FLOPs ratio, CPU speed-up, and ``<prefix>_accuracy`` (the scorer's, strict
+    by default), ``_per_category``, ``_accuracy_images``, ``_psnr`` and ``_ssim`` to the baseline image."""
+    import torch
+
+    from diffusers_var_accel.embedded import EMBEDDED_SAMPLING
+    from diffusers_var_accel.lab.bench.probe import count_call_flops
+    from diffusers_var_accel.lab.data.scorer import score_batch
+    from diffusers_var_accel.lab.metrics import psnr, ssim
+
     first = entries[0]
     for name, entry in settings.items():
         entry["flops"] = count_call_flops(
@@ -175,8 +231,8 @@ def main(argv=None) -> int:
         output_type="pt",
         **EMBEDDED_SAMPLING,
     )  # warm-up
-    for start in range(0, len(entries), args.batch_size):
-        chunk = entries[start : start + args.batch_size]
+    for start in range(0, len(entries), batch_size):
+        chunk = entries[start : start + batch_size]
         for name, entry in settings.items():  # interleaved per chunk
             generators = [torch.Generator().manual_seed(int(e["seed"])) for e in chunk]
             began = time.perf_counter()
@@ -210,7 +266,6 @@ def main(argv=None) -> int:
                 flops_ratio=settings["baseline"]["flops"] / entry["flops"],
                 speedup=seconds["baseline"] / seconds[name],
                 seconds_per_image=seconds[name] / len(texts),
-                prompt_set=args.prompt_set,
                 **{
                     f"{prefix}_accuracy": report["overall"],
                     f"{prefix}_per_category": report["per_category"],
@@ -222,22 +277,7 @@ def main(argv=None) -> int:
                 n=len(texts),
             )
         )
-    print(
-        f"| setting | chosen by | counted FLOPs ratio | CPU speed-up | {prefix} SSIM | {prefix} PSNR (dB) | "
-        f"{prefix} accuracy |"
-    )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        budget = ", ".join(r["selected_by"]) if r["selected_by"] else "-"
-        print(
-            f"| {r['name']} | {budget} | {r['flops_ratio']:.2f}x | {r['speedup']:.2f}x | {r[prefix + '_ssim']:.3f} | "
-            f"{r[prefix + '_psnr']:.2f} | {r[prefix + '_accuracy']:.1%} |"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-    if args.plot:
-        plot(rows, args.plot, prefix)
-    return 0
+    return rows
 
 
 def plot(rows, path, prefix: str = "heldout") -> None:

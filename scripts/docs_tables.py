@@ -1,0 +1,392 @@
+#!/usr/bin/env python
+"""The docs' tables of counted figures, generated from the commands' output (docs/flops.md, "Generated tables").
+
+Each table lives in a page between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``; it is rendered from
+records in ``docs/counts/*.json``, each the JSON output of one ``var-accel`` command with the command and the package
+version that printed it. One rounding rule for every figure: the command's float, formatted to two decimals
+(``f"{x:.2f}"``, as the commands' own tables print it), never a sum or ratio of rounded parts.
+
+    python scripts/docs_tables.py record [NAME ...]   # run the commands again, rewrite their records
+    python scripts/docs_tables.py write               # render every generated block from the records
+    python scripts/docs_tables.py check               # exit 1 naming every block that differs from its rendering
+
+``record`` is slow where the models are big (Infinity-8B's counts take minutes on 2 cores); ``write`` and ``check``
+read only the records. ``tests/lab/test_docs_tables.py`` checks the blocks and recounts the cheap figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTS = ROOT / "docs" / "counts"
+#: The pages that hold generated blocks (README.md's blocks are pasted by hand; ``write`` fills them once there).
+PAGES = ("README.md", "docs/status.md", "docs/index.md", "docs/flops.md", "docs/arvar.md", "docs/depthvar.md",
+         "docs/stagevar.md")  # fmt: skip
+
+#: StageVAR's paper variant as a scheduler folder (``StageVARScheduler.paper_variant().save_pretrained(...)``), so a
+#: command line can name it.
+PAPER_VARIANT = "docs/counts/stagevar_paper_variant"
+
+
+#: record name -> the ``var-accel`` arguments whose ``--json`` output it holds. Each command counts its own baseline
+#: (a test checks they agree); the big models' counts are split into a few commands so that they can run side by side.
+def _infinity(model: str, accel: str) -> List[str]:
+    return ["flops", "--model", model, "--height", "1024", "--width", "1024", "--accel", accel, "--json"]
+
+
+RECORDS: Dict[str, List[str]] = {
+    "flops_hart_0.7b": [
+        "flops",
+        "--model",
+        "hart-0.7b",
+        "--accel",
+        "fastvar,lazyvar,depthvar,arvar,stagevar",
+        "--json",
+    ],
+    "flops_infinity_2b_fastvar_lazyvar": _infinity("infinity-2b", "fastvar,fastvar:skip_last_scales=false,lazyvar"),
+    "flops_infinity_2b_depthvar": _infinity(
+        "infinity-2b",
+        "depthvar,depthvar:reference_scale=7,depthvar:min_depth=0,depthvar:reference_scale=10,"
+        "depthvar:reference_scale=11",
+    ),
+    "flops_infinity_2b_arvar": _infinity(
+        "infinity-2b", "arvar,arvar:branch_halving_scales=[-2,-1],arvar:branch_halving_scales=[]"
+    ),
+    "flops_infinity_2b_arvar_variants": _infinity(
+        "infinity-2b",
+        "arvar:pruned_scales=[],arvar:pruned_scales=[-2,-1],arvar:branch_halving_scales=[-3,-2,-1],pruned_scales=[-2,-1]",
+    ),
+    "flops_infinity_2b_stagevar": _infinity("infinity-2b", f"stagevar,{PAPER_VARIANT}"),
+    "flops_infinity_8b_fastvar_lazyvar": _infinity("infinity-8b", "fastvar,fastvar:skip_last_scales=false,lazyvar"),
+    "flops_infinity_8b_depthvar": _infinity("infinity-8b", "depthvar,depthvar:reference_scale=7"),
+    "flops_infinity_8b_arvar_stagevar": _infinity("infinity-8b", f"arvar,stagevar,{PAPER_VARIANT}"),
+}
+
+#: The records of one model's table, merged by method spec.
+MODEL_RECORDS = {
+    "infinity-2b": [n for n in RECORDS if n.startswith("flops_infinity_2b")],
+    "infinity-8b": [n for n in RECORDS if n.startswith("flops_infinity_8b")],
+    "hart-0.7b": ["flops_hart_0.7b"],
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# records
+# ---------------------------------------------------------------------------------------------------------------------
+def load_record(name: str) -> dict:
+    """The record ``docs/counts/<name>.json``; a missing or corrupted one fails naming the file."""
+    path = COUNTS / f"{name}.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable count record ({err})") from err
+    missing = [k for k in ("command", "package_version", "output") if k not in record]
+    if missing:
+        raise ValueError(f"{path}: a count record needs {missing}")
+    return record
+
+
+def run_command(args: Sequence[str]) -> dict:
+    """The JSON that ``var-accel <args>`` prints (run as ``python -m diffusers_var_accel`` from the repository)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "diffusers_var_accel", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"var-accel {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def record(name: str) -> None:
+    from diffusers_var_accel import __version__
+
+    if name not in RECORDS:
+        raise ValueError(f"unknown record {name!r}; records: {sorted(RECORDS)}")
+    if PAPER_VARIANT in " ".join(RECORDS[name]):
+        from diffusers_var_accel.schedulers import StageVARScheduler
+
+        StageVARScheduler.paper_variant().save_pretrained(str(ROOT / PAPER_VARIANT))
+    output = run_command(RECORDS[name])
+    body = {"command": "var-accel " + " ".join(RECORDS[name]), "package_version": __version__, "output": output}
+    COUNTS.mkdir(parents=True, exist_ok=True)
+    (COUNTS / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# rendering: one rounding rule
+# ---------------------------------------------------------------------------------------------------------------------
+def num(x: float) -> str:
+    """Every counted figure of the tables: the command's float to two decimals, as its own table prints it."""
+    return f"{x:.2f}"
+
+
+def times(x: float, sign: str = "×") -> str:
+    return f"{num(x)}{sign}"
+
+
+def rows_of(model: str) -> Dict[str, dict]:
+    """The summary rows of ``model``'s ``var-accel flops --accel`` records, by method spec (``"baseline"`` too)."""
+    return {row["method"]: row for name in MODEL_RECORDS[model] for row in load_record(name)["output"]["summary"]}
+
+
+def _pair(rows: Dict[str, dict], a: str, b: str, key: str, fmt: Callable[[float], str]) -> str:
+    return f"{fmt(rows[a][key])} / {fmt(rows[b][key])}"
+
+
+def _status_infinity(model: str, with_variant: bool, title: str) -> str:
+    r = rows_of(model)
+    t, x = (lambda m: num(r[m]["total_tflops"])), (lambda m: times(r[m]["ratio"]))
+    pv = PAPER_VARIANT
+    lines = [
+        f"| {title} | TFLOPs | ratio |",
+        "| --- | --- | --- |",
+        f"| baseline | {t('baseline')} | {x('baseline')} |",
+    ]
+    if with_variant:  # the 2B table of docs/status.md
+        lines += [
+            f"| FastVAR preset (prunes 32/40, skips 48/64) | {t('fastvar')} | {x('fastvar')} |",
+            f"| FastVAR without skipping | {t('fastvar:skip_last_scales=false')} | "
+            f"{x('fastvar:skip_last_scales=false')} |",
+        ]
+    elif "8B" in title:
+        lines.append(
+            f"| FastVAR preset / without skipping | {_pair(r, 'fastvar', 'fastvar:skip_last_scales=false', 'total_tflops', num)} | "
+            f"{_pair(r, 'fastvar', 'fastvar:skip_last_scales=false', 'ratio', times)} |"
+        )
+    else:  # docs/index.md: presets only
+        lines.append(f"| FastVAR preset (prunes 32/40, skips 48/64) | {t('fastvar')} | {x('fastvar')} |")
+    lazy = "LazyVAR preset (group of the last 4 scales)" if "8B" not in title else "LazyVAR preset"
+    lines += [
+        f"| {lazy} | {t('lazyvar')} | {x('lazyvar')} |",
+        f"| DepthVAR preset (R = 9) / `reference_scale=7` | "
+        f"{_pair(r, 'depthvar', 'depthvar:reference_scale=7', 'total_tflops', num)} | "
+        f"{_pair(r, 'depthvar', 'depthvar:reference_scale=7', 'ratio', times)} |",
+    ]
+    arvar = "ARVAR preset (branch halving at 48², 75 % pruned at 64²)" if "8B" not in title else "ARVAR preset"
+    lines.append(f"| {arvar} | {t('arvar')} | {x('arvar')} |")
+    if "8B" in title:
+        lines.append(
+            f"| StageVAR preset / paper variant | {_pair(r, 'stagevar', pv, 'total_tflops', num)} | "
+            f"{_pair(r, 'stagevar', pv, 'ratio', times)} |"
+        )
+    elif with_variant:
+        lines.append(
+            "| StageVAR preset (40-64² unguided, 40² on token mixtures, 48/64 skipped) / paper variant (no skip) | "
+            f"{_pair(r, 'stagevar', pv, 'total_tflops', num)} | {_pair(r, 'stagevar', pv, 'ratio', times)} |"
+        )
+    else:
+        lines.append(
+            f"| StageVAR preset (40-64² unguided, 40² on token mixtures, 48/64 skipped) | {t('stagevar')} | "
+            f"{x('stagevar')} |"
+        )
+    return "\n".join(lines)
+
+
+_HART_LABELS = {
+    "baseline": "baseline",
+    "fastvar": "FastVAR preset (48² at r 0.5, 64² at r 0.75)",
+    "lazyvar": "LazyVAR preset (group 48², 64² at 50 / 35 %)",
+    "depthvar": "DepthVAR preset (R = 10)",
+    "arvar": "ARVAR preset (branch halving at 48², 75 % pruned at 64²)",
+    "stagevar": "StageVAR preset (48², 64² unguided, 64² on token mixtures per layer)",
+}
+
+
+def _status_hart(with_paper: bool) -> str:
+    r = rows_of("hart-0.7b")
+    head = "| HART-0.7B, 1024², CFG (counted) | TFLOPs | ratio |" + (" paper |" if with_paper else "")
+    lines = [head, "| --- | --- | --- |" + (" --- |" if with_paper else "")]
+    for method, label in _HART_LABELS.items():
+        row = r[method]
+        paper = (f" {num(row['paper_tflops'])} |" if row.get("paper_tflops") else " – |") if with_paper else ""
+        lines.append(f"| {label} | {num(row['total_tflops'])} | {times(row['ratio'])} |{paper}")
+    return "\n".join(lines)
+
+
+def _flops_8b_vs_2b() -> str:
+    big, small = rows_of("infinity-8b"), rows_of("infinity-2b")
+    labels = {
+        "baseline": "baseline",
+        "fastvar": "FastVAR preset (prunes 32/40, skips 48/64)",
+        "fastvar:skip_last_scales=false": "FastVAR without skipping",
+        "lazyvar": "LazyVAR preset (group of the last 4 scales)",
+        "depthvar": "DepthVAR preset (R = 9)",
+        "depthvar:reference_scale=7": "DepthVAR `reference_scale=7`",
+        "arvar": "ARVAR preset (branch halving at 48², 75 % pruned at 64²)",
+        "stagevar": "StageVAR preset (40-64² unguided, 40² on token mixtures in 8 chunks, 48/64 skipped)",
+        PAPER_VARIANT: "StageVAR paper variant (40-64² on token mixtures, nothing skipped)",
+    }
+    lines = [
+        "| method (1024², CFG) | 8B total | 8B transformer | 8B ratio | 2B total | 2B ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for method, label in labels.items():
+        b, s = big[method], small[method]
+        lines.append(
+            f"| {label} | {num(b['total_tflops'])} | {num(b['transformer_tflops'])} | {times(b['ratio'], 'x')} | "
+            f"{num(s['total_tflops'])} | {times(s['ratio'], 'x')} |"
+        )
+    return "\n".join(lines)
+
+
+def _stagevar() -> str:
+    two, eight, hart = rows_of("infinity-2b"), rows_of("infinity-8b"), rows_of("hart-0.7b")
+
+    def cell(r, m, bold=False):
+        ratio = times(r[m]["ratio"], "x")
+        return f"{num(r[m]['total_tflops'])} ({f'**{ratio}**' if bold else ratio})"
+
+    def line(label, r, baseline, variant=True):
+        cells = [baseline, cell(r, "fastvar"), cell(r, "lazyvar"), cell(r, "stagevar", bold=True)]
+        cells.append(cell(r, PAPER_VARIANT) if variant else "–")
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    return "\n".join(
+        [
+            "| model | baseline | FastVAR preset | LazyVAR preset | StageVAR preset | StageVAR paper variant |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            line("Infinity-2B", two, f"{num(two['baseline']['total_tflops'])} TFLOPs"),
+            line("Infinity-8B (`num_chunks=8`: 5 layers each)", eight, num(eight["baseline"]["total_tflops"])),
+            line("HART-0.7B", hart, num(hart["baseline"]["total_tflops"]), variant=False),
+        ]
+    )
+
+
+def _arvar() -> str:
+    r = rows_of("infinity-2b")
+    labels = {
+        "baseline": "baseline",
+        "arvar": "**preset**: BH -2, AR -1 r = 0.75, M = 3, N = 2",
+        "arvar:branch_halving_scales=[-2,-1]": "BH -2 and -1, AR -1 (the paper's 1.60x HART point)",
+        "arvar:branch_halving_scales=[]": "AR only (`branch_halving_scales=()`)",
+        "arvar:pruned_scales=[]": "BH only (`pruned_scales=()`)",
+        "arvar:pruned_scales=[-2,-1]": "BH -2, AR -2 and -1",
+        "arvar:branch_halving_scales=[-3,-2,-1],pruned_scales=[-2,-1]": "BH -3, -2 and -1, AR -2 and -1",
+    }
+    lines = ["| setting | total TFLOPs | transformer TFLOPs | vs baseline |", "| --- | --- | --- | --- |"]
+    for method, label in labels.items():
+        row, bold = r[method], method == "arvar"
+        total, ratio = num(row["total_tflops"]), times(row["ratio"], "x")
+        if bold:
+            total, ratio = f"**{total}**", f"**{ratio}**"
+        lines.append(f"| {label} | {total} | {num(row['transformer_tflops'])} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _depthvar() -> str:
+    out = load_record("flops_infinity_2b_depthvar")["output"]
+    r = rows_of("infinity-2b")
+    late = [s for s in out["per_scale"] if s["h"] in (32, 40, 48, 64)]
+    sides = lambda m: " / ".join(num(s[m]) for s in late)  # noqa: E731
+    early = lambda m: ", ".join(num(s[m]) for s in out["per_scale"] if s["h"] in (20, 24))  # noqa: E731
+    lines = [
+        "| setting | total TFLOPs | transformer TFLOPs | FLOPs ratio | transformer TFLOPs at sides 32 / 40 / 48 / 64 "
+        f"(baseline {sides('baseline')}) | paper latency |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = [
+        ("baseline", "baseline", "", "2706 ms"),
+        ("depthvar", "`depthvar` (R = 9)", sides("depthvar"), "1622 ms (1.7x)"),
+        ("depthvar:reference_scale=7", "`depthvar:reference_scale=7`",
+         f"{sides('depthvar:reference_scale=7')} (sides 20, 24: {early('depthvar:reference_scale=7')})",
+         "869 ms (3.1x)"),
+        ("depthvar:min_depth=0", "`depthvar:min_depth=0` (R = 9)", "", ""),
+        ("depthvar:reference_scale=10", "`depthvar:reference_scale=10`", "", ""),
+        ("depthvar:reference_scale=11", "`depthvar:reference_scale=11`", "", ""),
+    ]  # fmt: skip
+    for method, label, per_side, paper in rows:
+        row, bold = r[method], method in ("depthvar", "depthvar:reference_scale=7")
+        total, ratio = num(row["total_tflops"]), times(row["ratio"], "x")
+        if bold:
+            total, ratio = f"**{total}**", f"**{ratio}**"
+        lines.append(f"| {label} | {total} | {num(row['transformer_tflops'])} | {ratio} | {per_side} | {paper} |")
+    return "\n".join(lines)
+
+
+#: block name -> its rendering (the records it reads are named inside).
+TABLES: Dict[str, Callable[[], str]] = {
+    "status_infinity_2b": lambda: _status_infinity(
+        "infinity-2b", True, "Infinity-2B, 1024², CFG (counted, `var-accel flops`)"
+    ),
+    "status_infinity_8b": lambda: _status_infinity(
+        "infinity-8b", False, "Infinity-8B, 1024², CFG (counted; the same presets)"
+    ),
+    "status_hart": lambda: _status_hart(with_paper=True),
+    "index_infinity_2b": lambda: _status_infinity(
+        "infinity-2b", False, "Infinity-2B, 1024², CFG (counted, `var-accel flops`)"
+    ),
+    "index_hart": lambda: _status_hart(with_paper=False),
+    "flops_8b_vs_2b": _flops_8b_vs_2b,
+    "stagevar_flops": _stagevar,
+    "arvar_flops": _arvar,
+    "depthvar_flops": _depthvar,
+}
+
+BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.S)
+
+
+def blocks(text: str) -> List[re.Match]:
+    return list(BLOCK.finditer(text))
+
+
+def render_page(text: str, page: str) -> str:
+    """``text`` with every generated block replaced by its rendering; an unknown block name fails naming the page."""
+
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise ValueError(f"{page}: unknown generated block {name!r}; blocks: {sorted(TABLES)}")
+        return f"<!-- generated: {name} -->\n{TABLES[name]()}\n<!-- end generated -->"
+
+    return BLOCK.sub(fill, text)
+
+
+def stale_blocks() -> List[str]:
+    """``page: block`` for every generated block whose text is not the rendering of its records."""
+    stale = []
+    for page in PAGES:
+        path = ROOT / page
+        if not path.exists():
+            continue
+        text = path.read_text()
+        for match in blocks(text):
+            if match["name"] not in TABLES or match["body"] != TABLES[match["name"]]() + "\n":
+                stale.append(f"{page}: {match['name']}")
+    return stale
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("record", "write", "check"))
+    parser.add_argument("names", nargs="*", help="record: the records to make again (default: all)")
+    args = parser.parse_args(argv)
+    if args.action == "record":
+        for name in args.names or list(RECORDS):
+            record(name)
+            print(f"recorded docs/counts/{name}.json", file=sys.stderr)
+        return 0
+    if args.action == "write":
+        for page in PAGES:
+            path = ROOT / page
+            if path.exists():
+                text = path.read_text()
+                new = render_page(text, page)
+                if new != text:
+                    path.write_text(new)
+                    print(f"wrote {page}", file=sys.stderr)
+        return 0
+    stale = stale_blocks()
+    for item in stale:
+        print(f"stale: {item} (python scripts/docs_tables.py write)", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The docs' tables of counted figures are renderings of the commands' recorded output (``scripts/docs_tables.py``).
+
+(a) every generated block in the pages equals the rendering of its records; (b) the cheap records are counted again
+and equal their records (HART-0.7B's baseline); (c) one sub-figure of a big-model record is counted again (the first
+scale of the Infinity-2B baseline). Counting a whole Infinity generation on meta tensors takes minutes on a loaded
+2-core CPU (the time goes to Python dispatch of about 46,000 meta ops through ``FlopCounterMode``), so the full 2B and
+8B counts are checked by ``python scripts/docs_tables.py record`` and ``check``, not here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def docs_tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "scripts" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded(docs_tables):
+    return sorted(p.stem for p in docs_tables.COUNTS.glob("*.json"))
+
+
+def test_every_generated_block_is_the_rendering_of_its_records(docs_tables):
+    placed = [
+        (page, m["name"])
+        for page in docs_tables.PAGES
+        if (ROOT / page).exists()
+        for m in docs_tables.blocks((ROOT / page).read_text())
+    ]
+    assert len(placed) >= 3, placed  # the pages hold generated tables
+    assert all(name in docs_tables.TABLES for _, name in placed), placed
+    assert docs_tables.stale_blocks() == []
+
+
+def test_a_changed_figure_or_an_unknown_block_is_named(docs_tables, tmp_path, monkeypatch):
+    page = next(p for p in docs_tables.PAGES if (ROOT / p).exists() and docs_tables.blocks((ROOT / p).read_text()))
+    text = (ROOT / page).read_text()
+    match = docs_tables.blocks(text)[0]
+    body = match["body"]
+    digit = next(i for i, c in enumerate(body) if c.isdigit() and body[i - 1] == ".")
+    changed = body[:digit] + str((int(body[digit]) + 1) % 10) + body[digit + 1 :]  # one figure's decimal moved
+    (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / page).write_text(text[: match.start("body")] + changed + text[match.end("body") :])
+    shutil.copytree(docs_tables.COUNTS, tmp_path / "docs" / "counts", dirs_exist_ok=True)
+    monkeypatch.setattr(docs_tables, "ROOT", tmp_path)
+    monkeypatch.setattr(docs_tables, "PAGES", (page,))
+    assert docs_tables.stale_blocks() == [f"{page}: {match['name']}"]
+    assert docs_tables.main(["write"]) == 0 and docs_tables.stale_blocks() == []
+    assert (tmp_path / page).read_text() == text
+    (tmp_path / page).write_text(text + "\n<!-- generated: no_such_table -->\nx\n<!-- end generated -->\n")
+    with pytest.raises(ValueError, match="unknown generated block 'no_such_table'"):
+        docs_tables.render_page((tmp_path / page).read_text(), page)
+
+
+def test_records_name_their_command_and_agree_on_each_baseline(docs_tables):
+    names = recorded(docs_tables)
+    assert names and set(names) <= set(docs_tables.RECORDS), names
+    baselines = {}
+    for name in names:
+        record = docs_tables.load_record(name)
+        args = docs_tables.RECORDS[name]
+        assert record["command"] == "var-accel " + " ".join(args)
+        assert isinstance(record["package_version"], str) and record["package_version"]
+        output = record["output"]
+        accel = args[args.index("--accel") + 1]
+        from diffusers_var_accel.schedulers.specs import split_acceleration_specs
+
+        assert [row["method"] for row in output["summary"]] == ["baseline", *split_acceleration_specs(accel)]
+        baselines.setdefault(output["model"], set()).add(output["summary"][0]["total_tflops"])
+    assert all(len(totals) == 1 for totals in baselines.values()), baselines
+
+
+def test_a_corrupted_record_fails_naming_the_file(docs_tables, tmp_path, monkeypatch):
+    monkeypatch.setattr(docs_tables, "COUNTS", tmp_path)
+    (tmp_path / "broken.json").write_text('{"command": "var-accel flops"')
+    with pytest.raises(ValueError, match="broken.json: not a readable count record"):
+        docs_tables.load_record("broken")
+    (tmp_path / "partial.json").write_text(json.dumps({"command": "var-accel flops"}))
+    with pytest.raises(ValueError, match=r"partial.json: a count record needs \['package_version', 'output'\]"):
+        docs_tables.load_record("partial")
+
+
+def test_the_rounding_rule():
+    spec = importlib.util.spec_from_file_location("docs_tables_rule", ROOT / "scripts" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # the command's float to two decimals: ARVAR's 70.7649... is 70.76, not the 70.77 a sum of rounded parts gave
+    assert module.num(70.76491) == "70.76" and module.num(125.051853078528) == "125.05"
+    assert module.times(1.7672, "x") == "1.77x"
+
+
+def test_hart_baseline_recounts_to_its_record(docs_tables):
+    """(b) The cheap count: HART-0.7B's baseline, counted again on meta tensors, equals the record bit for bit."""
+    from diffusers_var_accel.lab.bench.hart_flops import count_hart_flops
+
+    record = docs_tables.load_record("flops_hart_0.7b")["output"]
+    assert count_hart_flops()["total_tflops"] == record["summary"][0]["total_tflops"]
+
+
+def test_infinity_2b_first_scale_recounts_to_its_record(docs_tables):
+    """(c) A cheap sub-figure of a big record: the transformer FLOPs of the Infinity-2B baseline's first scale (1x1),
+    counted on a one-scale schedule (a scale's count depends only on the scales before it), equal the record's."""
+    from diffusers_var_accel.lab.bench import infinity_flops as inf
+
+    name = next(n for n in recorded(docs_tables) if n.startswith("flops_infinity_2b"))
+    per_scale = docs_tables.load_record(name)["output"]["per_scale"]
+    schedule, template = inf.schedule_for_size(1024, 1024)
+    spec = inf.MODEL_SPECS["infinity-2b"]
+    run = inf.infinity_generation(
+        inf.build_on_meta(inf.InfinityTransformer, **spec.transformer),
+        inf.build_on_meta(inf.InfinityBSQVAE, **spec.vae),
+        schedule[:1],
+        inf.rope_grid_hw(template),
+        cfg=True,
+        batch_size=1,
+        text_tokens=inf.DEFAULT_TEXT_TOKENS,
+        spatial_patchify=spec.spatial_patchify,
+        scheduler=None,
+    )
+    counted = inf.add_tflops(inf.meter_generation(inf.INFINITY_FLOPS, run), inf.INFINITY_FLOPS, None)
+    assert counted["per_scale"][0]["tflops"] == per_scale[0]["baseline"]
+    assert per_scale[0]["h"] == per_scale[0]["w"] == 1
