@@ -86,23 +86,19 @@ STEP_CACHE_APPLIES = {
 @pytest.mark.parametrize("family", ["infinity", "hart"])
 @pytest.mark.parametrize("name", sorted(STEP_CACHE_APPLIES))
 def test_step_caches_applied_directly_raise_at_apply_time_and_leave_no_hook(family, name, pipes):
-    """Called on the transformer, each raises before hooking anything, also where its patterns match no module
-    (TaylorSeer's defaults on Infinity); after FasterCache's refusal the pipeline gives its images of before."""
-    pipe = pipes(family)
+    """Called on the transformer, each raises before hooking anything (no forward is wrapped: a refused hook never
+    reaches diffusers' ``register_hook``), also where its patterns match no module (TaylorSeer's defaults on
+    Infinity)."""
+    transformer = pipes(family).transformer
     apply, config = STEP_CACHE_APPLIES[name]
-    call = (
-        {"height": 144, "width": 432, "output_type": "latent"} if family == "infinity" else {"output_type": "latent"}
-    )
-    check_images = name == "apply_faster_cache"  # the one that hooks the transformer itself first
-    if check_images:
-        baseline = pipe("a fox", generator=torch.Generator().manual_seed(0), **call).images
     function = name.split("(")[0]
     # FasterCache hooks the transformer itself first: its hook registry refuses (and names the hook)
     with pytest.raises(ValueError, match=rf"^{function}( \(\w+Hook\))? caches across the denoising.*enable_accel"):
-        apply(pipe.transformer, config())
-    assert not hooked(pipe.transformer)
-    if check_images:
-        assert torch.equal(pipe("a fox", generator=torch.Generator().manual_seed(0), **call).images, baseline)
+        apply(transformer, config())
+    assert not hooked(transformer)
+    assert not [
+        n for n, m in transformer.named_modules() if "forward" in vars(m)
+    ]  # a hook sets the instance's forward
 
 
 @pytest.mark.parametrize("family", ["infinity", "hart"])
