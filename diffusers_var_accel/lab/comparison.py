@@ -38,6 +38,8 @@ class MethodResult:
     flops_ratio: float = 1.0
     psnr: float = float("inf")
     ssim: float = 1.0
+    # ``pipe.acceleration_summary()`` read right after the method's last timed call: what its passes computed
+    summary: Optional[Dict[str, Any]] = None
 
     @property
     def median_seconds(self) -> float:
@@ -179,6 +181,7 @@ def compare_methods(
         done += 1
     seconds: Dict[str, List[float]] = {spec: [] for spec in methods}
     images: Dict[str, torch.Tensor] = {}
+    summaries: Dict[str, Dict[str, Any]] = {}
     for round_index in range(repeats):
         for spec, scheduler in methods.items():  # interleaved
             report(f"{spec}: timed round {round_index + 1} of {repeats}")
@@ -189,12 +192,16 @@ def compare_methods(
                     prompt, generator=generator, output_type="pt", acceleration=scheduler, **kwargs
                 ).images
                 seconds[spec].append(time.perf_counter() - start)
+                if round_index == repeats - 1:
+                    summaries[spec] = pipe.acceleration_summary()
             done += 1
     report("done")
     base = "baseline"
     comparison = Comparison(prompt=prompt, seed=seed, repeats=repeats)
     for spec in methods:
-        result = MethodResult(spec=spec, image=images[spec], seconds=seconds[spec], flops=flops[spec])
+        result = MethodResult(
+            spec=spec, image=images[spec], seconds=seconds[spec], flops=flops[spec], summary=summaries[spec]
+        )
         result.speedup, result.speedup_spread = paired_speedup(seconds[base], seconds[spec])
         result.flops_ratio = flops[base] / flops[spec] if flops[spec] else float("inf")
         result.psnr = float(psnr(images[spec], images[base]))
@@ -250,3 +257,18 @@ def caption(result: MethodResult) -> str:
         f"{result.spec} · {result.median_seconds:.3f} s · {result.speedup:.2f}x time · "
         f"{result.flops_ratio:.2f}x FLOPs · SSIM {result.ssim:.3f}"
     )
+
+
+def summary_markdown(comparison: Comparison) -> str:
+    """Every method's acceleration summary (:func:`~.summary.format_acceleration_summary`, with its counted FLOPs
+    against the baseline's), in the images' order: a heading and a text table each."""
+    from .summary import format_acceleration_summary
+
+    baseline_flops = next((r.flops for r in comparison.results if r.spec == "baseline"), None)
+    blocks = []
+    for r in comparison.results:
+        if r.summary is None:
+            continue
+        table = format_acceleration_summary(r.summary, r.flops, baseline_flops)
+        blocks.append(f"**{r.spec}**: what its passes computed\n\n```text\n{table}\n```")
+    return "\n\n".join(blocks)

@@ -4,7 +4,8 @@ Type a prompt, pick a seed and methods (the registered methods, with their setti
 ``var-accel generate --accel`` takes: packaged presets, ``name:key=value`` overrides, compositions ``a+b``, scheduler
 folders), and the page generates the baseline and every method with the same seed and shows the images side by side
 with each one's time (median and spread of interleaved rounds after an untimed call), counted FLOPs, speed-up and
-PSNR / SSIM against the baseline (:func:`~diffusers_var_accel.lab.comparison.compare_methods`). When the loaded model has
+PSNR / SSIM against the baseline (:func:`~diffusers_var_accel.lab.comparison.compare_methods`), and under them each
+one's ``pipe.acceleration_summary()``: tokens computed per pass, rows run, FLOPs against the baseline's, KV bytes. When the loaded model has
 calibrations (the embedded model's ``embedded/<method>`` presets), their speed-fidelity frontier plots are shown.
 
 Offline on the embedded model by default; ``--model`` takes what ``var-accel generate --model`` takes. One pipeline
@@ -244,7 +245,7 @@ def build_app(
     """The Gradio app (``gr.Blocks``, queued: one generation at a time). ``pipe``: a pipeline, or loaded from
     ``model`` (``None``: the embedded model) on ``device`` in ``dtype``."""
     gr = _import_gradio()
-    from diffusers_var_accel.lab.comparison import TABLE_HEADERS, caption, table_rows, to_pil
+    from diffusers_var_accel.lab.comparison import TABLE_HEADERS, caption, summary_markdown, table_rows, to_pil
     from diffusers_var_accel.embedded import EMBEDDED_PRESET_MODEL, EMBEDDED_SAMPLING
 
     if pipe is None:
@@ -281,7 +282,7 @@ def build_app(
             raise gr.Error(_message(err))
         gallery = [(to_pil(r.image), caption(r)) for r in comparison.results]
         notes = "\n".join(f"- {n}" for n in comparison.notes())
-        return gallery, table_rows(comparison), notes
+        return gallery, table_rows(comparison), notes, summary_markdown(comparison)
 
     title = "diffusers-var-accel: the baseline and acceleration methods side by side"
     with gr.Blocks(title="diffusers-var-accel") as demo:
@@ -326,6 +327,8 @@ def build_app(
             elem_id="images",
             format="png",
         )
+        # beside the images: what each method's passes computed (pipe.acceleration_summary() of its call)
+        summaries = gr.Markdown(label="what each method computed", elem_id="summaries")
         table = gr.Dataframe(headers=TABLE_HEADERS, label="numbers", interactive=False, elem_id="table")
         notes = gr.Markdown(elem_id="notes")
         plots = service.frontier_plots()
@@ -338,7 +341,7 @@ def build_app(
         button.click(
             on_generate,
             inputs=[prompt, seed, size, methods, settings, extra, rounds],
-            outputs=[gallery, table, notes],
+            outputs=[gallery, table, notes, summaries],  # summaries last: the API's first three stay
             concurrency_limit=1,
             api_name="generate",
         )

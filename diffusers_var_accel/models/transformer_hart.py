@@ -250,11 +250,11 @@ class HARTHeadNorm(nn.Module):
 class HARTTransformer(
     StrictLoadingMixin,
     GroupOffloadRefusalMixin,
+    VARStepCacheMixin,  # before ModelMixin: its named_modules refuses diffusers' step-cache apply_* walks
     ModelMixin,
     ConfigMixin,
     VARAttentionMixin,
     VARPeftAdapterMixin,
-    VARStepCacheMixin,
 ):
     r"""HART's next-scale transformer with its discrete head and residual diffusion head.
 
@@ -320,6 +320,7 @@ class HARTTransformer(
         self.diffusion_head = HARTDiffusionHead(
             token_channels, C, diffusion_width, diffusion_depth, num_sampling_steps
         )
+        self.refuse_step_cache_hooks()
 
     def _inv_freq(self, step: int, device) -> torch.Tensor:
         """RoPE frequencies ``1/theta^(i/c)`` for i = 0, step, 2 step, ... (1D context: step 2; 2D images: step 4)."""

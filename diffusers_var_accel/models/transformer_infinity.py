@@ -426,11 +426,11 @@ class InfinityHeadNorm(nn.Module):
 class InfinityTransformer(
     StrictLoadingMixin,
     GroupOffloadRefusalMixin,
+    VARStepCacheMixin,  # before ModelMixin: its named_modules refuses diffusers' step-cache apply_* walks
     ModelMixin,
     ConfigMixin,
     VARAttentionMixin,
     VARPeftAdapterMixin,
-    VARStepCacheMixin,
 ):
     r"""The Infinity transformer: bitwise next-scale prediction conditioned on T5 text features.
 
@@ -526,6 +526,7 @@ class InfinityTransformer(
         self.blocks = nn.ModuleList([InfinityBlock(C, num_heads, hidden, i, norm_eps) for i in range(depth)])
         self.head_nm = InfinityHeadNorm(C, norm_eps)
         self.head = nn.Linear(C, 2 * codebook_dim)
+        self.refuse_step_cache_hooks()
 
     @property
     def token_patch_size(self) -> int:

@@ -57,6 +57,11 @@ def test_the_comparison_is_the_pipeline_calls_it_stands_for(pipe, service):
     assert by_spec["lazyvar"].flops_ratio == pytest.approx(base.flops / by_spec["lazyvar"].flops)
     per_round = sorted(b / m for b, m in zip(base.seconds, by_spec["lazyvar"].seconds))  # baseline and method in pairs
     assert by_spec["lazyvar"].speedup == pytest.approx(sum(per_round) / 2)
+    # each result carries the summary of its own call: the same as a direct call's, fewer token-layers for lazyvar
+    _direct(pipe, PROMPT, 3, service.preset("lazyvar"))
+    assert by_spec["lazyvar"].summary == pipe.acceleration_summary()
+    assert base.summary["token_layers"] == base.summary["baseline_token_layers"]
+    assert by_spec["lazyvar"].summary["token_layers"] < base.summary["token_layers"]
 
 
 def test_edited_settings_build_the_edited_scheduler(pipe, service):
@@ -188,8 +193,9 @@ def test_twenty_concurrent_visitors_each_get_their_own_images(pipe, app_url):
     requests = [(seed, methods[seed % len(methods)]) for seed in range(20)]
     jobs = [client.submit(PROMPT, seed, "", [method], "", "", 1, api_name="/generate") for seed, method in requests]
     for (seed, method), job in zip(requests, jobs):
-        gallery, table, notes = job.result(timeout=600)
+        gallery, table, notes, summaries = job.result(timeout=600)
         assert [row[0] for row in table["data"]] == ["baseline", method]
+        assert f"**{method}**: what its passes computed" in summaries and "token-layers computed" in summaries
         images = [
             _png(item["image"]["path"] if isinstance(item["image"], dict) else item["image"]) for item in gallery
         ]
@@ -348,6 +354,15 @@ def test_the_page_in_a_real_browser(app_url, tmp_path):
             problems = _hidden_parts(plots)
             assert not problems, "\n".join(problems)
         assert "median of 1 timed round" in driver.find_element(By.CSS_SELECTOR, "#notes").text
+        summaries = driver.find_element(By.CSS_SELECTOR, "#summaries").text  # each method's acceleration_summary()
+        for expected in (
+            "lazyvar: what its passes computed",
+            "arvar: what its passes computed",
+            "token-layers computed",
+        ):
+            assert expected in summaries, summaries
+        lazyvar = summaries[summaries.index("lazyvar:") : summaries.index("arvar:")]
+        assert "FLOPs (counted)" in lazyvar and "KV cache" in lazyvar and "100.0%" not in lazyvar, lazyvar
         driver.save_screenshot(str(tmp_path / "serve.png"))
         assert (tmp_path / "serve.png").stat().st_size > 10_000
     finally:

@@ -94,7 +94,7 @@ def test_the_published_settings():
         [-2, -1],
         [0.5, 0.35],
     )
-    assert got["infinity-2b/depthvar"]["reference_scale"] == 9 and got["hart-0.7b/depthvar"]["reference_scale"] == 10
+    assert got["infinity-2b/depthvar"]["reference_scale"] == -5 and got["hart-0.7b/depthvar"]["reference_scale"] == 10
     for model in MODELS:
         arvar = got[f"{model}/arvar"]
         assert (arvar["branch_halving_scales"], arvar["pruned_scales"], arvar["prune_ratios"]) == ([-2], [-1], [0.75])
@@ -294,23 +294,33 @@ def _official_schedules(model):
 
 
 @pytest.mark.parametrize("model", ["infinity-2b", "hart-0.7b"])
-def test_every_preset_plans_at_every_official_size_but_depthvar_r9_at_7_scales(model):
-    """docs/presets_and_hub.md: the presets run at every official size and aspect ratio, except infinity-2b/depthvar's
-    R = 9 (counted from the start) at the 7-scale 0.06M sizes, which raises naming R and the allowed range."""
+def test_every_preset_plans_at_every_official_size(model):
+    """docs/presets_and_hub.md: the presets run at every official size and aspect ratio (7, 10, 12 and 13 scales
+    for Infinity)."""
     from diffusers_var_accel.next_scale.plan import ModelInfo, validate_plans
 
     family = MODELS[model]
     schedules, depth = _official_schedules(model)
-    refused = []
+    lengths = {len(schedule) for schedule, _ in schedules}
+    assert lengths == ({7, 10, 12, 13} if model == "infinity-2b" else {14})
     for method in METHODS:
         scheduler = load_acceleration(f"{model}/{method}", family)
         for schedule, size in schedules:
-            try:
-                plans = scheduler.plan_scales(schedule, ModelInfo(depth, family))
-            except ValueError as err:
-                assert "R=9 is outside the schedule's 7 scales" in str(err), (method, size, err)
-                refused.append((method, len(schedule)))
-                continue
-            validate_plans(plans, len(schedule))
-    expected = [("depthvar", 7)] * (15 if model == "infinity-2b" else 0)  # 15 aspect ratios at 0.06M
-    assert refused == expected
+            validate_plans(scheduler.plan_scales(schedule, ModelInfo(depth, family)), len(schedule))
+
+
+def test_infinity_depthvar_preset_is_the_papers_r9_on_the_13_scale_sizes():
+    """``infinity-2b/depthvar`` counts R from the end (-5) so that it resolves on the 7-scale sizes too; on every
+    13-scale size it is the paper's R = 9: the same budgets and the same plans."""
+    from diffusers_var_accel.next_scale.plan import ModelInfo
+
+    schedules, depth = _official_schedules("infinity-2b")
+    preset = load_acceleration("infinity-2b/depthvar", "infinity")
+    paper = load_acceleration("infinity-2b/depthvar:reference_scale=9", "infinity")
+    assert preset.config.reference_scale == -5 and paper.config.reference_scale == 9
+    long_ones = [(schedule, size) for schedule, size in schedules if len(schedule) == 13]
+    assert len(long_ones) >= 10
+    for schedule, size in long_ones:
+        assert preset.budgets(schedule) == paper.budgets(schedule) and min(preset.budgets(schedule)) == 9, size
+        info = ModelInfo(depth, "infinity")
+        assert preset.plan_scales(schedule, info) == paper.plan_scales(schedule, info), size

@@ -393,10 +393,12 @@ def test_composition(pipe):
 # ---------------------------------------------------------------------------------------------------------------------
 def test_presets():
     infinity = DepthVARScheduler.from_preset("infinity")
-    # the preset is the class's defaults for the family: R = 9 and the default rotation step 0.25 (the paper states
-    # none; chosen on the calibration prompts, docs/depthvar.md)
-    assert infinity.to_dict() == DepthVARScheduler(model_family="infinity").to_dict()
-    assert infinity.config.reference_scale == 9 and infinity.config.rotation_step == 0.25
+    # the preset is the class's defaults for the family but R: the paper's R = 9 counted from the end (-5: the same
+    # scale on the 13 scales of 1M, and a scale of every shorter schedule), and the default rotation step 0.25 (the
+    # paper states none; chosen on the calibration prompts, docs/depthvar.md)
+    assert infinity.to_dict() == DepthVARScheduler(model_family="infinity", reference_scale=-5).to_dict()
+    assert infinity.config.reference_scale == -5 and infinity.config.rotation_step == 0.25
+    assert DepthVARScheduler().config.reference_scale == 9  # the class default stays the paper's 1-based R
     assert DepthVARScheduler().config.rotation_step == 0.25 and DepthVARScheduler().model_family is None
     one_m = [(1, s, s) for s in (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64)]
     assert infinity.budgets(one_m) == {9: 576 / 1024, 10: 576 / 1600, 11: 576 / 2304, 12: 576 / 4096}
