@@ -608,25 +608,18 @@ def _read_conversion_record(folder: Path) -> Optional[Dict[str, Any]]:
         return None
 
 
-def _cmd_flops(argv: List[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(
-            "var-accel flops: counted FLOPs of one generation (diffusers_var_accel.lab.bench.flops, meta tensors).\n"
-            "examples:\n  var-accel flops --model infinity-2b\n  var-accel flops --model hart-0.7b --accel fastvar lazyvar\n"
-        )
-    from diffusers_var_accel.lab.bench import flops
+def _cmd_counter(command: str, argv: List[str]) -> int:
+    """``var-accel flops / launches / memory``: the counter parses its own arguments; they are parsed here first with
+    the same torch-free parser, so that ``--help`` and a mistyped flag answer before the counter imports torch."""
+    import importlib
 
-    program, sys.argv[0] = sys.argv[0], "var-accel flops"  # the counter's parser names itself after argv[0]
-    try:
-        return flops.main(argv)
-    finally:
-        sys.argv[0] = program
+    from diffusers_var_accel.lab.counter_parsers import COUNTER_PARSERS, knows_every_family
 
-
-def _cmd_launches(argv: List[str]) -> int:
-    from diffusers_var_accel.lab.bench import launches
-
-    return launches.main(argv, prog="var-accel launches")
+    prog = f"var-accel {command}"
+    if knows_every_family():  # else a plugin family's models and options are known to the counter only
+        COUNTER_PARSERS[command](prog).parse_args(argv)
+    counter = importlib.import_module(f"diffusers_var_accel.lab.bench.{command}")
+    return counter.main(argv, prog=prog)
 
 
 _BENCH_DESCRIPTION = """\
@@ -1308,14 +1301,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ["--debug"] if argv[:1] == ["--debug"] and argv[1:2] in (["flops"], ["launches"], ["memory"]) else []
         )
         command = argv[len(leading_debug) :]
-        if command and command[0] == "flops":
-            return _cmd_flops(command[1:] + leading_debug)
-        if command and command[0] == "launches":
-            return _cmd_launches(command[1:] + leading_debug)
-        if command and command[0] == "memory":  # parses its own arguments, like the counters
-            from diffusers_var_accel.lab.bench import memory
-
-            return memory.main(command[1:], prog="var-accel memory")
+        if command and command[0] in ("flops", "launches", "memory"):
+            return _cmd_counter(command[0], command[1:] + leading_debug)
         args = build_parser(argv).parse_args(argv)
         args.debug = getattr(args, "debug", False)
         threads_before = _torch_threads()

@@ -254,9 +254,10 @@ def format_table(report: Dict[str, Any]) -> str:
     lines += [
         "",
         "speed-up: median of the per-pair ratios (the baseline and the method on the same prompt, back to back); "
-        f"unsteady: its pairs spread by more than {UNSTEADY_SPREAD:.0%}. The FLOPs ratio counts arithmetic; a 64x64 "
-        "generation on a CPU is thousands of small operations whose dispatch overhead, not their arithmetic, sets "
-        "its time, so the wall-clock speed-up follows the operation count and stays below the FLOPs ratio.",
+        f"unsteady: its pairs spread by more than {UNSTEADY_SPREAD:.0%}. The FLOPs ratio counts the arithmetic of "
+        "matrix products, attention and convolutions; on this 64x64 model on a CPU that is about 60% of a call, the "
+        "rest (element-wise operations, Python in the loop) is the same whatever a method skips, so the wall-clock "
+        "speed-up stays below the FLOPs ratio (docs/benchmarks.md, Where the time goes).",
     ]
     notes = report.get("spread_notes") or []
     if notes:

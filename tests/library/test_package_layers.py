@@ -285,6 +285,9 @@ def test_no_import_circle_in_the_whole_package():
 FAMILY_NAMES_ALLOWED: Dict[str, str] = {
     "families.py": "the registry: where each family's names are registered",
     "lab/families/__init__.py": "the lab's registry: where each family's lab names are registered",
+    # each family's `var-accel convert <family>` options, written without torch so that --help needs none; a test
+    # (tests/lab/test_cli_startup.py) checks them against the family's own converter's options
+    "lab/families/convert_commands.py": "the convert sub-commands' torch-free options (Infinity's named configs)",
     # the device benchmark names what it measures: the two real models at their official inference dtypes, and the
     # tiny stand-ins of its dry run (it was a script outside the package; it times named models, not a registry)
     "lab/bench/gpu.py": "the GPU runner: Infinity-2B and HART-0.7B, their dtypes and the dry run's tiny models",

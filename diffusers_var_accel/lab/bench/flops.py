@@ -60,54 +60,15 @@ from diffusers_var_accel.lab.bench.flop_meter import (  # noqa: F401  (the meter
     sublayer_flops,
 )
 from diffusers_var_accel.lab.bench.flop_meter import family_flops, model_choices
-from diffusers_var_accel.schedulers.registry import method_names
+from diffusers_var_accel.lab.counter_parsers import flops_parser
 from diffusers_var_accel.schedulers.specs import split_acceleration_specs
 
 
-def _help(specs: Sequence[FamilyFlops], key: str) -> str:
-    return "; ".join(spec.cli_help[key] for spec in specs if key in spec.cli_help)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     specs = family_flops()
     titles = {name: lab_family(name).title or name for name in specs}
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", default=lab_family(next(iter(specs))).preset_model, choices=model_choices())
-    size_help = _help(list(specs.values()), "size")
-    parser.add_argument("--height", type=int, default=None, help=f"image height ({size_help})")
-    parser.add_argument("--width", type=int, default=None, help=f"image width ({size_help})")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--text-tokens", type=int, default=None, help=_help(list(specs.values()), "text_tokens"))
-    parser.add_argument("--no-cfg", action="store_true", help="no guidance: only the conditional rows run")
-    for spec in specs.values():
-        if spec.text_encoder is not None:
-            parser.add_argument(f"--{spec.text_encoder[0]}-tokens", type=int, default=0, help=spec.text_encoder[1])
-    parser.add_argument(
-        "--accel",
-        nargs="+",
-        default=None,
-        help="acceleration methods to compare with the baseline, separated by spaces or commas "
-        f"({', '.join(method_names())}, a+b compositions, name:key=value, a config folder)",
-    )
+    parser = flops_parser(prog, models=model_choices())  # the command line parsed with it first, without torch
     with_conventions = [name for name, spec in specs.items() if spec.conventions]
-    parser.add_argument(
-        "--conventions",
-        action="store_true",
-        help=f"{' and '.join(titles[n] for n in with_conventions)}: totals of the baseline and the "
-        "--accel methods under several counting conventions",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument(
-        "--memory",
-        action="store_true",
-        help="also count each row's peak device memory (var-accel memory's meter, bf16 weights, the same model, "
-        "size, batch, CFG and acceleration; a second run on the meta device): peak_bytes in the JSON rows",
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
-    )
     args = parser.parse_args(argv)
     methods = split_acceleration_specs(",".join(args.accel or []))
     try:

@@ -78,7 +78,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from diffusers_var_accel.next_scale.capture_check import HOST_COPY_METHODS, SYNC_OPS, UPLOAD_OPS, source_line
-from diffusers_var_accel.lab.user_errors import positive_int_argument as _positive
 
 #: This file, passed over when a sync's source line is looked for.
 _THIS_FILE = frozenset({os.path.abspath(__file__)})
@@ -678,47 +677,14 @@ def _known_models() -> Tuple[str, ...]:
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.split("\n\n")[0],
-        epilog="Convention and window: see the module docstring (docs/benchmarks.md).",
-    )
-    parser.add_argument(
-        "--models",
-        default=",".join(DEFAULT_MODELS),
-        help=f"comma-separated: {', '.join(_known_models())} (default {','.join(DEFAULT_MODELS)})",
-    )
-    parser.add_argument(
-        "--methods",
-        default=None,
-        help="comma-separated specs: baseline, method presets, name:key=value, a+b (default: baseline and "
-        "every registered method)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="bfloat16",
-        help="comma-separated weight dtypes: bfloat16 (default; autocast as on a GPU), float32, float16",
-    )
-    parser.add_argument("--depth", type=_positive, default=None, help="transformer blocks (default: the real depth)")
-    parser.add_argument("--size", type=_positive, default=1024, help="Infinity image side (default 1024)")
-    for structures in _families_structures():  # each family's own options (HART's --hart-scales)
-        structures.add_arguments(parser)
-    parser.add_argument("--batch-size", type=_positive, default=1, help="images per call (default 1)")
-    parser.add_argument("--no-cfg", action="store_true", help="no guidance (default: CFG on)")
-    parser.add_argument("--per-scale", action="store_true", help="also print kernels/syncs per scale")
-    parser.add_argument("--block-ops", action="store_true", help="also list the kernel ops of one dense block")
-    parser.add_argument("--syncs", action="store_true", help="also list every sync with its source line and count")
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (every record) instead of the table"
-    )
-    parser.add_argument(
-        "--no-warmup",
-        action="store_true",
-        help="count the first call (default: a warm-up call first, its syncs in 'syncs (first call)')",
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="show the Python traceback of an error instead of its one-line message"
-    )
+    """The command line's parser, built without torch (:func:`diffusers_var_accel.lab.counter_parsers.launches_parser`)."""
+    from diffusers_var_accel.lab.counter_parsers import launches_parser
+    from diffusers_var_accel.lab.families import lab_families
+
+    parser = launches_parser(prog, models=_known_models(), default_models=DEFAULT_MODELS)
+    for family in lab_families():  # a family without torch-free options (a plugin's) adds its own here
+        if family.launch_structures and family.counter_options is None:
+            family.launch_structure_builder().add_arguments(parser)
     return parser
 
 

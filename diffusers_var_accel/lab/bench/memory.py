@@ -58,6 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from diffusers_var_accel.lab.bench.live_bytes import is_new_storage, storages_alive
+from diffusers_var_accel.lab.counter_parsers import OFFLOAD_MODES, WEIGHT_FORMS, memory_parser
 
 __all__ = [
     "MemorySettings",
@@ -80,10 +81,7 @@ __all__ = [
 PHASES = ("text_encoding", "next_scale_loop", "decode")
 #: The parts each phase's peak is split into.
 PARTS = ("weights", "kv_cache", "activations", "decode_buffers")
-#: ``--weights``: the transformer's (and text encoder's) linear weights as stored.
-WEIGHT_FORMS = ("none", "int8", "float8")
-#: ``--offload``: none, ``enable_model_cpu_offload``, ``enable_group_offload`` at block or leaf level.
-OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
+#: ``--weights`` and ``--offload`` choices live with the torch-free parser (lab/counter_parsers.py).
 
 _GIB = 1024**3
 _CPU = torch.autograd.DeviceType.CPU
@@ -662,26 +660,8 @@ _RECIPE_FLAGS = ("accel", "weights", "offload", "streams", "tiling", "dtype")
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.split("\n\n")[0],
-        epilog="What is counted and left out: the module docstring (docs/memory.md).",
-    )
-    parser.add_argument("--model", required=True, choices=tuple(_family_memory()))
-    parser.add_argument("--accel", default=None, help="an acceleration spec (default: the baseline)")
-    parser.add_argument("--height", type=int, default=1024)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--no-cfg", action="store_true", help="no guidance (default: CFG on)")
-    parser.add_argument("--dtype", default=None, choices=tuple(_DTYPES), help="weights' dtype (default bfloat16)")
-    parser.add_argument("--weights", default=None, choices=WEIGHT_FORMS, help="linear weights as stored")
-    parser.add_argument("--offload", default=None, choices=OFFLOAD_MODES)
-    parser.add_argument("--streams", action="store_true", default=None, help="group offload prefetches a group")
-    parser.add_argument("--tiling", action="store_true", default=None, help="tiled decoding (vae.enable_tiling)")
-    parser.add_argument("--text-tokens", type=int, default=None, help="tokens per prompt through the text encoder")
-    parser.add_argument("--json", metavar="FILE", default=None, help="also write the rows to FILE as JSON")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    return parser
+    """The command line's parser, built without torch (:func:`diffusers_var_accel.lab.counter_parsers.memory_parser`)."""
+    return memory_parser(prog, models=tuple(_family_memory()))
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:

@@ -53,6 +53,8 @@ class LabFamily:
             (``var-accel launches``), ``"module:attribute"`` (see :mod:`diffusers_var_accel.lab.bench.launches`).
         title (`str`): the family's name in text (model cards, messages).
         description (`str`): one Markdown phrase saying what the model is, with a link to its official code (cards).
+        counter_options (`CounterOptions`, *optional*): what the counters' command lines offer for the family
+            (``var-accel flops / launches / memory --help``), readable without importing torch.
     """
 
     name: str
@@ -66,6 +68,7 @@ class LabFamily:
     launch_structures: str = ""
     title: str = ""
     description: str = ""
+    counter_options: Optional["CounterOptions"] = None
 
     @property
     def preset_model(self) -> str:
@@ -121,6 +124,39 @@ class ConvertCommand:
     description: str
     add_arguments: Callable[["argparse.ArgumentParser"], None]
     convert: Callable[["argparse.Namespace", Any], Any]
+
+
+@dataclass(frozen=True)
+class CounterOptions:
+    """A family's part of the counters' command lines (``var-accel flops``, ``launches``, ``memory``), as data.
+
+    The counters' parsers (:mod:`diffusers_var_accel.lab.counter_parsers`) are built from this, so that ``--help``
+    and a mistyped flag answer without importing torch; the counters themselves live beside their torch code
+    (``lab/bench/<family>_flops.py``, ``_launches.py``, ``_memory.py``) and ``tests/lab/test_cli_startup.py`` checks
+    that the two agree.
+
+    Args:
+        flop_models (`Tuple[str, ...]`): the FLOP meter's ``--model`` names of the family.
+        size_help (`str`): the family's phrase in the FLOP meter's ``--height`` / ``--width`` help.
+        text_tokens_help (`str`): its phrase in the FLOP meter's ``--text-tokens`` help.
+        text_encoder (`Tuple[str, str]`, *optional*): ``(name, help)`` of the FLOP meter's ``--<name>-tokens``.
+        conventions (`bool`): whether the FLOP meter's ``--conventions`` applies to the family.
+        launch_models (`Tuple[str, ...]`): the launch counter's ``--models`` names of the family.
+        launch_default_models (`Tuple[str, ...]`): those it counts by default.
+        launch_arguments (`Tuple[Tuple[str, str], ...]`): the launch counter's own options of the family,
+            ``(flag, help)``, each a positive integer defaulting to ``None``.
+        memory_models (`Tuple[str, ...]`): the memory meter's ``--model`` names of the family.
+    """
+
+    flop_models: Tuple[str, ...] = ()
+    size_help: str = ""
+    text_tokens_help: str = ""
+    text_encoder: Optional[Tuple[str, str]] = None
+    conventions: bool = False
+    launch_models: Tuple[str, ...] = ()
+    launch_default_models: Tuple[str, ...] = ()
+    launch_arguments: Tuple[Tuple[str, str], ...] = ()
+    memory_models: Tuple[str, ...] = ()
 
 
 def _resolve(reference: str) -> Any:
@@ -207,6 +243,19 @@ register_lab_family(
         converter="diffusers_var_accel.lab.families.convert_commands:INFINITY_CONVERT",
         launch_structures="diffusers_var_accel.lab.bench.infinity_launches:LAUNCH_STRUCTURES",
         title="Infinity",
+        counter_options=CounterOptions(
+            flop_models=("infinity-2b", "infinity-8b"),
+            size_help="Infinity default 1024",
+            text_tokens_help="Infinity: T5 tokens per prompt (default 32, a typical prompt)",
+            text_encoder=(
+                "t5",
+                "Infinity: also count the flan-t5-xl encoder on this many tokens per prompt (not in the total; the "
+                "official runner pads to 512)",
+            ),
+            launch_models=("infinity-2b", "infinity-8b"),
+            launch_default_models=("infinity-2b",),
+            memory_models=("infinity-2b", "infinity-8b"),
+        ),
         description="a bitwise visual autoregressive (next-scale prediction) text-to-image model "
         "([FoundationVision/Infinity](https://github.com/FoundationVision/Infinity))",
     )
@@ -222,6 +271,21 @@ register_lab_family(
         converter="diffusers_var_accel.lab.families.convert_commands:HART_CONVERT",
         launch_structures="diffusers_var_accel.lab.bench.hart_launches:LAUNCH_STRUCTURES",
         title="HART",
+        counter_options=CounterOptions(
+            flop_models=("hart-0.7b",),
+            size_help="HART: its one size",
+            text_tokens_help="HART always uses its 300 context tokens",
+            text_encoder=(
+                "qwen2",
+                "HART: also count the Qwen2-1.5B text encoder on this many tokens per prompt (not in the total; the "
+                "official encoding is the system instruction + the prompt padded to 300)",
+            ),
+            conventions=True,
+            launch_models=("hart-0.7b",),
+            launch_default_models=("hart-0.7b",),
+            launch_arguments=(("--hart-scales", "HART: its first N scales (default: all 14, 1024x1024)"),),
+            memory_models=("hart-0.7b",),
+        ),
         description="a hybrid autoregressive (next-scale prediction + residual diffusion) text-to-image model "
         "([mit-han-lab/hart](https://github.com/mit-han-lab/hart))",
     )
