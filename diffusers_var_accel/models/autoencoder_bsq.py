@@ -36,7 +36,6 @@ from torch import nn
 
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 from .vae_decoding import SlicedTiledDecodeMixin
-from .group_offload import GroupOffloadRefusalMixin
 
 __all__ = [
     "INFINITY_VAE_D32_CONFIG",
@@ -248,7 +247,7 @@ class BSQDecoder(nn.Module):
         return self.conv_out(_swish(self.norm_out(h_BChw)))
 
 
-class InfinityBSQVAE(StrictLoadingMixin, GroupOffloadRefusalMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
+class InfinityBSQVAE(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
     r"""The BSQ VAE of Infinity (https://arxiv.org/abs/2412.04431): decoder, encoder and the multi-scale bit helpers.
 
     Generation needs only [`~InfinityBSQVAE.bits_to_codes`], [`~InfinityBSQVAE.add_scale_codes`],
@@ -295,6 +294,10 @@ class InfinityBSQVAE(StrictLoadingMixin, GroupOffloadRefusalMixin, ModelMixin, C
 
     _supports_gradient_checkpointing = False
     _no_split_modules = ["BSQResnetBlock"]
+    # group offloading (models/group_offload.py): nothing is streamed; the codebook is read by the loop and the decoder's
+    # up-blocks through their children, never their own ``forward``, so the whole tokenizer stays on the device for
+    # the call (one group)
+    _group_offload_streamed_modules = ()
 
     @register_to_config
     def __init__(

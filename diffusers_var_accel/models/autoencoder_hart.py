@@ -38,7 +38,6 @@ from torch import nn
 
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, load_original_state_dict
 from .vae_decoding import SlicedTiledDecodeMixin
-from .group_offload import GroupOffloadRefusalMixin
 
 __all__ = [
     "HARTHybridTokenizer",
@@ -298,9 +297,7 @@ class HARTQuantizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------- model
 
 
-class HARTHybridTokenizer(
-    StrictLoadingMixin, GroupOffloadRefusalMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin
-):
+class HARTHybridTokenizer(StrictLoadingMixin, ModelMixin, ConfigMixin, SlicedTiledDecodeMixin):
     r"""The hybrid tokenizer of HART (https://arxiv.org/abs/2410.10812): conv encoder / decoder, a multi-scale VQ
     codebook with shared Phi convolutions, and the ``f_hat`` helpers of next-scale generation.
 
@@ -347,6 +344,10 @@ class HARTHybridTokenizer(
 
     _supports_gradient_checkpointing = False
     _no_split_modules = ["HARTResnetBlock", "HARTAttnBlock"]
+    # group offloading (models/group_offload.py): nothing is streamed; the codebook is read by the loop and the decoder's
+    # up-blocks through their children, never their own ``forward``, so the whole tokenizer stays on the device for
+    # the call (one group)
+    _group_offload_streamed_modules = ()
 
     @register_to_config
     def __init__(

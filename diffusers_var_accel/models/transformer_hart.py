@@ -34,7 +34,6 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .lora import VARPeftAdapterMixin
 from .step_caches import VARStepCacheMixin
-from .group_offload import GroupOffloadRefusalMixin
 from .attention_processor import FusedProjection, HARTAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .checkpoint_utils import StrictLoadingMixin, build_and_load_strict, check_state_dict, load_original_state_dict
 from .diffusion_head_hart import HARTDiffusionHead
@@ -249,7 +248,6 @@ class HARTHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 class HARTTransformer(
     StrictLoadingMixin,
-    GroupOffloadRefusalMixin,
     VARStepCacheMixin,  # before ModelMixin: its named_modules refuses diffusers' step-cache apply_* walks
     ModelMixin,
     ConfigMixin,
@@ -283,6 +281,9 @@ class HARTTransformer(
     # slot, so whole blocks would compile once per block and shape)
     _repeated_blocks = ["HARTFeedForward"]
     _keep_in_fp32_modules = []
+    # group offloading (models/group_offload.py): the blocks move group by group; the embeddings, heads and the
+    # diffusion head are read by the loop outside ``forward`` and stay on the device for the call
+    _group_offload_streamed_modules = ("blocks",)
 
     @register_to_config
     def __init__(

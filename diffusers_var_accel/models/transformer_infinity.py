@@ -26,7 +26,6 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 
 from .lora import VARPeftAdapterMixin
 from .step_caches import VARStepCacheMixin
-from .group_offload import GroupOffloadRefusalMixin
 from .attention_processor import FusedProjection, VARAttnProcessor, VARAttentionMixin, VARAttentionModuleMixin
 from .dtype_utils import fused_cast_out, linear_input_dtype
 from .checkpoint_utils import (
@@ -425,7 +424,6 @@ class InfinityHeadNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 class InfinityTransformer(
     StrictLoadingMixin,
-    GroupOffloadRefusalMixin,
     VARStepCacheMixin,  # before ModelMixin: its named_modules refuses diffusers' step-cache apply_* walks
     ModelMixin,
     ConfigMixin,
@@ -467,6 +465,11 @@ class InfinityTransformer(
     # recompile limit at 32 blocks).
     _repeated_blocks = ["InfinityFeedForward"]
     _skip_layerwise_casting_patterns = ["norm", "lvl_embed", "pos_start", "cfg_uncond"]
+    # group offloading (models/group_offload.py): the blocks move group by group; the rest is read by the loop outside
+    # ``forward`` and stays on the device for the call, as does each block's cross-attention norm at leaf level (the
+    # block takes its fp32 copy, never calling the norm)
+    _group_offload_streamed_modules = ("blocks",)
+    _group_offload_resident_in_streamed = ("ca_norm",)
     _lora_refused_modules = {
         "lvl_embed": "the start token reads level 0's row of its weight directly (embed_start), so a LoRA would "
         "not reach scale 0",

@@ -161,7 +161,8 @@ def test_meter_on_meta_matches_real_tensors_phase_by_phase_on_tiny_hart():
 
 def test_weights_resident_follow_the_offload_mode_and_the_stored_form():
     """Weights of a phase: every component without offload, the one in use with model offload, at most the
-    parameters outside the blocks plus one block (two with streams) with group offload; int8 stores one byte per
+    parameters outside the blocks plus one block (two with streams) with group offload, and those parameters and a
+    declared tokenizer in every phase (the pipelines keep them for the call); int8 stores one byte per
     linear weight plus a scale and a zero point per output channel."""
     from diffusers_var_accel.models.transformer_infinity import InfinityTransformer
 
@@ -180,6 +181,13 @@ def test_weights_resident_follow_the_offload_mode_and_the_stored_form():
     )
     one_block = sum(t.numel() * t.element_size() for t in (*block.blocks[0].parameters(), *block.blocks[0].buffers()))
     assert group < model and streams - group == one_block
+    blocks = sum(t.numel() * t.element_size() for t in (*block.blocks.parameters(), *block.blocks.buffers()))
+    assert group == nbytes["transformer"] - blocks + one_block  # what stays for the call plus the block in use
+    vae.__class__ = type("Tokenizer", (torch.nn.Linear,), {"_group_offload_streamed_modules": ()})
+    text_phase = memory._resident_weights(
+        parts, ("text_encoder",), MemorySettings("infinity-2b", offload="group-block")
+    )
+    assert text_phase == nbytes["text_encoder"] + nbytes["transformer"] - blocks + nbytes["vae"]  # residents stay
     leaf = memory._resident_weights(parts, ("transformer",), MemorySettings("infinity-2b", offload="group-leaf"))
     assert leaf < group
     int8 = memory._resident_weights(parts, ("vae",), MemorySettings("infinity-2b", weights="int8", offload="model"))

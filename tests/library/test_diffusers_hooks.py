@@ -135,21 +135,3 @@ def test_from_pipe_shares_the_models_and_the_acceleration(pipes):
         assert torch.equal(other("a fox", generator=torch.Generator().manual_seed(0), **call).images, first)
     finally:
         pipe.disable_acceleration()
-
-
-@pytest.mark.parametrize("family", ["infinity", "hart"])
-@pytest.mark.parametrize("offload_type", ["block_level", "leaf_level"])
-def test_group_offload_is_refused_before_any_component_is_hooked(family, offload_type, pipes, tmp_path):
-    """Group offloading would leave the weights read outside a ``forward`` on the offload device (NaN with disk
-    offload): the pipeline refuses before touching a component, and each of its models refuses on its own."""
-    pipe = pipes(family)
-    kwargs = {"onload_device": torch.device("cpu"), "offload_type": offload_type, "num_blocks_per_group": 1}
-    with pytest.raises(NotImplementedError, match=rf"{type(pipe).__name__}\.enable_group_offload.*enable_model_cpu"):
-        pipe.enable_group_offload(offload_to_disk_path=str(tmp_path), **kwargs)
-    for name in ("text_encoder", "transformer", "vae"):
-        component = getattr(pipe, name)
-        assert not hooked(component), name
-    for model in (pipe.transformer, pipe.vae):
-        with pytest.raises(NotImplementedError, match=rf"{type(model).__name__}\.enable_group_offload"):
-            model.enable_group_offload(**kwargs)
-        assert not hooked(model)

@@ -8,8 +8,10 @@ the storage) and keeps, per phase, the most bytes alive at once and what they we
 
 * **weights**: the parameters and buffers resident on the device in the phase: every component without offload;
   with ``enable_model_cpu_offload`` those the pipeline's offload sequence keeps there (the one in use, the last of
-  the sequence until the call ends, those excluded from offload); with group offload its parameters outside the offloaded
-  blocks (leaf level: none) plus the largest group, twice when streams prefetch the next one. Quantised linear
+  the sequence until the call ends, those excluded from offload); with group offload what the pipelines keep on the
+  device for the call (the transformers' parameters outside their blocks, the whole tokenizer: every phase) plus the
+  largest streamed group of the component in use (a block; a leaf at leaf level), twice when streams prefetch the
+  next one; the text encoder as diffusers groups it (``_group_resident``). Quantised linear
   weights count as torchao stores them (int8 weight-only: int8 data, a weight-dtype scale and an int64 zero point
   per output channel; float8 weight-only: float8 data and a float32 scale per output channel), and each quantised
   product counts the transient dequantised weight it reads.
@@ -59,6 +61,7 @@ from torch.utils._pytree import tree_leaves
 
 from diffusers_var_accel.lab.bench.live_bytes import is_new_storage, storages_alive
 from diffusers_var_accel.lab.counter_parsers import OFFLOAD_MODES, WEIGHT_FORMS, memory_parser
+from diffusers_var_accel.models.group_offload import is_resident
 
 __all__ = [
     "MemorySettings",
@@ -372,30 +375,52 @@ def _module_bytes(module: torch.nn.Module, form: str, dtype: torch.dtype, recurs
     return total
 
 
-def _group_resident(module: torch.nn.Module, form: str, dtype: torch.dtype, level: str, streams: bool) -> int:
-    """The most bytes of ``module`` on the device at once under diffusers' group offload (one block / leaf per
-    group; the parameters outside every block form one more group, onloaded for the whole forward at block level)."""
+def _group_resident(
+    module: torch.nn.Module, form: str, dtype: torch.dtype, level: str, streams: bool, in_use: bool
+) -> int:
+    """The most bytes of ``module`` on the device at once under diffusers' group offload as the pipelines apply it
+    (``models/group_offload.py``), one block per group at block level.
+
+    A model that declares its streamed modules (``_group_offload_streamed_modules``: the transformers' blocks, none
+    for the tokenizers) keeps every other tensor on the device for the whole call, in every phase; in the phases that
+    use it, one streamed group more (a block, or the largest streamed leaf at leaf level). Any other model (the text
+    encoders) is grouped as diffusers does it: its direct ``ModuleList`` / ``Sequential`` children stream block by
+    block and the rest is one group onloaded for its forward (block level), or one leaf at a time (leaf level); none
+    of it stays outside the phases that use it. Streams prefetch one more streamed group."""
     groups = 2 if streams else 1
+    streamed = getattr(module, "_group_offload_streamed_modules", None)
+    declared = streamed is not None
+    if not declared:
+        lists = (torch.nn.ModuleList, torch.nn.Sequential)
+        streamed = tuple(name for name, child in module.named_children() if isinstance(child, lists))
+    # a streamed block moves whole at block level; at leaf level the tensors it reads outside their layer stay
+    kept = getattr(module, "_group_offload_resident_in_streamed", ()) if declared and level == "leaf" else ()
+
+    def tensor_bytes(owner: torch.nn.Module, name: str, tensor: torch.Tensor) -> int:
+        if isinstance(owner, torch.nn.Linear) and name == "weight":
+            return _linear_weight_bytes(owner, form, dtype)
+        return tensor.numel() * tensor.element_size()
+
+    resident, streamed_leaves = 0, []
+    for prefix, owner in module.named_modules():
+        own = [
+            (f"{prefix}.{n}" if prefix else n, tensor_bytes(owner, n, p))
+            for n, p in (*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False))
+            if p is not None
+        ]
+        resident += sum(b for n, b in own if is_resident(n, streamed, kept))
+        streamed_leaves.append(sum(b for n, b in own if not is_resident(n, streamed, kept)))
     if level == "leaf":
-        leaves = [_module_bytes(m, form, dtype, recurse=False) for m in module.modules()]
-        return groups * max(leaves)
-    blocks = [
-        child
-        for lst in module.modules()
-        if isinstance(lst, (torch.nn.ModuleList, torch.nn.Sequential))
-        for child in lst.children()
-    ]
-    block_ids = {id(p) for b in blocks for p in b.parameters()}
-    rest = sum(
-        _linear_weight_bytes(m, form, dtype)
-        if isinstance(m, torch.nn.Linear) and n == "weight"
-        else p.numel() * p.element_size()
-        for m in module.modules()
-        for n, p in m.named_parameters(recurse=False)
-        if id(p) not in block_ids
-    )
-    largest = max((_module_bytes(b, form, dtype) for b in blocks), default=0)
-    return rest + groups * largest
+        largest = max(streamed_leaves, default=0)
+        if not declared:  # every leaf moves on its own: the largest one, resident or streamed, is what is on
+            leaves = [_module_bytes(m, form, dtype, recurse=False) for m in module.modules()]
+            return groups * max(leaves, default=0) if in_use else 0
+    else:
+        blocks = [child for name in streamed for child in module.get_submodule(name).children()]
+        largest = max((_module_bytes(b, form, dtype) for b in blocks), default=0)
+    if not declared:
+        return resident + groups * largest if in_use else 0
+    return resident + (groups * largest if in_use else 0)
 
 
 def _resident_weights(components: Dict[str, torch.nn.Module], used: Sequence[str], s: MemorySettings) -> int:
@@ -406,7 +431,7 @@ def _resident_weights(components: Dict[str, torch.nn.Module], used: Sequence[str
     if s.offload == "model":
         return sum(_module_bytes(components[n], form[n], dtype) for n in used)
     level = s.offload.split("-")[1]
-    return sum(_group_resident(components[n], form[n], dtype, level, s.streams) for n in used)
+    return sum(_group_resident(m, form[n], dtype, level, s.streams, n in used) for n, m in components.items())
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from diffusers.utils import logging, replace_example_docstring
 from ...families import get_model_family
 from ...models.autoencoder_hart import HARTHybridTokenizer
 from ...models.dtype_utils import compute_dtype
-from ...models.group_offload import refuse_group_offload
+from ...models.group_offload import keeps_group_offload_residents, refuse_tied_leaf_disk_offload
 from ...next_scale.context import VARForwardContext
 from ...next_scale.executor import on_computed_tokens
 from ...models.transformer_hart import HART_CONFIGS, HARTCondition, HARTTransformer
@@ -431,17 +431,6 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
         mix of both and never neither (:func:`~diffusers_var_accel.pipelines.pipeline_loading.save_pipeline_folder`)."""
         save_pipeline_folder(self, save_directory, args, kwargs)
 
-    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityPipeline.enable_group_offload
-    def enable_group_offload(self, *args, **kwargs) -> None:
-        """Refused, before any component is touched: group offloading never moves the weights these models read
-        outside a module ``forward`` (:mod:`~diffusers_var_accel.models.group_offload`); ``enable_model_cpu_offload()``
-        works with every acceleration method.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        refuse_group_offload(self)
-
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.ch_mult) - 1)
@@ -467,6 +456,20 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
             )
         schedule = tuple((1, int(pn), int(pn)) for pn in self.transformer.config.patch_nums)
         return schedule, int(self.transformer.config.context_tokens)
+
+    # Copied from diffusers_var_accel.pipelines.infinity.pipeline_infinity.InfinityPipeline.enable_group_offload
+    def enable_group_offload(self, *args, **kwargs) -> None:
+        """diffusers' ``DiffusionPipeline.enable_group_offload`` (same arguments). Each call keeps the weights the
+        loop reads outside a ``forward`` on the device (:mod:`~diffusers_var_accel.models.group_offload`); a
+        leaf-level disk offload of a component with tied layers (T5's embeddings) is refused before anything is
+        hooked.
+
+        Raises:
+            ValueError: for a leaf-level disk offload of a component with tied layers, or diffusers' own errors
+                (``use_stream=True`` on a device without streams).
+        """
+        refuse_tied_leaf_disk_offload(self, *args, **kwargs)
+        super().enable_group_offload(*args, **kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def text_token_limit(self) -> int:
@@ -638,6 +641,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
     # 4. call -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
     @replace_example_docstring(EXAMPLE_DOC_STRING)
+    @keeps_group_offload_residents
     def __call__(
         self,
         prompt: Union[str, List[str], None] = None,

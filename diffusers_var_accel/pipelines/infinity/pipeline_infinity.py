@@ -15,7 +15,7 @@ from ...families import get_model_family
 from ...models.autoencoder_bsq import InfinityBSQVAE
 from ...next_scale.context import VARForwardContext
 from ...models.dtype_utils import compute_dtype
-from ...models.group_offload import refuse_group_offload
+from ...models.group_offload import keeps_group_offload_residents, refuse_tied_leaf_disk_offload
 from ...models.infinity_resolutions import rope_grid_hw, schedule_for_size
 from ...models.transformer_infinity import (
     INFINITY_CONFIGS,
@@ -447,14 +447,17 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
         save_pipeline_folder(self, save_directory, args, kwargs)
 
     def enable_group_offload(self, *args, **kwargs) -> None:
-        """Refused, before any component is touched: group offloading never moves the weights these models read
-        outside a module ``forward`` (:mod:`~diffusers_var_accel.models.group_offload`); ``enable_model_cpu_offload()``
-        works with every acceleration method.
+        """diffusers' ``DiffusionPipeline.enable_group_offload`` (same arguments). Each call keeps the weights the
+        loop reads outside a ``forward`` on the device (:mod:`~diffusers_var_accel.models.group_offload`); a
+        leaf-level disk offload of a component with tied layers (T5's embeddings) is refused before anything is
+        hooked.
 
         Raises:
-            NotImplementedError: always.
+            ValueError: for a leaf-level disk offload of a component with tied layers, or diffusers' own errors
+                (``use_stream=True`` on a device without streams).
         """
-        refuse_group_offload(self)
+        refuse_tied_leaf_disk_offload(self, *args, **kwargs)
+        super().enable_group_offload(*args, **kwargs)
 
     # 1. text -----------------------------------------------------------------------------------------------------
     def text_token_limit(self) -> int:
@@ -630,6 +633,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
     # 4. call -----------------------------------------------------------------------------------------------------
     @torch.no_grad()
     @replace_example_docstring(EXAMPLE_DOC_STRING)
+    @keeps_group_offload_residents
     def __call__(
         self,
         prompt: Union[str, List[str], None] = None,
