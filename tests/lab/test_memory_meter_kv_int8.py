@@ -45,3 +45,24 @@ def test_kv_setting_is_checked_and_labelled():
     settings.check()
     assert settings.label() == "lazyvar, bfloat16, int8 KV" and settings.kv_cache_dtype == "int8"
     assert MemorySettings("hart-0.7b").kv_cache_dtype is None
+
+
+def test_int8_cache_writes_and_reads_without_a_sync():
+    """Every path of :class:`Int8ScaleKVCache.update` (a first write, later ones, CFG halving with the unconditional
+    rows, the last pass that keeps nothing) launches kernels only: no host read, nothing uploaded (capture-legal)."""
+    import torch
+
+    from diffusers_var_accel.lab.bench.launches import LaunchCounter
+    from diffusers_var_accel.next_scale.quantized_cache import Int8ScaleKVCache
+
+    k, v = torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8)
+    cache = Int8ScaleKVCache(1, max_length=12, max_writes=4)
+    with LaunchCounter() as counter:
+        cache.update(k, v, 0)
+        cache.update(k, v, 0)
+        cache.update(k[2:], v[2:], 0, cache_rows=4, row_start=2)
+        cache.stores = False
+        keys, values = cache.update(k, v, 0)
+    assert keys.shape == (4, 2, 12, 8) and values.dtype == k.dtype
+    assert counter.total().syncs == 0, counter.syncs_by_source()
+    assert counter.total().kernels > 0
