@@ -161,7 +161,7 @@ def test_round_trip_error_is_bounded():
 
 def test_the_cache_reads_back_the_quantised_positions_and_returns_the_pass_exactly():
     g = torch.Generator().manual_seed(0)
-    cache = Int8ScaleKVCache(2, max_length=10, max_writes=3)
+    cache = Int8ScaleKVCache(2, max_length=12, max_writes=3)
     first_k, first_v = torch.randn(2, 2, 4, 8, generator=g), torch.randn(2, 2, 4, 8, generator=g)
     keys, values = cache.update(first_k, first_v, 1)
     assert torch.equal(keys, first_k) and torch.equal(values, first_v)  # the pass's own, exactly
@@ -176,8 +176,8 @@ def test_the_cache_reads_back_the_quantised_positions_and_returns_the_pass_exact
     stored_k, _ = cache.get(1)
     assert torch.allclose(stored_k, torch.cat((first_k, second_k), 2), atol=float(second_k.abs().max()) / 127)
     assert cache.get(0) == (None, None) and cache.get_seq_length(1) == 9
-    with pytest.raises(ValueError, match="max_length=10"):
-        cache.update(torch.zeros(2, 2, 2, 8), torch.zeros(2, 2, 2, 8), 1)
+    with pytest.raises(ValueError, match="max_length=12"):
+        cache.update(torch.zeros(2, 2, 4, 8), torch.zeros(2, 2, 4, 8), 1)
     cache.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
     with pytest.raises(ValueError, match="max_writes=3"):
         cache.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8), 1)
