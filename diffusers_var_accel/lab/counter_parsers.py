@@ -21,6 +21,8 @@ from diffusers_var_accel.lab.user_errors import positive_int_argument
 WEIGHT_FORMS = ("none", "int8", "float8")
 #: ``var-accel memory --offload``: none, ``enable_model_cpu_offload``, ``enable_group_offload`` at block or leaf level.
 OFFLOAD_MODES = ("none", "model", "group-block", "group-leaf")
+#: ``var-accel memory --kv``: the KV cache in the attention's dtype, or in int8 (``pipe.enable_kv_cache_quantization``).
+KV_FORMS = ("none", "int8")
 #: The weight dtypes the launch counter and the memory meter take, by name.
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
@@ -190,6 +192,7 @@ def memory_parser(prog: Optional[str] = None, models: Optional[Sequence[str]] = 
     parser.add_argument("--offload", default=None, choices=OFFLOAD_MODES)
     parser.add_argument("--streams", action="store_true", default=None, help="group offload prefetches a group")
     parser.add_argument("--tiling", action="store_true", default=None, help="tiled decoding (vae.enable_tiling)")
+    parser.add_argument("--kv", default=None, choices=KV_FORMS, help="the KV cache's storage (default: none)")
     parser.add_argument("--text-tokens", type=int, default=None, help="tokens per prompt through the text encoder")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the rows to FILE as JSON")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")

@@ -207,6 +207,10 @@ class ScaleKVCache:
         """Whether no layer holds a position yet (the call's first pass has not stored)."""
         return not any(self._lengths)
 
+    def layer_buffers(self, layer_idx: int) -> List[torch.Tensor]:
+        """The buffers layer ``layer_idx`` has allocated (preallocated mode): its keys and values."""
+        return [t for t in (self._key_buffers[layer_idx], self._value_buffers[layer_idx]) if t is not None]
+
     def buffers(self) -> List[torch.Tensor]:
         """The key and value buffers allocated so far (preallocated mode), layer by layer."""
         return [t for pair in zip(self._key_buffers, self._value_buffers) for t in pair if t is not None]

@@ -23,6 +23,7 @@ import torch
 
 from ..families import get_model_family
 from .cache import ScaleKVCache
+from .quantized_cache import Int8ScaleKVCache, check_kv_cache_dtype
 from .context import PassRecords, VARForwardContext
 from .executor import keep_residual, weight_codes
 from .plan import DRAWING_PASSES_WAY_OUT, ModelInfo, PassRoutes, ScalePlan, validate_plans
@@ -50,6 +51,7 @@ def run_next_scale_loop(
     should_stop: Optional[Callable[[], bool]] = None,
     pass_runner: Optional[Callable] = None,
     tables: Optional[ScheduleTables] = None,
+    kv_cache_dtype: Optional[str] = None,
 ) -> NextScaleState:
     """Generate the summed latent of ``batch_size`` images, scale by scale.
 
@@ -75,6 +77,8 @@ def run_next_scale_loop(
         tables (`ScheduleTables`, *optional*): constant tables that outlive the call, owned by the caller (a pipeline
             keeps one, so calls with the same schedule share their scale-id and position tables); ``None``: a fresh
             one, dropped with the call.
+        kv_cache_dtype (`str`, *optional*): ``"int8"`` stores the KV cache in int8 with per-channel key and per-token
+            value scales (:class:`~.quantized_cache.Int8ScaleKVCache`); ``None`` (default): in the attention's dtype.
 
     Returns:
         The final :class:`NextScaleState` (``f_hat``, tokens and head logits per scale).
@@ -98,8 +102,17 @@ def run_next_scale_loop(
     plans = scheduler.plan_scales(scale_schedule, model) if scheduler is not None else identity_plans(scale_schedule)
     validate_plans(plans, num_scales)
     max_length = cached_positions(family.num_start_tokens, scale_schedule, plans)
+    kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
     workspace_cache = getattr(pass_runner, "kv_cache", None)
-    if (
+    if kv_cache_dtype is not None:
+        if workspace_cache is not None:
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r} runs its passes eagerly: captured or compiled passes keep a cache "
+                "of the attention's dtype per workspace (pipe.disable_cuda_graphs(), or a pipeline without "
+                "compile_passes(), or pipe.disable_kv_cache_quantization())"
+            )
+        kv_cache = Int8ScaleKVCache(family.num_layers, max_length=max_length, max_writes=len(plans))
+    elif (
         workspace_cache is not None
     ):  # a runner replaying captured passes keeps one cache per workspace (fixed addresses)
         # plans alone do not tell methods apart (the baseline's and DepthVAR's are equal, their routes are not): the

@@ -185,6 +185,7 @@ class VARAccelerationMixin:
         cfg: bool = True,
         kv_channels: Optional[int] = None,
         dtype: Optional[torch.dtype] = None,
+        kv_cache_dtype: Optional[str] = "pipeline",
     ) -> int:
         """Bytes the self-attention KV cache of one call allocates (counted from the plan, nothing is run).
 
@@ -201,8 +202,11 @@ class VARAccelerationMixin:
                 width. Give the real model's width to size a real model from a narrow stand-in.
             dtype (`torch.dtype`, *optional*): the attention dtype; default the transformer's weights' (half precision
                 runs under autocast in that dtype).
+            kv_cache_dtype (`str`, *optional*): the cache's storage form, ``"int8"`` (int8 keys and values with their
+                scales) or ``None`` (the attention's dtype); default the pipeline's (``enable_kv_cache_quantization``).
         """
         from ..next_scale.loop import cached_positions, identity_plans, kv_cache_nbytes
+        from ..next_scale.quantized_cache import check_kv_cache_dtype, quantized_kv_cache_nbytes
         from ..next_scale.plan import ModelInfo
 
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -217,6 +221,15 @@ class VARAccelerationMixin:
         if dtype is None:
             dtype = next(self.transformer.parameters()).dtype
         rows = batch_size * (2 if cfg else 1)
+        if kv_cache_dtype == "pipeline":
+            kv_cache_dtype = getattr(self, "kv_cache_dtype", None)
+        if check_kv_cache_dtype(kv_cache_dtype) is not None:
+            heads = int(config.num_heads)
+            if channels % heads:
+                raise ValueError(f"kv_channels={channels} is not a multiple of the transformer's {heads} heads")
+            return quantized_kv_cache_nbytes(
+                len(self.transformer.blocks), rows, positions, heads, channels // heads, len(plans), dtype
+            )
         return kv_cache_nbytes(len(self.transformer.blocks), rows, positions, channels, dtype)
 
     def _enable_preset(self, scheduler_cls, overrides, method: Optional[str] = None) -> VARAccelScheduler:

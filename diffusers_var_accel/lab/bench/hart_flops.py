@@ -147,6 +147,7 @@ def hart_generation(
     guidance_scale: float = HART_DEFAULT_GUIDANCE,
     scheduler=None,
     use_diffusion_head: bool = True,
+    kv_cache_dtype: Optional[str] = None,
 ) -> GenerationRun:
     """One HART generation with these (meta or real) models, driven as :class:`HARTPipeline` drives them.
 
@@ -156,6 +157,7 @@ def hart_generation(
     ``more_smooth=False``), guidance ``1 + HARTPipeline.guidance_schedule(guidance_scale, n)`` (scale 0 has t = 0
     and runs its head on the B conditional rows only), teacher tokens (all zero ids) instead of sampling, and the
     residual diffusion head at the last scale with explicit zero noise. Decode: ``vae.decode(f_hat)``.
+    ``kv_cache_dtype``: the KV cache's storage form (``"int8"``; ``None``: the attention's dtype).
     """
     config = transformer.config
     device = transformer.context_embed.weight.device
@@ -197,6 +199,7 @@ def hart_generation(
             scheduler,
             teacher,
             on_scale_end,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
     def decode(state):

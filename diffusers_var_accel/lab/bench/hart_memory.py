@@ -27,7 +27,9 @@ def memory_parts(model: str):
     def run(transformer, vae, s: MemorySettings, scheduler):
         if (s.height, s.width) != (1024, 1024):
             raise ValueError(f"HART generates 1024x1024 images only, got {s.height}x{s.width}")
-        return hart_generation(transformer, vae, cfg=s.cfg, batch_size=s.batch_size, scheduler=scheduler)
+        return hart_generation(
+            transformer, vae, cfg=s.cfg, batch_size=s.batch_size, scheduler=scheduler, kv_cache_dtype=s.kv_cache_dtype
+        )
 
     # the official prompt encoding: system instruction + the prompt padded to 300 tokens (~450 tokens)
     return _Components(

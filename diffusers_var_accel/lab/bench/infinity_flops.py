@@ -143,6 +143,7 @@ def infinity_generation(
     decode_vae: Optional[InfinityBSQVAE] = None,
     spatial_patchify: bool = False,
     scheduler=None,
+    kv_cache_dtype: Optional[str] = None,
 ) -> GenerationRun:
     """One generation as ``InfinityPipeline`` runs it (``count_generation_flops(transformer, vae, ...)`` counts it).
 
@@ -160,6 +161,7 @@ def infinity_generation(
         spatial_patchify: must equal the transformer's ``apply_spatial_patchify`` (kept for callers that state it; the
             loop reads the token layout from the transformer config).
         scheduler: an acceleration scheduler (``None``: the baseline).
+        kv_cache_dtype: the KV cache's storage form (``"int8"``; ``None``: the attention's dtype), as the loop takes it.
     """
     device = transformer.pos_start.device
     if text_tokens is None:  # the model in hand decides: a typical prompt, capped by the text it takes
@@ -200,6 +202,7 @@ def infinity_generation(
             scheduler=scheduler,
             teacher_tokens=teacher,
             on_scale_end=on_scale_end,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
     def decode(state):

@@ -48,6 +48,7 @@ def memory_parts(model: str):
             text_tokens=s.text_tokens or DEFAULT_TEXT_TOKENS,
             spatial_patchify=spec.spatial_patchify,
             scheduler=scheduler,
+            kv_cache_dtype=s.kv_cache_dtype,
         )
 
     return _Components(

@@ -15,7 +15,8 @@ the storage) and keeps, per phase, the most bytes alive at once and what they we
   weights count as torchao stores them (int8 weight-only: int8 data, a weight-dtype scale and an int64 zero point
   per output channel; float8 weight-only: float8 data and a float32 scale per output channel), and each quantised
   product counts the transient dequantised weight it reads.
-* **kv_cache**: the KV cache buffers the loop allocates (sized from the plan).
+* **kv_cache**: the KV cache buffers the loop allocates (sized from the plan); with ``--kv int8`` its int8 keys and
+  values, their scales and slot index (the keys and values read back for each layer's attention are activations).
 * **activations**: everything else alive in the text encoding and the loop (text features and their projection,
   ``f_hat``, per-pass tensors).
 * **decode_buffers**: what the decoder allocates.
@@ -36,6 +37,7 @@ Usage (``var-accel memory``)::
     var-accel memory --model infinity-2b                 # every documented recipe of the model
     var-accel memory --model infinity-2b --accel lazyvar --weights int8 --offload model --tiling
     var-accel memory --model hart-0.7b --batch-size 4 --json rows.json
+    var-accel memory --model infinity-8b --accel lazyvar --kv int8   # the int8 KV cache
 
 Each family's part (its models, their structures, offload sequence and low-memory recipe) lives in
 ``lab/bench/<family>_memory.py``. Importable API: :class:`MemoryTracker` (a context manager counting any code),
@@ -60,12 +62,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from diffusers_var_accel.lab.bench.live_bytes import is_new_storage, storages_alive
-from diffusers_var_accel.lab.counter_parsers import OFFLOAD_MODES, WEIGHT_FORMS, memory_parser
+from diffusers_var_accel.lab.counter_parsers import KV_FORMS, OFFLOAD_MODES, WEIGHT_FORMS, memory_parser
 from diffusers_var_accel.models.group_offload import is_resident
 
 __all__ = [
     "MemorySettings",
     "MemoryTracker",
+    "KV_FORMS",
     "OFFLOAD_MODES",
     "PARTS",
     "PHASES",
@@ -79,6 +82,7 @@ __all__ = [
     "format_memory_table",
     "main",
 ]
+
 
 #: The phases of a generation, in order.
 PHASES = ("text_encoding", "next_scale_loop", "decode")
@@ -271,6 +275,7 @@ class MemorySettings:
         offload: one of :data:`OFFLOAD_MODES`.
         streams: group offload prefetches the next group (one more group resident).
         tiling: ``pipe.vae.enable_tiling()``.
+        kv: the KV cache's storage (:data:`KV_FORMS`): ``"none"`` (the attention's dtype) or ``"int8"``.
         text_tokens: tokens per prompt through the text encoder (default: the model's; Infinity 32, HART 450).
     """
 
@@ -286,6 +291,12 @@ class MemorySettings:
     streams: bool = False
     tiling: bool = False
     text_tokens: Optional[int] = None
+    kv: str = "none"
+
+    @property
+    def kv_cache_dtype(self) -> Optional[str]:
+        """``kv`` as the loop's ``kv_cache_dtype`` (``None``: the attention's dtype)."""
+        return None if self.kv == "none" else self.kv
 
     def check(self) -> None:
         models = _family_memory()
@@ -295,6 +306,7 @@ class MemorySettings:
             ("dtype", self.dtype, tuple(_DTYPES)),
             ("weights", self.weights, WEIGHT_FORMS),
             ("offload", self.offload, OFFLOAD_MODES),
+            ("kv", self.kv, KV_FORMS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
@@ -314,6 +326,8 @@ class MemorySettings:
             parts.append(f"{self.offload} offload" + (" +streams" if self.streams else ""))
         if self.tiling:
             parts.append("tiled decode")
+        if self.kv != "none":
+            parts.append(f"{self.kv} KV")
         return ", ".join(parts)
 
 
@@ -453,17 +467,19 @@ class _AsOnAGPU:
     def __enter__(self) -> "_AsOnAGPU":
         from diffusers_var_accel.models import attention_processor, transformer_infinity
         from diffusers_var_accel.next_scale.cache import ScaleKVCache
+        from diffusers_var_accel.next_scale.quantized_cache import Int8ScaleKVCache
 
         tracker = self.tracker
-        write = ScaleKVCache._write
         attention_dtype = attention_processor.VARAttnProcessor._attention_dtype
 
-        def tagged_write(cache, key, value, layer_idx, *args, **kwargs):
-            out = write(cache, key, value, layer_idx, *args, **kwargs)
-            for buffer in (cache._key_buffers[layer_idx], cache._value_buffers[layer_idx]):
-                if buffer is not None:
+        def tagged(write):
+            def tagged_write(cache, key, value, layer_idx, *args, **kwargs):
+                out = write(cache, key, value, layer_idx, *args, **kwargs)
+                for buffer in cache.layer_buffers(layer_idx):
                     tracker.retag(buffer, "kv_cache")
-            return out
+                return out
+
+            return tagged_write
 
         def fused_cast_out(shape, result_dtype, dtype, device):
             if dtype is None or dtype == result_dtype:
@@ -473,7 +489,8 @@ class _AsOnAGPU:
         def gpu_attention_dtype(processor, device):
             return tracker.autocast_dtype if device.type == "meta" else attention_dtype(processor, device)
 
-        self._patch(ScaleKVCache, "_write", tagged_write)
+        for cache_cls in (ScaleKVCache, Int8ScaleKVCache):
+            self._patch(cache_cls, "_write", tagged(cache_cls._write))
         self._patch(attention_processor.VARAttnProcessor, "_attention_dtype", gpu_attention_dtype)
         for module in (attention_processor, transformer_infinity):
             self._patch(module, "fused_cast_out", fused_cast_out)
@@ -681,7 +698,7 @@ def format_memory_table(rows: Sequence[Dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------------------------------
-_RECIPE_FLAGS = ("accel", "weights", "offload", "streams", "tiling", "dtype")
+_RECIPE_FLAGS = ("accel", "weights", "offload", "streams", "tiling", "dtype", "kv")
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -709,6 +726,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
                 streams=bool(args.streams),
                 tiling=bool(args.tiling),
                 text_tokens=args.text_tokens,
+                kv=args.kv or "none",
             )
             rows = [count_memory(settings)]
     except ValueError as err:

@@ -846,6 +846,7 @@ class HARTPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAccelerationMix
                 should_stop=lambda: self._interrupt,
                 pass_runner=self._pass_runner,
                 tables=self.schedule_tables,
+                kv_cache_dtype=self.kv_cache_dtype,
             )
         latents = state.f_hat
         self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed

@@ -841,6 +841,7 @@ class InfinityPipeline(DiffusionPipeline, NextScalePipelineMixin, VARAcceleratio
                 should_stop=lambda: self._interrupt,
                 pass_runner=self._pass_runner,
                 tables=self.schedule_tables,
+                kv_cache_dtype=self.kv_cache_dtype,
             )
         latents = state.f_hat
         self._last_call_work = state.work  # acceleration_summary(): what this call's passes computed
