@@ -39,6 +39,28 @@ class NextScalePipelineMixin:
     def _pass_runner(self, runner: Optional[Callable]) -> None:
         self._pass_runners.runner = runner
 
+    # -- the low-memory recipe -------------------------------------------------------------------------------------
+    def enable_low_memory(
+        self, gpu_id: Optional[int] = None, device: Union[torch.device, str, None] = None, tiling: bool = True
+    ) -> None:
+        """The documented low-memory recipe's memory part in one call: diffusers' model offload (one component on the
+        accelerator at a time, ``enable_model_cpu_offload``) and tiled decoding (``vae.enable_tiling()``, which bounds
+        the decoder's buffers at large sizes). Nothing else: the acceleration method (``enable_lazyvar()`` in the
+        recipes), weight quantisation and the int8 KV cache stay separate choices (``docs/memory.md`` counts each).
+
+        Args:
+            gpu_id (`int`, *optional*): passed to ``enable_model_cpu_offload``.
+            device (`torch.device` or `str`, *optional*): the accelerator, passed to ``enable_model_cpu_offload``.
+            tiling (`bool`, defaults to `True`): also decode in tiles.
+        """
+        if not isinstance(tiling, bool):
+            raise ValueError(f"tiling must be True or False, got {tiling!r}")
+        self.enable_model_cpu_offload(gpu_id=gpu_id, device=device)
+        if tiling:
+            self.vae.enable_tiling()
+        else:
+            self.vae.disable_tiling()
+
     # -- the KV cache's storage ------------------------------------------------------------------------------------
     def enable_kv_cache_quantization(self, dtype: str = "int8") -> None:
         """Store the self-attention KV cache of the next calls in int8: keys with one scale per channel (per pass),

@@ -116,3 +116,33 @@ def test_model_cpu_offload_gives_the_same_images_with_every_method(family):
             assert {"text_encoder", "transformer", "vae"} <= set(uses), method  # every component ran under the tracker
             assert torch.equal(image, reference[method]), method
     pipe.remove_all_hooks()
+
+
+def test_enable_low_memory_is_model_offload_plus_tiled_decoding():
+    """The README's low-memory recipe: ``enable_low_memory`` installs diffusers' model offload on every offloaded
+    component and turns tiled decoding on; the images stay those of the pipeline without it (tiles only split latents
+    larger than a tile, which a tiny model's are not)."""
+
+    def build():
+        pipe = build_tiny_hart_pipeline(seed=0, depth=2, embed_dim=32, tokenizer_ch_mult=(1,))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    reference = run(build(), "lazyvar", "hart", guidance_scale=4.5)
+    pipe = build()
+    with pytest.raises(ValueError, match="tiling must be True or False, got 'yes'"):
+        pipe.enable_low_memory(device="cpu", tiling="yes")
+    assert not pipe.vae.use_tiling
+    pipe.enable_low_memory(device="cpu")
+    assert pipe.vae.use_tiling
+    offloaded = [
+        name
+        for name, m in pipe.components.items()
+        if isinstance(m, torch.nn.Module) and name not in pipe._exclude_from_cpu_offload
+    ]
+    assert offloaded and all(isinstance(getattr(pipe.components[n], "_hf_hook", None), CpuOffload) for n in offloaded)
+    assert torch.equal(run(pipe, "lazyvar", "hart", guidance_scale=4.5), reference)
+    pipe.remove_all_hooks()
+    pipe.enable_low_memory(device="cpu", tiling=False)
+    assert not pipe.vae.use_tiling
+    pipe.remove_all_hooks()
