@@ -235,6 +235,20 @@ def _flops_8b_vs_2b() -> str:
     return "\n".join(lines)
 
 
+def _flops_8b_per_scale() -> str:
+    """The 8B per-scale table as ``var-accel flops`` prints it (its own three decimals), merged over the records."""
+    from diffusers_var_accel.lab.bench.flop_meter import per_scale_lines
+
+    methods = ["baseline", "fastvar", "fastvar:skip_last_scales=false", "lazyvar", "depthvar"]
+    methods += ["depthvar:reference_scale=7", "arvar"]
+    scales = {}
+    for name in MODEL_RECORDS["infinity-8b"]:
+        for s in load_record(name)["output"]["per_scale"]:
+            scales.setdefault(s["scale_index"], {}).update(s)
+    comparison = {"summary": [{"method": m} for m in methods], "per_scale": [scales[i] for i in sorted(scales)]}
+    return "\n".join(["```", *per_scale_lines(comparison, hw_width=9), "```"])
+
+
 def _stagevar() -> str:
     two, eight, hart = rows_of("infinity-2b"), rows_of("infinity-8b"), rows_of("hart-0.7b")
 
@@ -323,6 +337,7 @@ TABLES: Dict[str, Callable[[], str]] = {
     ),
     "index_hart": lambda: _status_hart(with_paper=False),
     "flops_8b_vs_2b": _flops_8b_vs_2b,
+    "flops_8b_per_scale": _flops_8b_per_scale,
     "stagevar_flops": _stagevar,
     "arvar_flops": _arvar,
     "depthvar_flops": _depthvar,
