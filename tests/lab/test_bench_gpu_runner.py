@@ -281,7 +281,8 @@ def test_dry_run_of_gpu_sh_drives_every_graph_row_through_replays(tmp_path):
     # test's own time (the per-test limit is 900 s).
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "GPU_SH_DEADLINE": "840"}
     done = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run"],
+        # and the runner's own "no new block after --max-seconds" (300 s by default) moves with it
+        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--dry-run", "--max-seconds", "780"],
         env=env,
         capture_output=True,
         text=True,
