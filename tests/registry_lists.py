@@ -11,6 +11,7 @@ unregister on the way are not in them, because they are not the library's (:func
 
 from typing import Dict, List, Optional, Tuple, Type
 
+from diffusers_var_accel import ComposedScheduler, supported_sizes
 from diffusers_var_accel.families import MODEL_FAMILIES
 from diffusers_var_accel.schedulers.registry import BASELINE
 from diffusers_var_accel.schedulers.registry import METHODS as REGISTERED_METHODS
@@ -94,3 +95,29 @@ TINY_MODEL_OVERRIDES: Dict[Tuple[str, str], Dict] = {
 def tiny_preset(method: str, family: str, **overrides):
     """``method``'s preset for ``family`` with the overrides the tiny test models need, then ``overrides``."""
     return METHODS[method].from_preset(family, **{**TINY_MODEL_OVERRIDES.get((method, family), {}), **overrides})
+
+
+#: The smallest official Infinity size (7 scales) and HART's one size, as call keywords: the quickest tiny runs.
+SMALLEST_SIZE: Dict[str, Dict[str, int]] = {
+    "infinity": dict(
+        zip(("height", "width"), sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0])
+    ),
+    "hart": {},
+}
+
+#: The baseline of each family, every (method, family) and one composition: what the per-call record tests cover.
+CASES_WITH_BASELINE_AND_COMPOSITION = [
+    (None, "infinity"),
+    (None, "hart"),
+    *METHOD_FAMILY_CASES,
+    ("lazyvar+depthvar", "infinity"),
+]
+
+
+def tiny_scheduler(spec: Optional[str], family: str):
+    """The tiny-model scheduler for ``spec``: ``None`` (the baseline), a method name, or ``a+b`` (composed)."""
+    if spec is None:
+        return None
+    if "+" in spec:
+        return ComposedScheduler([tiny_preset(m, family) for m in spec.split("+")])
+    return tiny_preset(spec, family)

@@ -11,27 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusers_var_accel import ComposedScheduler, supported_sizes
 from diffusers_var_accel.next_scale.plan import ModelInfo
-from registry_lists import METHOD_FAMILY_CASES, tiny_preset
-
-_SMALLEST = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
-SIZE = {"infinity": {"height": _SMALLEST[0], "width": _SMALLEST[1]}, "hart": {}}
-
-CASES = [(None, "infinity"), (None, "hart"), *METHOD_FAMILY_CASES, ("lazyvar+depthvar", "infinity")]
-
-
-def scheduler_for(method, family):
-    if method is None:
-        return None
-    if "+" in method:
-        return ComposedScheduler([tiny_preset(m, family) for m in method.split("+")])
-    return tiny_preset(method, family)
+from registry_lists import CASES_WITH_BASELINE_AND_COMPOSITION, SMALLEST_SIZE, tiny_scheduler
 
 
 def schedule_of(pipe, family):
     if family == "infinity":
-        return pipe.scale_schedule_for(**SIZE[family])[0]
+        return pipe.scale_schedule_for(**SMALLEST_SIZE[family])[0]
     return [(1, p, p) for p in pipe.transformer.config.patch_nums]
 
 
@@ -39,10 +25,10 @@ def attention_and_ffn(block):
     return (block.sa if hasattr(block, "sa") else block.attn), block.ffn
 
 
-@pytest.mark.parametrize("method, family", CASES)
+@pytest.mark.parametrize("method, family", CASES_WITH_BASELINE_AND_COMPOSITION)
 def test_the_summary_is_what_the_modules_ran_and_what_the_plan_says(method, family, pipes):
     pipe = pipes(family)
-    scheduler = scheduler_for(method, family)
+    scheduler = tiny_scheduler(method, family)
     seen, per_pass = [], []
     hooks = []
     for layer, block in enumerate(pipe.transformer.blocks):
@@ -67,7 +53,7 @@ def test_the_summary_is_what_the_modules_ran_and_what_the_plan_says(method, fami
             guidance_scale=3.0,
             output_type="latent",
             callback_on_step_end=on_scale,
-            **SIZE[family],
+            **SMALLEST_SIZE[family],
         )
     finally:
         for hook in hooks:

@@ -12,26 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffusers_var_accel import ComposedScheduler, supported_sizes
 from diffusers_var_accel.next_scale.cache import ScaleKVCache
 from diffusers_var_accel.next_scale.quantized_cache import (
     Int8ScaleKVCache,
     quantize_per_channel,
     quantize_per_token,
 )
-from registry_lists import METHOD_FAMILY_CASES, tiny_preset
-
-_SMALLEST = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
-SIZE = {"infinity": {"height": _SMALLEST[0], "width": _SMALLEST[1]}, "hart": {}}
-CASES = [(None, "infinity"), (None, "hart"), *METHOD_FAMILY_CASES, ("lazyvar+depthvar", "infinity")]
-
-
-def scheduler_for(method, family):
-    if method is None:
-        return None
-    if "+" in method:
-        return ComposedScheduler([tiny_preset(m, family) for m in method.split("+")])
-    return tiny_preset(method, family)
+from registry_lists import CASES_WITH_BASELINE_AND_COMPOSITION, SMALLEST_SIZE, tiny_scheduler
 
 
 def teacher_for(pipe, family):
@@ -39,7 +26,7 @@ def teacher_for(pipe, family):
     g = torch.Generator().manual_seed(1)
     if family == "infinity":
         bits = int(pipe.transformer.config.codebook_dim)
-        schedule = pipe.scale_schedule_for(**SIZE[family])[0]
+        schedule = pipe.scale_schedule_for(**SMALLEST_SIZE[family])[0]
         return [torch.randint(0, 2, (1, h * w, bits), generator=g) for _, h, w in schedule]
     vocab = int(pipe.vae.quantize.embedding.weight.shape[0])
     return [torch.randint(0, vocab, (1, p * p), generator=g) for p in pipe.transformer.config.patch_nums]
@@ -47,7 +34,7 @@ def teacher_for(pipe, family):
 
 def run(pipe, family, method, teacher, monkeypatch):
     """One teacher-forced call: its summary, the positions of every route given by the scheduler, the caches made."""
-    scheduler = scheduler_for(method, family)
+    scheduler = tiny_scheduler(method, family)
     routes, caches = [], []
     if scheduler is not None:
         route_pass = scheduler.route_pass
@@ -77,13 +64,13 @@ def run(pipe, family, method, teacher, monkeypatch):
         guidance_scale=3.0,
         teacher_tokens=teacher,
         output_type="latent",
-        **SIZE[family],
+        **SMALLEST_SIZE[family],
     )
     monkeypatch.undo()
     return pipe.acceleration_summary(), routes, caches, scheduler
 
 
-@pytest.mark.parametrize("method, family", CASES)
+@pytest.mark.parametrize("method, family", CASES_WITH_BASELINE_AND_COMPOSITION)
 def test_int8_cache_keeps_the_plan_and_the_tokens(method, family, pipes, monkeypatch):
     pipe = pipes(family)
     teacher = teacher_for(pipe, family)
@@ -109,7 +96,7 @@ def test_int8_cache_keeps_the_plan_and_the_tokens(method, family, pipes, monkeyp
     assert type(full_cache) is ScaleKVCache and type(quant_cache) is Int8ScaleKVCache
     assert {t.dtype for t in quant_cache._key_buffers + quant_cache._value_buffers} == {torch.int8}
     assert {t.dtype for t in quant_cache._key_scales + quant_cache._value_scales} == {torch.float32}
-    size = dict(SIZE[family], dtype=torch.float32)
+    size = dict(SMALLEST_SIZE[family], dtype=torch.float32)
     assert full["kv_bytes"] == pipe.kv_cache_bytes(scheduler, **size, kv_cache_dtype=None)
     assert quant["kv_bytes"] == pipe.kv_cache_bytes(scheduler, **size, kv_cache_dtype="int8")
     # counted independently: int8 keys and values (a quarter of float32's), a float32 value scale per row, head and
@@ -126,7 +113,7 @@ def test_int8_cache_keeps_the_plan_and_the_tokens(method, family, pipes, monkeyp
 
 def test_int8_cache_off_again_is_the_float_cache_bit_for_bit(pipes):
     pipe = pipes("infinity")
-    kwargs = dict(guidance_scale=3.0, output_type="latent", **SIZE["infinity"])
+    kwargs = dict(guidance_scale=3.0, output_type="latent", **SMALLEST_SIZE["infinity"])
     before = pipe("a red fox", generator=torch.Generator().manual_seed(0), **kwargs).images
     pipe.enable_kv_cache_quantization()
     assert pipe.kv_cache_dtype == "int8"
@@ -202,7 +189,12 @@ def test_captured_or_compiled_passes_are_refused_with_the_way_out(pipes):
     pipe._pass_runner = _WorkspaceRunner()
     try:
         with pytest.raises(ValueError, match="disable_cuda_graphs"):
-            pipe("a red fox", generator=torch.Generator().manual_seed(0), output_type="latent", **SIZE["infinity"])
+            pipe(
+                "a red fox",
+                generator=torch.Generator().manual_seed(0),
+                output_type="latent",
+                **SMALLEST_SIZE["infinity"],
+            )
     finally:
         pipe._pass_runner = None
         pipe.disable_kv_cache_quantization()

@@ -20,17 +20,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from registry_lists import METHOD_FAMILY_CASES, tiny_preset
+from registry_lists import METHOD_FAMILY_CASES, SMALLEST_SIZE, tiny_preset
 
 peft = pytest.importorskip("peft")
 
 from peft import LoraConfig  # noqa: E402
 from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: E402
-
-from diffusers_var_accel import supported_sizes  # noqa: E402
-
-_SMALLEST = sorted(hw for hw, (_, budget) in supported_sizes().items() if budget == "0.06M")[0]
-SIZE = {"infinity": {"height": _SMALLEST[0], "width": _SMALLEST[1]}, "hart": {}}
 
 
 def images(pipe, family, acceleration=None):
@@ -40,7 +35,7 @@ def images(pipe, family, acceleration=None):
         acceleration=acceleration,
         guidance_scale=3.0,
         output_type="latent",  # the summed codes: the VAE decode adds nothing to what is compared, only time
-        **SIZE[family],
+        **SMALLEST_SIZE[family],
     ).images
 
 
@@ -151,7 +146,7 @@ def run_recording(pipe, family, scheduler):
             output_type="latent",
             callback_on_step_end=record,
             callback_on_step_end_tensor_inputs=["tokens"],
-            **SIZE[family],
+            **SMALLEST_SIZE[family],
         ).images
     finally:
         for hook in hooks:
@@ -187,7 +182,7 @@ def test_a_lora_acts_under_every_method(method, family, pipes, restored):
         assert_rounding_close(adapted, fused)
     else:
         first = min(
-            scheduler.acted_scales(pipe.scale_schedule_for(**SIZE[family])[0])
+            scheduler.acted_scales(pipe.scale_schedule_for(**SMALLEST_SIZE[family])[0])
             if family == "infinity"
             else scheduler.acted_scales([(1, p, p) for p in pipe.transformer.config.patch_nums])
         )
