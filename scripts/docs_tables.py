@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COUNTS = ROOT / "docs" / "counts"
 #: The pages that hold generated blocks (README.md's blocks are pasted by hand; ``write`` fills them once there).
 PAGES = ("README.md", "docs/status.md", "docs/index.md", "docs/flops.md", "docs/arvar.md", "docs/depthvar.md",
-         "docs/stagevar.md")  # fmt: skip
+         "docs/stagevar.md", "docs/benchmarks.md", "docs/fastvar.md", "docs/lazyvar.md")  # fmt: skip
 
 #: StageVAR's paper variant as a scheduler folder (``StageVARScheduler.paper_variant().save_pretrained(...)``), so a
 #: command line can name it.
@@ -67,6 +67,31 @@ RECORDS: Dict[str, List[str]] = {
     "flops_infinity_8b_fastvar_lazyvar": _infinity("infinity-8b", "fastvar,fastvar:skip_last_scales=false,lazyvar"),
     "flops_infinity_8b_depthvar": _infinity("infinity-8b", "depthvar,depthvar:reference_scale=7"),
     "flops_infinity_8b_arvar_stagevar": _infinity("infinity-8b", f"arvar,stagevar,{PAPER_VARIANT}"),
+    # one generation's full report (per scale, totals, sublayers), as `var-accel flops --model M` prints it
+    "report_infinity_2b": ["flops", "--model", "infinity-2b", "--height", "1024", "--width", "1024", "--json"],
+    "report_infinity_2b_no_cfg": [
+        "flops",
+        "--model",
+        "infinity-2b",
+        "--height",
+        "1024",
+        "--width",
+        "1024",
+        "--no-cfg",
+        "--json",
+    ],  # fmt: skip
+    "report_hart_0.7b": ["flops", "--model", "hart-0.7b", "--json"],
+    "report_hart_0.7b_no_cfg": ["flops", "--model", "hart-0.7b", "--no-cfg", "--json"],
+    # every method under the counting conventions (docs/flops.md, "The papers' numbers and their counting convention")
+    "conventions_hart_0.7b": [
+        "flops",
+        "--model",
+        "hart-0.7b",
+        "--accel",
+        "fastvar,lazyvar,depthvar,arvar,stagevar",
+        "--conventions",
+        "--json",
+    ],
 }
 
 #: The records of one model's table, merged by method spec.
@@ -323,6 +348,154 @@ def _depthvar() -> str:
     return "\n".join(lines)
 
 
+# the commands' own text output, rendered from their records by the commands' own formatters
+def _command_output(name: str, formatter: Callable[[dict], str]) -> str:
+    return "\n".join(["```", formatter(load_record(name)["output"]), "```"])
+
+
+def _infinity_report(name: str) -> str:
+    from diffusers_var_accel.lab.bench.infinity_flops import format_report
+
+    return _command_output(name, format_report)
+
+
+def _hart_report(name: str) -> str:
+    from diffusers_var_accel.lab.bench.hart_flops import format_hart_report
+
+    return _command_output(name, format_hart_report)
+
+
+def _infinity_comparison(name: str) -> str:
+    from diffusers_var_accel.lab.bench.infinity_flops import format_comparison
+
+    return _command_output(name, format_comparison)
+
+
+def _hart_comparison(name: str) -> str:
+    from diffusers_var_accel.lab.bench.hart_flops import format_hart_comparison
+
+    return _command_output(name, format_hart_comparison)
+
+
+def _paper(row: dict) -> List[str]:
+    """The paper's TFLOPs and ratio cells of a summary row ("-" where no paper publishes the setting)."""
+    if not row.get("paper_tflops"):
+        return ["-", "-"]
+    return [num(row["paper_tflops"]), times(row["paper_ratio"], "x")]
+
+
+def _method_table(
+    model: str, labels: Dict[str, str], columns: str, bold: Sequence[str] = (), heads: Sequence[str] = ()
+) -> str:
+    """A markdown table of ``model``'s summary rows: ``columns`` is ``"benchmarks"`` (total, ratio, paper),
+    ``"infinity"`` (total, transformer, ratio, paper) or ``"hart"`` (total, transformer, diffusion head, decoder,
+    ratio, paper); the rows in ``labels``' order, ``bold`` methods with their total and ratio in bold; ``heads``
+    replaces the column heads."""
+    r = rows_of(model)
+    heads_of_columns = {
+        "benchmarks": ["method", "TFLOPs (ours)", "speed-up (ours)", "paper TFLOPs", "paper speed-up"],
+        "infinity": ["setting", "total TFLOPs", "transformer TFLOPs", "ratio", "paper TFLOPs", "paper ratio"],
+        "hart": ["setting", "total TFLOPs", "transformer", "diffusion head", "decoder", "ratio", "paper TFLOPs",
+                 "paper ratio"],
+    }[columns]  # fmt: skip
+    heads = list(heads) or heads_of_columns
+    lines = ["| " + " | ".join(heads) + " |", "| --- |" + " ---: |" * (len(heads) - 1)]
+    for method, label in labels.items():
+        row = r[method]
+        total, ratio = num(row["total_tflops"]), times(row["ratio"], "x")
+        if method in bold:
+            total, ratio = f"**{total}**", f"**{ratio}**"
+        if columns == "benchmarks":
+            parts = [total, ratio]
+        elif columns == "infinity":
+            parts = [total, num(row["transformer_tflops"]), ratio]
+        else:
+            parts = [
+                total,
+                num(row["transformer_tflops"]),
+                num(row["diffusion_tflops"]),
+                num(row["vae_tflops"]),
+                ratio,
+            ]
+        lines.append("| " + " | ".join([label, *parts, *_paper(row)]) + " |")
+    return "\n".join(lines)
+
+
+_BENCHMARKS_2B = {
+    "baseline": "baseline",
+    "fastvar": "FastVAR (preset: prune 32/40, skip 48/64)",
+    "fastvar:skip_last_scales=false": "FastVAR without the skip",
+    "lazyvar": "LazyVAR (preset)",
+}
+_BENCHMARKS_HART = {
+    "baseline": "baseline",
+    "fastvar": "FastVAR (prune 48 / 64 at 0.5 / 0.75)",
+    "lazyvar": "LazyVAR (preset: group 48, 64 at 50 / 35 %)",
+    "depthvar": "DepthVAR (R = 10)",
+    "arvar": "ARVAR (BH at 48, AR 75 % at 64)",
+    "stagevar": "StageVAR (preset: 48, 64 unguided, 64 on token mixtures per layer)",
+}
+
+
+#: The conventions of ``var-accel flops --model hart-0.7b --conventions`` as docs/flops.md names them (bold: the real
+#: count and the one that reproduces the papers' saving).
+_HART_CONVENTIONS = {
+    "real count: attention over the KV cache + diffusion head + decoder": (
+        "**ours (real count)**: attention over the KV cache + diffusion head + decoder"
+    ),
+    "transformer only (real attention)": "transformer only (real attention)",
+    "transformer + diffusion head (no decoder)": "transformer + diffusion head (no decoder)",
+    "self-attention to the context + current pass only": "self-attention to the 300 context keys + the current pass only",
+    "self-attention within the current pass only": "self-attention within the current pass only",
+    "attention kernels at half weight (1 per MAC)": "attention kernels at half weight (1 per MAC)",
+    "no attention kernels (linear + conv): diffusion head + decoder": (
+        "**no attention kernels** (linear + conv): diffusion head + decoder"
+    ),
+    "no attention kernels, no decoder": "no attention kernels, no decoder",
+    "no attention kernels, transformer only": "no attention kernels, transformer only",
+    "real count in MACs": "real count in MACs",
+}
+
+
+def _hart_conventions() -> str:
+    """docs/flops.md's HART convention table: the papers' row (LazyVAR's table, constants of hart_flops), every
+    convention of the ``--conventions`` record, and the no-CFG real count of its own record."""
+    from diffusers_var_accel.lab.bench.hart_flops import HART_PAPER_TFLOPS
+
+    rows = load_record("conventions_hart_0.7b")["output"]["conventions"]
+    methods = [m for m in rows[0]["totals"] if m != "baseline"]
+    named = {
+        "fastvar": "FastVAR",
+        "lazyvar": "LazyVAR",
+        "depthvar": "DepthVAR",
+        "arvar": "ARVAR",
+        "stagevar": "StageVAR",
+    }
+    compared = ["fastvar", "lazyvar"]  # the methods the papers' table has
+    head = ["convention (HART-0.7B, 1024x1024, CFG, 2 FLOPs per MAC unless stated)", "baseline"]
+    head += (
+        [named[m] for m in methods] + [f"ratio {named[m]}" for m in compared] + [f"saved {named[m]}" for m in compared]
+    )
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    paper = HART_PAPER_TFLOPS["hart-0.7b"]
+    bold = lambda x: f"**{x}**"  # noqa: E731
+    cells = [bold(num(paper["baseline"]))] + [bold(num(paper[m])) if paper.get(m) else "-" for m in methods]
+    cells += [bold(times(paper["baseline"] / paper[m], "x")) for m in compared]
+    cells += [bold(num(paper["baseline"] - paper[m])) for m in compared]
+    lines.append("| " + " | ".join(["**papers** (LazyVAR's table)", *cells]) + " |")
+    for row in rows:
+        label = _HART_CONVENTIONS[row["convention"]]
+        saved = [num(row["saved"][m]) for m in compared]
+        if label.startswith("**no attention"):
+            saved = [bold(x) for x in saved]
+        cells = [num(row["totals"]["baseline"])] + [num(row["totals"][m]) for m in methods]
+        cells += [times(row["ratios"][m], "x") for m in compared] + saved
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    no_cfg = num(load_record("report_hart_0.7b_no_cfg")["output"]["total_tflops"])
+    lines.append("| no CFG (1 row), real count | " + no_cfg + " |" + " |" * (len(head) - 2))
+    return "\n".join(lines)
+
+
 #: block name -> its rendering (the records it reads are named inside).
 TABLES: Dict[str, Callable[[], str]] = {
     "status_infinity_2b": lambda: _status_infinity(
@@ -341,6 +514,55 @@ TABLES: Dict[str, Callable[[], str]] = {
     "stagevar_flops": _stagevar,
     "arvar_flops": _arvar,
     "depthvar_flops": _depthvar,
+    "flops_infinity_2b_report": lambda: _infinity_report("report_infinity_2b"),
+    "flops_infinity_2b_no_cfg_report": lambda: _infinity_report("report_infinity_2b_no_cfg"),
+    "flops_infinity_2b_presets": lambda: _infinity_comparison("flops_infinity_2b_fastvar_lazyvar"),
+    "flops_hart_report": lambda: _hart_report("report_hart_0.7b"),
+    "flops_hart_presets": lambda: _hart_comparison("flops_hart_0.7b"),
+    "flops_hart_conventions": _hart_conventions,
+    "benchmarks_infinity_2b": lambda: _method_table("infinity-2b", _BENCHMARKS_2B, "benchmarks"),
+    "benchmarks_hart": lambda: _method_table(
+        "hart-0.7b",
+        _BENCHMARKS_HART,
+        "hart",
+        heads=[
+            "method",
+            "TFLOPs (ours)",
+            "transformer",
+            "diffusion head",
+            "decoder",
+            "speed-up (ours)",
+            "paper TFLOPs",
+            "paper speed-up",
+        ],
+    ),  # fmt: skip
+    "fastvar_infinity_2b": lambda: _method_table(
+        "infinity-2b",
+        {
+            "baseline": "baseline",
+            "fastvar": "`fastvar` (preset: prune 32/40, skip 48/64)",
+            "fastvar:skip_last_scales=false": "`fastvar:skip_last_scales=false` (prune only)",
+        },
+        "infinity",
+        bold=["fastvar"],
+        heads=[
+            "setting",
+            "total TFLOPs",
+            "transformer TFLOPs",
+            "ratio",
+            "paper TFLOPs (LazyVAR's table)",
+            "paper ratio",
+        ],
+    ),
+    "fastvar_hart": lambda: _method_table(
+        "hart-0.7b", {"baseline": "baseline", "fastvar": "`fastvar` (preset)"}, "hart", bold=["fastvar"]
+    ),
+    "lazyvar_infinity_2b": lambda: _method_table(
+        "infinity-2b", {"baseline": "baseline", "lazyvar": "`lazyvar` (preset)"}, "infinity", bold=["lazyvar"]
+    ),
+    "lazyvar_hart": lambda: _method_table(
+        "hart-0.7b", {"baseline": "baseline", "lazyvar": "`lazyvar` (preset)"}, "hart", bold=["lazyvar"]
+    ),
 }
 
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.S)

@@ -64,20 +64,35 @@ def test_a_changed_figure_or_an_unknown_block_is_named(docs_tables, tmp_path, mo
 
 
 def test_records_name_their_command_and_agree_on_each_baseline(docs_tables):
+    """Every record holds the command that printed it; its rows are the methods that command names; and every record
+    of one model and CFG setting (comparisons, full reports, conventions' real count) has the same baseline total."""
+    from diffusers_var_accel.schedulers.specs import split_acceleration_specs
+
     names = recorded(docs_tables)
     assert names and set(names) <= set(docs_tables.RECORDS), names
-    baselines = {}
+    baselines, kinds = {}, set()
     for name in names:
         record = docs_tables.load_record(name)
         args = docs_tables.RECORDS[name]
         assert record["command"] == "var-accel " + " ".join(args)
         assert isinstance(record["package_version"], str) and record["package_version"]
         output = record["output"]
-        accel = args[args.index("--accel") + 1]
-        from diffusers_var_accel.schedulers.specs import split_acceleration_specs
-
-        assert [row["method"] for row in output["summary"]] == ["baseline", *split_acceleration_specs(accel)]
-        baselines.setdefault(output["model"], set()).add(output["summary"][0]["total_tflops"])
+        methods = split_acceleration_specs(args[args.index("--accel") + 1]) if "--accel" in args else []
+        if "--conventions" in args:
+            kinds.add("conventions")
+            real = next(r for r in output["conventions"] if r["convention"].startswith("real count:"))
+            assert list(real["totals"]) == ["baseline", *methods]
+            total = real["totals"]["baseline"]
+        elif methods:
+            kinds.add("comparison")
+            assert [row["method"] for row in output["summary"]] == ["baseline", *methods]
+            total = output["summary"][0]["total_tflops"]
+        else:
+            kinds.add("report")
+            assert output["accel"] == "baseline" and output["cfg"] == ("--no-cfg" not in args)
+            total = output["total_tflops"]
+        baselines.setdefault((output["model"], output["cfg"]), set()).add(total)
+    assert kinds == {"comparison", "report", "conventions"}, kinds
     assert all(len(totals) == 1 for totals in baselines.values()), baselines
 
 
