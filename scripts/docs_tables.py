@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COUNTS = ROOT / "docs" / "counts"
 #: The pages that hold generated blocks (README.md's blocks are pasted by hand; ``write`` fills them once there).
 PAGES = ("README.md", "docs/status.md", "docs/index.md", "docs/flops.md", "docs/arvar.md", "docs/depthvar.md",
-         "docs/stagevar.md", "docs/benchmarks.md", "docs/fastvar.md", "docs/lazyvar.md")  # fmt: skip
+         "docs/stagevar.md", "docs/benchmarks.md", "docs/fastvar.md", "docs/lazyvar.md", "docs/calibration.md")  # fmt: skip
 
 #: StageVAR's paper variant as a scheduler folder (``StageVARScheduler.paper_variant().save_pretrained(...)``), so a
 #: command line can name it.
@@ -496,6 +496,129 @@ def _hart_conventions() -> str:
     return "\n".join(lines)
 
 
+# the embedded model's calibrated frontier (docs/calibration.md): rendered from the JSON that
+# scripts/calibration_frontier.py and scripts/frontier_unseen.py write (each names its command in that page)
+FRONTIER = ROOT / "benchmarks" / "calibration"
+#: file -> what it holds: the lenient scorer's quiet run (its CPU speed-ups), the strict scorer on the held-out-by-seed
+#: prompts (every row), and the string-disjoint test set (every row but DepthVAR's; DepthVAR's rows in the second).
+FRONTIER_FILES = {
+    "lenient": "embedded_frontier_heldout.json",
+    "strict": "embedded_frontier_heldout_strict.json",
+    "unseen": "embedded_frontier_unseen.json",
+    "unseen_depthvar": "embedded_frontier_unseen_depthvar.json",
+}
+_METHOD_ORDER = ["lazyvar", "fastvar", "depthvar", "arvar", "lazyvar+arvar", "fastvar+arvar", "depthvar+arvar",
+                 "lazyvar+depthvar", "stagevar"]  # fmt: skip
+
+
+def frontier_rows(kind: str) -> List[dict]:
+    """The rows of one frontier JSON; a missing or corrupted file fails naming it."""
+    path = FRONTIER / FRONTIER_FILES[kind]
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable frontier record ({err})") from err
+    if not isinstance(rows, list) or not rows or rows[0].get("name") != "baseline":
+        raise ValueError(f"{path}: expected a list of rows whose first is the baseline")
+    return rows
+
+
+def _scales(values: Sequence[int]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def describe_setting(method: str, settings: dict) -> str:
+    """A calibrated setting in the frontier table's words (one method; a composition joins its members')."""
+    if "+" in method:
+        return "; ".join(f"{m}: {describe_setting(m, settings[m])}" for m in method.split("+"))
+    if method == "lazyvar":
+        mode = "one pass" if settings["parallel_decoding"] else "scale by scale"
+        return f"group {_scales(settings['group_scales'])}, keep {_scales(settings['keep_ratios'])}, {mode}"
+    if method == "fastvar":
+        ratio = settings["prune_ratios"][0]
+        layers = settings["pruned_layers"]
+        layers = "all" if layers is None else f"{layers[0]}..{layers[1] - 1}"
+        skip = ", skip last" if settings["skip_last_scales"] else ""
+        return f"prune {_scales(settings['prune_scales'])} r={ratio:g}, layers {layers}{skip}"
+    if method == "depthvar":
+        start = f" from scale {settings['start_scale']}" if settings.get("start_scale") is not None else ""
+        blending = "on" if settings["code_blending"] else "off"
+        return f"R={settings['reference_scale']}{start}, rotation {settings['rotation_step']:g}, blending {blending}"
+    if method == "arvar":
+        text = f"halve {_scales(settings['branch_halving_scales'])}"
+        if settings["pruned_scales"]:
+            text += f", prune {_scales(settings['pruned_scales'])} at {settings['prune_ratios'][0]:g}"
+        return text
+    if method == "stagevar":
+        projection = "no projection" if not settings["projected_scales"] else f"project {settings['projected_scales']}"
+        return (
+            f"unguided {_scales(settings['unconditional_scales'])}, skip {_scales(settings['skipped_scales'])}, "
+            f"{projection}"
+        )
+    raise ValueError(f"no description for method {method!r}")
+
+
+def _chosen_by(row: dict) -> str:
+    """``ssim@1.5x`` -> ``SSIM 1.5×``, every selection that picked the setting."""
+    if not row.get("selected_by"):
+        return "–"
+    words = []
+    for selection in row["selected_by"]:
+        metric, budget = selection.split("@")
+        words.append(f"{'SSIM' if metric == 'ssim' else metric} {budget.rstrip('x')}×")
+    return ", ".join(words)
+
+
+def _key(row: dict) -> tuple:
+    return (row.get("method"), json.dumps(row.get("settings"), sort_keys=True), row.get("source"))
+
+
+def _percent(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def _frontier() -> str:
+    """docs/calibration.md's frontier table: every setting, with both scorers on the held-out-by-seed prompts and
+    the strict one on the string-disjoint test set."""
+    lenient = {_key(r): r for r in frontier_rows("lenient")}
+    unseen = {_key(r): r for kind in ("unseen", "unseen_depthvar") for r in frontier_rows(kind)}
+    strict = frontier_rows("strict")
+    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+    calibrated = sorted(
+        (r for r in strict if r.get("method")),
+        key=lambda r: (order[r["method"]], r["flops_ratio"]),
+    )
+    rows = [strict[0], *calibrated, *(r for r in strict[1:] if not r.get("method"))]
+    head = ["method", "chosen by (budget)", "setting", "counted FLOPs ratio", "CPU speed-up (quiet run)",
+            "held-out SSIM", "held-out accuracy, strict", "held-out accuracy, lenient",
+            "string-disjoint accuracy, strict", "string-disjoint SSIM"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- | --- |" + " ---: |" * (len(head) - 3)]
+    for row in rows:
+        old, new = lenient.get(_key(row)), unseen.get(_key(row))
+        if row["name"] == "baseline":
+            method, setting = "baseline", "–"
+        elif row.get("method"):
+            method, setting = row["method"], describe_setting(row["method"], row["settings"])
+        else:
+            method, setting = f"`{row['source']}` (paper preset)", "–"
+        cells = [
+            method,
+            _chosen_by(row),
+            setting,
+            times(row["flops_ratio"]),
+            "–" if old is None else times(old["speedup"]),
+            "1.000" if row["name"] == "baseline" else f"{row['heldout_ssim']:.3f}",
+            _percent(row["heldout_accuracy"]),
+            "–" if old is None else _percent(old["heldout_accuracy"]),
+            "–" if new is None else _percent(new["unseen_accuracy"]),
+            "–" if new is None else ("1.000" if row["name"] == "baseline" else f"{new['unseen_ssim']:.3f}"),
+        ]
+        if row["name"] == "baseline":
+            cells[6], cells[8] = f"**{cells[6]}**", f"**{cells[8]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 #: block name -> its rendering (the records it reads are named inside).
 TABLES: Dict[str, Callable[[], str]] = {
     "status_infinity_2b": lambda: _status_infinity(
@@ -520,6 +643,7 @@ TABLES: Dict[str, Callable[[], str]] = {
     "flops_hart_report": lambda: _hart_report("report_hart_0.7b"),
     "flops_hart_presets": lambda: _hart_comparison("flops_hart_0.7b"),
     "flops_hart_conventions": _hart_conventions,
+    "calibration_frontier": _frontier,
     "benchmarks_infinity_2b": lambda: _method_table("infinity-2b", _BENCHMARKS_2B, "benchmarks"),
     "benchmarks_hart": lambda: _method_table(
         "hart-0.7b",
