@@ -383,19 +383,20 @@ def run_memory_command(args: Sequence[str]) -> dict:
 
 def memory_rows() -> Dict[tuple, dict]:
     """Every recorded ``var-accel memory`` row, by ``(model, label, batch_size)`` (the table's first three columns)."""
-    return {
-        (row["model"], row["label"], row["batch_size"]): row
-        for name in MEMORY_RECORDS
-        for row in load_record(name)["output"]["rows"]
-    }
+    rows, source = {}, {}
+    for name in MEMORY_RECORDS:
+        for row in load_record(name)["output"]["rows"]:
+            key = (row["model"], row["label"], row["batch_size"])
+            if key in rows and rows[key] != row:  # two commands counted one setting: they must agree
+                raise ValueError(f"records {source[key]} and {name} disagree on {key}")
+            rows[key], source[key] = row, name
+    return rows
 
 
 def _recipe_label(model: str) -> str:
-    return (
-        "lazyvar, bfloat16, int8 weights, model offload, tiled decode"
-        if model == "infinity-8b"
-        else ("lazyvar, bfloat16, model offload, tiled decode")
-    )
+    """The label ``var-accel memory`` gives ``model``'s low-memory recipe (:data:`MEMORY_RECIPES`)."""
+    weights = ", int8 weights" if "--weights" in MEMORY_RECIPES[model][0] else ""
+    return f"lazyvar, bfloat16{weights}, model offload, tiled decode"
 
 
 def _memory_order(model: str) -> List[tuple]:
