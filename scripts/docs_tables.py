@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COUNTS = ROOT / "docs" / "counts"
 #: The pages that hold generated blocks (README.md's blocks are pasted by hand; ``write`` fills them once there).
 PAGES = ("README.md", "docs/status.md", "docs/index.md", "docs/flops.md", "docs/arvar.md", "docs/depthvar.md",
-         "docs/stagevar.md", "docs/benchmarks.md", "docs/fastvar.md", "docs/lazyvar.md", "docs/calibration.md")  # fmt: skip
+         "docs/stagevar.md", "docs/benchmarks.md", "docs/fastvar.md", "docs/lazyvar.md", "docs/calibration.md",
+         "docs/memory.md")  # fmt: skip
 
 #: StageVAR's paper variant as a scheduler folder (``StageVARScheduler.paper_variant().save_pretrained(...)``), so a
 #: command line can name it.
@@ -137,7 +138,7 @@ def record(name: str) -> None:
         from diffusers_var_accel.schedulers import StageVARScheduler
 
         StageVARScheduler.paper_variant().save_pretrained(str(ROOT / PAPER_VARIANT))
-    output = run_command(RECORDS[name])
+    output = (run_memory_command if RECORDS[name][0] == "memory" else run_command)(RECORDS[name])
     body = {"command": "var-accel " + " ".join(RECORDS[name]), "package_version": __version__, "output": output}
     COUNTS.mkdir(parents=True, exist_ok=True)
     (COUNTS / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
@@ -619,6 +620,254 @@ def _frontier() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# memory: docs/memory.md's counted peaks, recipes and int8 KV figures, from ``var-accel memory --json FILE``
+# ---------------------------------------------------------------------------------------------------------------------
+#: ``var-accel memory`` writes its rows to a file, not to stdout: a memory record's command names it ``FILE`` (the
+#: record's ``output`` is that file's JSON, ``{"torch", "rows"}``); :func:`run_memory_command` passes a temporary one.
+MEMORY_FILE = "FILE"
+MEMORY_MODELS = {"infinity-2b": "Infinity-2B", "infinity-8b": "Infinity-8B", "hart-0.7b": "HART-0.7B"}
+#: Each model's low-memory recipe as ``var-accel memory`` flags (the families' ``BUDGET_RECIPES``) and its target.
+MEMORY_RECIPES = {
+    "infinity-2b": (["--accel", "lazyvar", "--offload", "model", "--tiling"], "8 GB"),
+    "infinity-8b": (["--accel", "lazyvar", "--weights", "int8", "--offload", "model", "--tiling"], "16 GB"),
+    "hart-0.7b": (["--accel", "lazyvar", "--offload", "model", "--tiling"], "6 GB"),
+}
+
+
+def _memory(model: str, *flags: str) -> List[str]:
+    return ["memory", "--model", model, *flags, "--json", MEMORY_FILE]
+
+
+def _memory_records(model: str) -> Dict[str, List[str]]:
+    """One command per row of the table, except the first: without recipe flags the command counts every documented
+    recipe of the model (12 rows); ``--dtype bfloat16`` (the default) asks for the baseline alone."""
+    key, recipe = "memory_" + model.replace("-", "_"), MEMORY_RECIPES[model][0]
+    return {
+        f"{key}_recipes": _memory(model),
+        f"{key}_group_block": _memory(model, "--accel", "lazyvar", "--offload", "group-block"),
+        f"{key}_group_leaf": _memory(model, "--accel", "lazyvar", "--offload", "group-leaf"),
+        f"{key}_kv_int8": _memory(model, "--kv", "int8"),
+        f"{key}_lazyvar_kv_int8": _memory(model, "--accel", "lazyvar", "--kv", "int8"),
+        f"{key}_batch4": _memory(model, "--dtype", "bfloat16", "--batch-size", "4"),
+        f"{key}_recipe_batch4": _memory(model, *recipe, "--batch-size", "4"),
+        f"{key}_recipe_kv_int8": _memory(model, *recipe, "--kv", "int8"),
+    }
+
+
+MEMORY_RECORDS: Dict[str, List[str]] = {
+    name: args for model in MEMORY_MODELS for name, args in _memory_records(model).items()
+}
+
+
+def run_memory_command(args: Sequence[str]) -> dict:
+    """The JSON that ``var-accel <args>`` writes to its ``--json`` file (``FILE`` in ``args``, a temporary file here)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "rows.json")
+        done = subprocess.run(
+            [sys.executable, "-m", "diffusers_var_accel", *(path if a == MEMORY_FILE else a for a in args)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"var-accel {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+        return json.loads(Path(path).read_text())
+
+
+def memory_rows() -> Dict[tuple, dict]:
+    """Every recorded ``var-accel memory`` row, by ``(model, label, batch_size)`` (the table's first three columns)."""
+    rows, source = {}, {}
+    for name in MEMORY_RECORDS:
+        for row in load_record(name)["output"]["rows"]:
+            key = (row["model"], row["label"], row["batch_size"])
+            if key in rows and rows[key] != row:  # two commands counted one setting: they must agree
+                raise ValueError(f"records {source[key]} and {name} disagree on {key}")
+            rows[key], source[key] = row, name
+    return rows
+
+
+def _recipe_label(model: str) -> str:
+    """The label ``var-accel memory`` gives ``model``'s low-memory recipe (:data:`MEMORY_RECIPES`)."""
+    weights = ", int8 weights" if "--weights" in MEMORY_RECIPES[model][0] else ""
+    return f"lazyvar, bfloat16{weights}, model offload, tiled decode"
+
+
+def _memory_order(model: str) -> List[tuple]:
+    """The rows of the counted-peaks table of ``model``, in the page's order."""
+    recipe, lazy = _recipe_label(model), "lazyvar, bfloat16"
+    batch1 = ["baseline, bfloat16", recipe, lazy, f"{lazy}, int8 weights", f"{lazy}, float8 weights"]
+    batch1 += [f"{lazy}, model offload", f"{lazy}, group-block offload +streams", f"{lazy}, group-block offload"]
+    batch1 += [
+        f"{lazy}, group-leaf offload",
+        *(f"{m}, bfloat16" for m in ("fastvar", "depthvar", "arvar", "stagevar")),
+    ]
+    batch1 += [f"{lazy}, tiled decode", "baseline, bfloat16, int8 KV", f"{lazy}, int8 KV"]
+    return [(model, label, 1) for label in batch1] + [(model, "baseline, bfloat16", 4), (model, recipe, 4)]
+
+
+def _memory_peaks() -> str:
+    """docs/memory.md "Counted peaks at 1024x1024": the rows as ``var-accel memory`` itself prints them."""
+    from diffusers_var_accel.lab.bench.memory import format_memory_table
+
+    rows = memory_rows()
+    return format_memory_table([rows[key] for model in MEMORY_MODELS for key in _memory_order(model)])
+
+
+def gib(nbytes: int) -> str:
+    """A counted byte figure in GiB (2^30), to two decimals as ``var-accel memory`` prints it."""
+    return num(nbytes / 1024**3)
+
+
+def _memory_recipes() -> str:
+    rows = memory_rows()
+    lines = ["| model | recipe | counted peak | target | bf16 baseline |", "| --- | --- | ---: | ---: | ---: |"]
+    for model in ("infinity-2b", "hart-0.7b", "infinity-8b"):
+        recipe = rows[(model, _recipe_label(model), 1)]
+        parts = ["LazyVAR", "int8 weights" if recipe["weights"] == "int8" else None, "model offload", "tiled decode"]
+        lines.append(
+            f"| {MEMORY_MODELS[model]} | {' + '.join(p for p in parts if p)} | {gib(recipe['peak_bytes'])} GiB | "
+            f"{MEMORY_RECIPES[model][1]} | {gib(rows[(model, 'baseline, bfloat16', 1)]['peak_bytes'])} GiB |"
+        )
+    return "\n".join(lines)
+
+
+def _kv_pair(rows: Dict[tuple, dict], model: str, setting: str) -> tuple:
+    """The bf16-KV row and the int8-KV row of ``setting`` (``baseline`` or ``lazyvar``) at batch 1."""
+    label = f"{setting}, bfloat16"
+    return rows[(model, label, 1)], rows[(model, f"{label}, int8 KV", 1)]
+
+
+def _memory_kv_int8() -> str:
+    rows = memory_rows()
+    lines = [
+        "| model | setting | KV cache GiB, bf16 → int8 | peak GiB, bf16 KV → int8 KV | at (int8 KV) |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
+    for model in MEMORY_MODELS:
+        for setting in ("baseline", "lazyvar"):
+            bf16, int8 = _kv_pair(rows, model, setting)
+            peak = f"{gib(bf16['peak_bytes'])} → {gib(int8['peak_bytes'])}"
+            if int8["peak_phase"] != "next_scale_loop":  # the loop, where the cache is, as well
+                loop = lambda r: gib(r["phases"]["next_scale_loop"]["peak_bytes"])  # noqa: E731
+                peak += f" (loop {loop(bf16)} → {loop(int8)})"
+            kv = f"{gib(bf16['kv_cache_bytes'])} → {gib(int8['kv_cache_bytes'])}"
+            lines.append(f"| {model} | {setting} | {kv} | {peak} | {int8['peak_phase']} |")
+    return "\n".join(lines)
+
+
+def _memory_kv_int8_bytes() -> str:
+    """The int8 KV cache's share of the bf16 one, and its counted bytes (a sentence of docs/memory.md)."""
+    rows = memory_rows()
+    pairs = {(m, s): _kv_pair(rows, m, s) for m in MEMORY_MODELS for s in ("baseline", "lazyvar")}
+    shares = [int8["kv_cache_bytes"] / bf16["kv_cache_bytes"] for bf16, int8 in pairs.values()]
+    counted = lambda m: " and ".join(f"{pairs[(m, s)][1]['kv_cache_bytes']:,}" for s in ("baseline", "lazyvar"))  # noqa: E731
+    return _paragraph(
+        f"The int8 cache is {num(100 * min(shares))} to {num(100 * max(shares))} % of the bf16 one (counted bytes of "
+        f"the int8 cache, baseline and LazyVAR: Infinity-2B {counted('infinity-2b')}; Infinity-8B "
+        f"{counted('infinity-8b')}; HART-0.7B {counted('hart-0.7b')})."
+    )
+
+
+def _paragraph(text: str) -> str:
+    """A generated sentence wrapped as the pages wrap their prose (lines of at most 118 characters)."""
+    import textwrap
+
+    return textwrap.fill(text, width=118, break_long_words=False, break_on_hyphens=False)
+
+
+def _memory_recipes_kv_int8() -> str:
+    """Each recipe's peak without and with ``--kv int8`` added to its flags (a sentence of docs/memory.md)."""
+    rows = memory_rows()
+    parts = []
+    for model in ("infinity-2b", "infinity-8b", "hart-0.7b"):
+        bf16, int8 = rows[(model, _recipe_label(model), 1)], rows[(model, _recipe_label(model) + ", int8 KV", 1)]
+        part = f"{MEMORY_MODELS[model]} {gib(bf16['peak_bytes'])} → {gib(int8['peak_bytes'])} GiB"
+        if int8["peak_phase"] == "next_scale_loop":
+            part += " (the loop's peak, where the cache is)"
+        else:
+            loop = lambda r: gib(r["phases"]["next_scale_loop"]["peak_bytes"])  # noqa: E731
+            owner = {"text_encoding": "the text encoder's", "decode": "the decoder's"}[int8["peak_phase"]]
+            part += f" (its peak is {owner}; the loop falls {loop(bf16)} → {loop(int8)})"
+        parts.append(part)
+    return _paragraph(f"Counted with `--kv int8` added to each recipe's flags: {', '.join(parts)}.")
+
+
+def _memory_readme() -> str:
+    """README.md's memory paragraph: the Infinity-2B recipe's peak against the bf16 baseline's."""
+    rows = memory_rows()
+    recipe, baseline = (
+        rows[("infinity-2b", _recipe_label("infinity-2b"), 1)],
+        rows[("infinity-2b", "baseline, bfloat16", 1)],
+    )
+    return (
+        "**Infinity-2B within 8 GB** (counted, not yet measured on a GPU: `var-accel memory --model infinity-2b` counts\n"
+        f"{gib(recipe['peak_bytes'])} GiB at 1024x1024 against the bf16 baseline's {gib(baseline['peak_bytes'])} GiB; "
+        "HART-0.7B and Infinity-8B recipes in\n[docs/memory.md](docs/memory.md)):"
+    )
+
+
+#: docs/benchmarks.md "KV cache memory (counted from the plan)": each row's ``kv_cache_bytes`` (the plan-sized cache
+#: at the real width and depth, what ``pipe.kv_cache_bytes`` counts). ``var-accel launches`` prints the same figure
+#: but runs every preset only at the real depth (FastVAR prunes Infinity's layer 28), which takes many minutes here;
+#: the memory records count it in seconds. The Infinity rows reuse the recipes records (bf16); HART's are fp16.
+KV_METHODS = ("baseline", "fastvar", "lazyvar", "depthvar", "arvar", "lazyvar+depthvar")
+KV_DTYPES = {"infinity-2b": "bfloat16", "infinity-8b": "bfloat16", "hart-0.7b": "float16"}
+MEMORY_RECORDS.update(
+    {
+        "memory_infinity_2b_lazyvar_depthvar": _memory("infinity-2b", "--accel", "lazyvar+depthvar"),
+        "memory_infinity_8b_lazyvar_depthvar": _memory("infinity-8b", "--accel", "lazyvar+depthvar"),
+        **{
+            f"memory_hart_0.7b_fp16_{m.replace('+', '_')}": _memory(
+                "hart-0.7b", "--dtype", "float16", *(() if m == "baseline" else ("--accel", m))
+            )
+            for m in KV_METHODS
+        },
+    }
+)
+RECORDS.update(MEMORY_RECORDS)
+#: The "before" column is historic, typed and not recounted: every method allocated the whole schedule's cache at
+#: commit 0fca8e4 (``var-accel launches``' KV cache GB there).
+KV_BEFORE = {"infinity-2b": "5.52 GB", "infinity-8b": "12.07 GB", "hart-0.7b": "2.88 GB"}
+#: The cells with a target in the paragraph below the table, in bold.
+KV_TARGETS = {
+    ("infinity-2b", "baseline"),
+    ("infinity-2b", "fastvar"),
+    ("infinity-2b", "lazyvar"),
+    ("hart-0.7b", "baseline"),
+}
+
+
+def _kv_cache() -> str:
+    rows = memory_rows()
+    lines = [
+        "| model, dtype | before (every method) | baseline | FastVAR | LazyVAR | DepthVAR | ARVAR | LazyVAR+DepthVAR |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for model, dtype in KV_DTYPES.items():
+        cells = []
+        for method in KV_METHODS:
+            cell = num(rows[(model, f"{method}, {dtype}", 1)]["kv_cache_bytes"] / 1e9)  # GB, as launches prints it
+            cells.append(f"**{cell}**" if (model, method) in KV_TARGETS else cell)
+        short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+        lines.append(f"| {MEMORY_MODELS[model]}, {short} | {KV_BEFORE[model]} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+MEMORY_TABLES: Dict[str, Callable[[], str]] = {
+    "memory_peaks": _memory_peaks,
+    "memory_recipes": _memory_recipes,
+    "memory_kv_int8": _memory_kv_int8,
+    "memory_kv_int8_bytes": _memory_kv_int8_bytes,
+    "memory_recipes_kv_int8": _memory_recipes_kv_int8,
+    "memory_readme": _memory_readme,
+    "kv_cache": _kv_cache,
+}
+
+
 #: block name -> its rendering (the records it reads are named inside).
 TABLES: Dict[str, Callable[[], str]] = {
     "status_infinity_2b": lambda: _status_infinity(
@@ -687,6 +936,7 @@ TABLES: Dict[str, Callable[[], str]] = {
     "lazyvar_hart": lambda: _method_table(
         "hart-0.7b", {"baseline": "baseline", "lazyvar": "`lazyvar` (preset)"}, "hart", bold=["lazyvar"]
     ),
+    **MEMORY_TABLES,
 }
 
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.S)

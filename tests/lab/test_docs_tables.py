@@ -1,7 +1,7 @@
 """The docs' tables of counted figures are renderings of the commands' recorded output (``scripts/docs_tables.py``).
 
 (a) every generated block in the pages equals the rendering of its records; (b) the cheap records are counted again
-and equal their records (HART-0.7B's baseline); (c) one sub-figure of a big-model record is counted again (the first
+and equal their records (HART-0.7B's baseline FLOPs and memory); (c) one sub-figure of a big-model record is counted again (the first
 scale of the Infinity-2B baseline). Counting a whole Infinity generation on meta tensors takes minutes on a loaded
 2-core CPU (the time goes to Python dispatch of about 46,000 meta ops through ``FlopCounterMode``), so the full 2B and
 8B counts are checked by ``python scripts/docs_tables.py record`` and ``check``, not here.
@@ -71,7 +71,7 @@ def test_records_name_their_command_and_agree_on_each_baseline(docs_tables):
     names = recorded(docs_tables)
     assert names and set(names) <= set(docs_tables.RECORDS), names
     baselines, kinds = {}, set()
-    for name in names:
+    for name in (n for n in names if docs_tables.RECORDS[n][0] == "flops"):
         record = docs_tables.load_record(name)
         args = docs_tables.RECORDS[name]
         assert record["command"] == "var-accel " + " ".join(args)
@@ -146,3 +146,45 @@ def test_infinity_2b_first_scale_recounts_to_its_record(docs_tables):
     counted = inf.add_tflops(inf.meter_generation(inf.INFINITY_FLOPS, run), inf.INFINITY_FLOPS, None)
     assert counted["per_scale"][0]["tflops"] == per_scale[0]["baseline"]
     assert per_scale[0]["h"] == per_scale[0]["w"] == 1
+
+
+def test_memory_records_hold_the_rows_their_command_asks_for(docs_tables):
+    """Each ``var-accel memory`` record holds the rows of the flags its command names: every documented recipe of the
+    model without recipe flags, else the one setting the flags spell (what ``main`` builds from them)."""
+    from diffusers_var_accel.lab.bench import memory
+
+    assert set(docs_tables.MEMORY_RECORDS) <= set(recorded(docs_tables))
+    for name, args in docs_tables.MEMORY_RECORDS.items():
+        record = docs_tables.load_record(name)
+        assert record["command"] == "var-accel " + " ".join(args)
+        assert args[:1] == ["memory"] and args[-2:] == ["--json", docs_tables.MEMORY_FILE], args
+        flags = memory.build_parser().parse_args(args[1:-2])
+        if all(getattr(flags, f) is None for f in memory._RECIPE_FLAGS):
+            expected = [s.label() for s in memory.RECIPES[flags.model]]
+        else:
+            setting = memory.MemorySettings(
+                flags.model,
+                accel=flags.accel,
+                dtype=flags.dtype or "bfloat16",
+                weights=flags.weights or "none",
+                offload=flags.offload or "none",
+                streams=bool(flags.streams),
+                tiling=bool(flags.tiling),
+                kv=flags.kv or "none",
+            )
+            expected = [setting.label()]
+        rows = record["output"]["rows"]
+        assert [r["label"] for r in rows] == expected, name
+        assert {(r["model"], r["batch_size"], r["height"], r["cfg"]) for r in rows} == {
+            (flags.model, flags.batch_size, 1024, True)
+        }, name
+
+
+def test_hart_baseline_memory_recounts_to_its_record(docs_tables):
+    """(b) The cheap memory count: HART-0.7B's bf16 baseline at 1024x1024 (the first row of its recipes record),
+    counted again on meta tensors, equals the record byte for byte in every phase and part."""
+    from diffusers_var_accel.lab.bench.memory import MemorySettings, count_memory
+
+    row = docs_tables.load_record("memory_hart_0.7b_recipes")["output"]["rows"][0]
+    assert row["label"] == "baseline, bfloat16" and row["batch_size"] == 1
+    assert json.loads(json.dumps(count_memory(MemorySettings("hart-0.7b")))) == row
