@@ -195,3 +195,30 @@ def test_cli_conventions_refuses_what_it_would_ignore(counted_by_fakes, capsys, 
     assert flops_cli.main(["--model", "infinity-2b", "--conventions", *extra]) == 2
     assert message in capsys.readouterr().err
     assert counted_by_fakes == []  # refused before counting anything
+
+
+def test_the_docs_record_recounts_its_t5_and_its_rows_agree():
+    """The record docs/flops.md's tables are generated from (``conventions_infinity_2b``): its T5 counts are counted
+    again (cheap on meta tensors), and its rows are consistent sums: the T5 rows add exactly that count, the gap
+    rows are the candidate rows' baseline, the per-scale parts add up to the transformer totals."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "counts" / "conventions_infinity_2b.json"
+    out = json.loads(path.read_text())["output"]
+    assert out["t5_tflops"] == {str(r): inf.count_t5_encoder_flops(512, r) / 1e12 for r in (1, 2)}
+    rows = {r["key"]: r["totals"] for r in out["conventions"]}
+    for m in ("baseline", "fastvar", "lazyvar"):
+        assert rows["a'+t5"][m] - rows["a'"][m] == pytest.approx(out["t5_tflops"]["1"], abs=1e-9)
+        assert rows["a'+padded+t5x2"][m] - rows["a'+padded"][m] == pytest.approx(out["t5_tflops"]["2"], abs=1e-9)
+        assert rows["macs"][m] == rows["real"][m] / 2
+        for key in ("real", "current_pass", "no_attention"):
+            per_scale = sum(s[key][m] for s in out["per_scale"])
+            assert per_scale == pytest.approx(out["transformer"][key][m], abs=1e-9), (key, m)
+    gap = {r["key"]: r["tflops"] for r in out["gap"]}
+    assert (gap["real"], gap["no_cfg"], gap["a'"], gap["a"]) == (
+        rows["real"]["baseline"],
+        rows["no_cfg"]["baseline"],
+        rows["a'"]["baseline"],
+        rows["a"]["baseline"],
+    )
+    assert out["passes"] == {"baseline": 13, "fastvar": 11, "lazyvar": 10}
