@@ -93,6 +93,20 @@ RECORDS: Dict[str, List[str]] = {
         "--conventions",
         "--json",
     ],
+    # Infinity-2B under the counting conventions (docs/flops.md: the gap to the paper, per scale, candidates)
+    "conventions_infinity_2b": [
+        "flops",
+        "--model",
+        "infinity-2b",
+        "--height",
+        "1024",
+        "--width",
+        "1024",
+        "--accel",
+        "fastvar,lazyvar",
+        "--conventions",
+        "--json",
+    ],
 }
 
 #: The records of one model's table, merged by method spec.
@@ -868,6 +882,99 @@ MEMORY_TABLES: Dict[str, Callable[[], str]] = {
 }
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Infinity conventions: docs/flops.md's three Infinity-2B convention tables, from the record of
+# `var-accel flops --model infinity-2b --accel fastvar,lazyvar --conventions --json`
+# ---------------------------------------------------------------------------------------------------------------------
+_INFINITY_CONVENTIONS = "conventions_infinity_2b"
+_INFINITY_CONVENTION_METHODS = {"baseline": "baseline", "fastvar": "FastVAR", "lazyvar": "LazyVAR"}
+
+#: docs/flops.md's wording of the command's gap rows (by row key), the real count in bold.
+_INFINITY_GAP = {
+    "real": "**ours**: CFG (2 rows), 32 text tokens, transformer + VAE decode + text, FLOPs = 2 MAC",
+    "macs": "same, counted in MACs",
+    "no_cfg": "without CFG (1 row)",
+    "transformer": "transformer only (no VAE decode, no text)",
+    "padded": "cross-attention over 512 text tokens (if the T5 padding were kept; the official code drops it)",
+    "t5": "+ T5 encoder on 512 padded tokens (what the official runner feeds T5)",
+    "kv": "cross-attention text K/V recomputed in every pass (the official code) instead of once per call",
+    "a'": "attention matmuls not counted (linear + conv only, for example a counter blind to fused SDPA)",
+    "attention_macs": "attention matmuls counted as MACs (1 per MAC), everything else 2 per MAC",
+    "a": "self-attention only within the current scale (the cached prefix not counted)",
+    "a_transformer": "same, transformer only",
+}
+
+#: The candidate conventions whose docs/flops.md label is not the command's (bold: the real count, the closest).
+_INFINITY_CONVENTION_LABELS = {
+    "real": "**ours (real count)**: attention over the KV cache, VAE decode, 32 text tokens",
+    "a'+kv+padded+t5x2": "**(a') + per-pass text K/V + 512 text tokens + (c) T5, 2 rows** (closest)",
+}
+
+
+def _bold(text: str) -> str:
+    return f"**{text}**"
+
+
+def _infinity_gap() -> str:
+    """ "Gap to the paper's 101.58 TFLOPs": the baseline with one assumption changed per row, and its ratio to the
+    paper's total (three decimals, as the command prints it)."""
+    out = load_record(_INFINITY_CONVENTIONS)["output"]
+    paper = out["paper"]["baseline"]
+    lines = [
+        "| variant (Infinity-2B, 1024x1024, batch 1) | TFLOPs | / 101.58 |",
+        "| --- | ---: | ---: |",
+    ]
+    for row in out["gap"]:
+        cells = [num(row["tflops"]), f"{row['tflops'] / paper:.3f}"]
+        if row["key"] == "real":
+            cells = [_bold(c) for c in cells]
+        lines.append("| " + " | ".join([_INFINITY_GAP[row["key"]], *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _infinity_per_scale_conventions() -> str:
+    """ "Per scale, under three conventions": transformer TFLOPs per scale to three decimals (a skipped scale is 0),
+    the totals in bold to two."""
+    out = load_record(_INFINITY_CONVENTIONS)["output"]
+    kinds = (("real", "real"), ("current_pass", "(a)"), ("no_attention", "(a')"))
+    methods = _INFINITY_CONVENTION_METHODS
+    head = ["scale", "h x w", "tokens"] + [f"{label} {kind}" for label in methods.values() for _, kind in kinds]
+    lines = ["| " + " | ".join(head) + " |", "|" + " ---: |" * len(head)]
+    for s in out["per_scale"]:
+        cells = [str(s["scale_index"]), f"{s['h']}x{s['w']}", str(s["tokens"])]
+        cells += ["0" if s[key][m] == 0 else f"{s[key][m]:.3f}" for m in methods for key, _ in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    totals = [_bold(num(out["transformer"][key][m])) for m in methods for key, _ in kinds]
+    lines.append(f"| {_bold('transformer')} | | | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
+def _infinity_candidate_conventions() -> str:
+    """ "Candidate conventions": every convention's totals, ratios, savings and error against the papers' totals
+    (LazyVAR's table), the papers' row first."""
+    out = load_record(_INFINITY_CONVENTIONS)["output"]
+    paper = out["paper"]
+    methods, compared = list(_INFINITY_CONVENTION_METHODS), ["fastvar", "lazyvar"]
+    lines = [
+        "| convention (Infinity-2B, 1024x1024, FLOPs = 2 MAC, CFG unless stated) | baseline | FastVAR | LazyVAR | "
+        "ratio FastVAR | ratio LazyVAR | saved by FastVAR | saved by LazyVAR | error vs paper (B / F / L) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    cells = [num(paper[m]) for m in methods] + [times(paper["baseline"] / paper[m], "x") for m in compared]
+    cells += [num(paper["baseline"] - paper[m]) for m in compared]
+    lines.append("| " + " | ".join(["**papers** (LazyVAR's table)", *map(_bold, cells)]) + " | |")  # no error
+    for row in out["conventions"]:
+        totals = [num(row["totals"][m]) for m in methods]
+        ratios = [times(row["ratios"][m], "x") for m in compared]
+        saved = [num(row["saved"][m]) for m in compared]
+        error = " / ".join(f"{100 * (row['totals'][m] / paper[m] - 1):+.1f}%" for m in methods)
+        if row["key"] == "a'+kv+padded+t5x2":  # the closest: its totals, ratios and errors in bold
+            totals, ratios, error = [_bold(c) for c in totals], [_bold(c) for c in ratios], _bold(error)
+        label = _INFINITY_CONVENTION_LABELS.get(row["key"], row["convention"])
+        lines.append("| " + " | ".join([label, *totals, *ratios, *saved, error]) + " |")
+    return "\n".join(lines)
+
+
 #: block name -> its rendering (the records it reads are named inside).
 TABLES: Dict[str, Callable[[], str]] = {
     "status_infinity_2b": lambda: _status_infinity(
@@ -937,6 +1044,10 @@ TABLES: Dict[str, Callable[[], str]] = {
         "hart-0.7b", {"baseline": "baseline", "lazyvar": "`lazyvar` (preset)"}, "hart", bold=["lazyvar"]
     ),
     **MEMORY_TABLES,
+    # Infinity conventions
+    "flops_infinity_2b_gap": _infinity_gap,
+    "flops_infinity_2b_conventions_per_scale": _infinity_per_scale_conventions,
+    "flops_infinity_2b_conventions": _infinity_candidate_conventions,
 }
 
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.S)

@@ -23,14 +23,15 @@ Usage (``var-accel flops`` runs :func:`main`; so does ``var-accel flops`` in a s
 
     var-accel flops --model infinity-2b --height 1024 --width 1024 [--json] [--no-cfg]
                     [--text-tokens 32] [--batch-size 1] [--t5-tokens 512] [--accel fastvar lazyvar]
+    var-accel flops --model infinity-2b --accel fastvar lazyvar --conventions [--json]
     var-accel flops --model hart-0.7b [--accel fastvar lazyvar depthvar arvar] [--no-cfg] [--json]
                     [--conventions] [--qwen2-tokens 450]
 
 Importable API: :func:`count_generation_flops` (any models of a registered family, e.g. a tiny config on meta or CPU
 tensors), :func:`compare_methods`, :func:`make_flop_counter`, :func:`build_on_meta`; the families' own counters of a
-named model (Infinity: ``count_infinity_flops``, ``flops_components``, ``count_t5_encoder_flops``, ``format_report``;
-HART: ``count_hart_flops``, ``count_hart_generation_flops``, ``hart_flops_components``, ``count_qwen2_encoder_flops``,
-``format_hart_report``, ``hart_conventions``).
+named model (Infinity: ``count_infinity_flops``, ``flops_components``, ``count_t5_encoder_flops``, ``format_report``,
+``count_infinity_conventions``; HART: ``count_hart_flops``, ``count_hart_generation_flops``, ``hart_flops_components``,
+``count_qwen2_encoder_flops``, ``format_hart_report``, ``hart_conventions``).
 """
 
 from __future__ import annotations

@@ -56,6 +56,12 @@ __all__ = [
     "count_infinity_flops",
     "count_t5_encoder_flops",
     "flops_components",
+    "PADDED_TEXT_TOKENS",
+    "infinity_conventions",
+    "infinity_gap_to_paper",
+    "infinity_per_scale_conventions",
+    "format_infinity_conventions",
+    "count_infinity_conventions",
     "format_report",
     "format_comparison",
 ]
@@ -338,6 +344,7 @@ def flops_components(
     accel: Optional[str] = None,
     cfg: bool = True,
     text_tokens: int = DEFAULT_TEXT_TOKENS,
+    batch_size: int = 1,
 ) -> Dict[str, Any]:
     """TFLOPs of one generation split into the parts that FLOPs-counting conventions treat differently.
 
@@ -346,16 +353,17 @@ def flops_components(
     projections, FFN, head, input embedding), ``self_attn_cache`` (QK^T and PV over the KV cache of the earlier scales
     plus the current pass), ``self_attn_current_pass`` (the same over the current pass's keys only),
     ``cross_attn_core`` (QK^T and PV over the text), ``vae_decode`` (convolutions; the VAE has no attention),
-    ``total`` (the real count: linear + self_attn_cache + cross_attn_core + vae_decode), ``passes`` (transformer
-    passes run: skipped scales run none, a grouped pass counts once) and ``per_scale`` (scale_index, tokens,
-    ``tflops``: the real count, ``attention``: its attention kernels, ``current_pass``: the count under that
-    convention). Every part is exact for the counted shapes; a convention is a sum of parts (e.g. "attention kernels
-    not counted" = linear + vae_decode).
+    ``total`` (the real count: linear + self_attn_cache + cross_attn_core + vae_decode), ``text`` (the text
+    conditioning, part of ``linear``), ``transformer`` (the real count of the transformer alone), ``text_kv`` (every
+    block's cross-attention text K/V projection of one pass: our runtime runs it once per call, the official code in
+    every pass), ``passes`` (transformer passes run: skipped scales run none, a grouped pass counts once) and
+    ``per_scale`` (scale_index, h, w, tokens, ``tflops``: the real count, ``attention``: its attention kernels,
+    ``current_pass``: the count under that convention). Every part is exact for the counted shapes; a convention is
+    a sum of parts (e.g. "attention kernels not counted" = linear + vae_decode).
     """
-    real = count_infinity_flops(model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel)
-    local = count_infinity_flops(
-        model_name, height, width, cfg=cfg, text_tokens=text_tokens, accel=accel, self_attention="current_pass"
-    )
+    counted = dict(cfg=cfg, batch_size=batch_size, text_tokens=text_tokens, accel=accel)
+    real = count_infinity_flops(model_name, height, width, **counted)
+    local = count_infinity_flops(model_name, height, width, self_attention="current_pass", **counted)
     ca = real["transformer_breakdown_tflops"]["cross_attn_core"]
     return dict(
         accel=real["accel"],
@@ -368,10 +376,15 @@ def flops_components(
         cross_attn_core=ca,
         vae_decode=real["vae_tflops"],
         total=real["total_tflops"],
+        text=real["text_tflops"],
+        transformer=real["transformer_tflops"],
+        text_kv=real["transformer_breakdown_tflops"]["cross_attn_text_kv"],
         passes=sum(1 for s in real["per_scale"] if s["flops"] > 0),
         per_scale=[
             dict(
                 scale_index=s["scale_index"],
+                h=s["h"],
+                w=s["w"],
                 tokens=s["tokens"],
                 tflops=s["tflops"],
                 attention=s["attention_flops"] / _TERA,
@@ -379,6 +392,199 @@ def flops_components(
             )
             for s, t in zip(real["per_scale"], local["per_scale"])
         ],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# counting conventions (docs/flops.md, "Accelerated presets": the papers' numbers and how they may have been counted)
+# ---------------------------------------------------------------------------------------------------------------------
+#: The length the official runner pads every prompt to before T5 (``--conventions``' padded-text rows count the
+#: cross-attention over that many tokens and the T5 encoder on it).
+PADDED_TEXT_TOKENS = 512
+
+_Components = Dict[str, Dict[str, Any]]
+
+
+def _real(c: Dict[str, Any]) -> float:
+    return c["total"]
+
+
+def _current_pass(c: Dict[str, Any]) -> float:
+    """(a): self-attention within the current pass only (cross-attention and everything else as counted)."""
+    return c["linear"] + c["self_attn_current_pass"] + c["cross_attn_core"] + c["vae_decode"]
+
+
+def _no_attention(c: Dict[str, Any]) -> float:
+    """(a'): no attention kernel counted: linear layers and the decoder's convolutions."""
+    return c["linear"] + c["vae_decode"]
+
+
+def _per_pass_text_kv(c: Dict[str, Any]) -> float:
+    """What the official code adds by recomputing every block's text K/V in every pass: (passes - 1) x one pass's."""
+    return (c["passes"] - 1) * c["text_kv"]
+
+
+def infinity_conventions(
+    components: _Components, padded_text: _Components, no_cfg: _Components, t5_tflops: Dict[int, float]
+) -> List[Dict[str, Any]]:
+    """Totals of every method under the candidate counting conventions, from :func:`flops_components` results.
+
+    ``components``, ``padded_text`` and ``no_cfg`` map method names (``"baseline"`` first) to their components with
+    CFG at the default text length, with CFG at :data:`PADDED_TEXT_TOKENS` and without CFG; ``t5_tflops`` maps rows
+    (1: the prompt, 2: also an encoded negative prompt) to the flan-t5-xl encoder's TFLOPs on
+    :data:`PADDED_TEXT_TOKENS` tokens. Each row has ``key``, ``convention``, ``totals`` (method -> TFLOPs),
+    ``ratios`` (baseline / method) and ``saved`` (baseline - method).
+    """
+    tokens, padded = components["baseline"]["text_tokens"], PADDED_TEXT_TOKENS
+    t5_1, t5_2 = t5_tflops[1], t5_tflops[2]
+    rules = [
+        (
+            "real",
+            f"real count: attention over the KV cache, VAE decode, {tokens} text tokens",
+            lambda c, p, n: _real(c),
+        ),
+        ("b", "(b) same, VAE decode excluded", lambda c, p, n: c["total"] - c["vae_decode"]),
+        ("a", "(a) self-attention within the current pass only", lambda c, p, n: _current_pass(c)),
+        ("a+b", "(a) + (b) VAE decode excluded", lambda c, p, n: _current_pass(c) - c["vae_decode"]),
+        ("a'", "(a') attention kernels not counted (linear + conv only)", lambda c, p, n: _no_attention(c)),
+        ("a'+b", "(a') + (b) VAE decode excluded", lambda c, p, n: c["linear"]),
+        ("a'+t5", "(a') + (c) T5 encoder, 1 row", lambda c, p, n: _no_attention(c) + t5_1),
+        (
+            "a'+padded",
+            f"(a') + cross-attention over {padded} (padded) text tokens",
+            lambda c, p, n: _no_attention(p),
+        ),
+        ("a'+padded+t5", f"(a') + {padded} text tokens + (c) T5, 1 row", lambda c, p, n: _no_attention(p) + t5_1),
+        ("a'+padded+t5x2", f"(a') + {padded} text tokens + (c) T5, 2 rows", lambda c, p, n: _no_attention(p) + t5_2),
+        ("a+padded+t5x2", f"(a) + {padded} text tokens + (c) T5, 2 rows", lambda c, p, n: _current_pass(p) + t5_2),
+        ("real+padded", f"real attention + {padded} text tokens", lambda c, p, n: _real(p)),
+        (
+            "real+padded+t5x2",
+            f"real attention + {padded} text tokens + (c) T5, 2 rows",
+            lambda c, p, n: _real(p) + t5_2,
+        ),
+        ("no_cfg", "no CFG (1 row), real attention", lambda c, p, n: _real(n)),
+        ("no_cfg+a", "no CFG (1 row), (a)", lambda c, p, n: _current_pass(n)),
+        ("macs", "real count in MACs", lambda c, p, n: _real(c) / 2),
+        (
+            "a'+kv",
+            "(a') with the text K/V recomputed in every pass (official code)",
+            lambda c, p, n: _no_attention(c) + _per_pass_text_kv(c),
+        ),
+        (
+            "a'+kv+padded+t5",
+            f"(a') + per-pass text K/V + {padded} text tokens + (c) T5, 1 row",
+            lambda c, p, n: _no_attention(p) + _per_pass_text_kv(p) + t5_1,
+        ),
+        (
+            "a'+kv+padded+t5x2",
+            f"(a') + per-pass text K/V + {padded} text tokens + (c) T5, 2 rows",
+            lambda c, p, n: _no_attention(p) + _per_pass_text_kv(p) + t5_2,
+        ),
+    ]
+    rows = []
+    for key, label, rule in rules:
+        totals = {m: rule(components[m], padded_text[m], no_cfg[m]) for m in components}
+        rows.append(
+            dict(
+                key=key,
+                convention=label,
+                totals=totals,
+                ratios={m: totals["baseline"] / t for m, t in totals.items()},
+                saved={m: totals["baseline"] - t for m, t in totals.items()},
+            )
+        )
+    return rows
+
+
+def infinity_gap_to_paper(
+    baseline: Dict[str, Any], padded_text: Dict[str, Any], no_cfg: Dict[str, Any], t5_tflops: Dict[int, float]
+) -> List[Dict[str, Any]]:
+    """The baseline's total with one assumption changed per row (docs/flops.md, "Gap to the paper's 101.58 TFLOPs"),
+    from the baseline's :func:`flops_components` with CFG, with CFG at :data:`PADDED_TEXT_TOKENS` and without CFG.
+    Each row has ``key``, ``convention`` and ``tflops``."""
+    c = baseline
+    attention = c["self_attn_cache"] + c["cross_attn_core"]
+    rules = [
+        ("real", f"real count: CFG, {c['text_tokens']} text tokens, transformer + VAE decode + text", c["total"]),
+        ("macs", "same, counted in MACs", c["total"] / 2),
+        ("no_cfg", "without CFG", no_cfg["total"]),
+        ("transformer", "transformer only (no VAE decode, no text)", c["transformer"]),
+        ("padded", f"cross-attention over {PADDED_TEXT_TOKENS} text tokens", padded_text["total"]),
+        ("t5", f"+ T5 encoder on {PADDED_TEXT_TOKENS} padded tokens, 1 row", c["total"] + t5_tflops[1]),
+        ("kv", "cross-attention text K/V recomputed in every pass", c["total"] + _per_pass_text_kv(c)),
+        ("a'", "attention matmuls not counted (linear + conv only)", _no_attention(c)),
+        ("attention_macs", "attention matmuls counted as MACs", c["total"] - attention / 2),
+        ("a", "self-attention only within the current pass", _current_pass(c)),
+        ("a_transformer", "same, transformer only", _current_pass(c) - c["vae_decode"] - c["text"]),
+    ]
+    return [dict(key=key, convention=label, tflops=tflops) for key, label, tflops in rules]
+
+
+def infinity_per_scale_conventions(components: _Components) -> Dict[str, Any]:
+    """Transformer TFLOPs per scale and in all of every method under the real count, (a) (self-attention within the
+    current pass) and (a') (no attention kernels), from :func:`flops_components` results: ``per_scale`` (scale_index,
+    h, w, tokens, then ``real`` / ``current_pass`` / ``no_attention``: method -> TFLOPs) and ``transformer`` (the
+    same keys: the totals, text conditioning excluded)."""
+    methods = list(components)
+    scales = zip(*(components[m]["per_scale"] for m in methods))
+    per_scale = []
+    for row in scales:
+        first = row[0]
+        entry = {k: first[k] for k in ("scale_index", "h", "w", "tokens")}
+        entry["real"] = {m: s["tflops"] for m, s in zip(methods, row)}
+        entry["current_pass"] = {m: s["current_pass"] for m, s in zip(methods, row)}
+        entry["no_attention"] = {m: s["tflops"] - s["attention"] for m, s in zip(methods, row)}
+        per_scale.append(entry)
+    transformer = {
+        "real": {m: c["transformer"] for m, c in components.items()},
+        "current_pass": {
+            m: c["transformer"] - c["self_attn_cache"] + c["self_attn_current_pass"] for m, c in components.items()
+        },
+        "no_attention": {m: c["linear"] - c["text"] for m, c in components.items()},
+    }
+    return dict(per_scale=per_scale, transformer=transformer)
+
+
+def count_infinity_conventions(
+    model_name: str = "infinity-2b",
+    height: int = 1024,
+    width: int = 1024,
+    methods: Sequence[str] = (),
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    batch_size: int = 1,
+) -> Dict[str, Any]:
+    """What ``var-accel flops --model infinity-... --conventions [--json]`` prints: the baseline and ``methods``
+    counted with CFG at ``text_tokens`` and at :data:`PADDED_TEXT_TOKENS` and without CFG (each twice, see
+    :func:`flops_components`), and the T5 encoder on the padded text; then the ``conventions`` rows
+    (:func:`infinity_conventions`), the ``gap`` rows (:func:`infinity_gap_to_paper`), the per-scale parts
+    (:func:`infinity_per_scale_conventions`), each method's ``passes`` and the ``paper`` totals at this size."""
+    methods = ["baseline", *methods]
+    size = dict(model_name=model_name, height=height, width=width, batch_size=batch_size)
+
+    def count(**kwargs):
+        return {m: flops_components(accel=None if m == "baseline" else m, **size, **kwargs) for m in methods}
+
+    components = count(text_tokens=text_tokens)
+    padded = count(text_tokens=PADDED_TEXT_TOKENS)
+    no_cfg = count(text_tokens=text_tokens, cfg=False)
+    t5 = {rows: count_t5_encoder_flops(PADDED_TEXT_TOKENS, rows * batch_size) / _TERA for rows in (1, 2)}
+    reference = PAPER_REFERENCES.get((model_name, height, width))
+    paper = dict(baseline=reference[1], **PAPER_METHOD_TFLOPS[(model_name, height, width)]) if reference else {}
+    return dict(
+        model=model_name,
+        height=height,
+        width=width,
+        cfg=True,
+        batch_size=batch_size,
+        text_tokens=text_tokens,
+        padded_text_tokens=PADDED_TEXT_TOKENS,
+        t5_tflops={str(rows): tf for rows, tf in t5.items()},
+        passes={m: c["passes"] for m, c in components.items()},
+        paper=paper,
+        conventions=infinity_conventions(components, padded, no_cfg, t5),
+        gap=infinity_gap_to_paper(components["baseline"], padded["baseline"], no_cfg["baseline"], t5),
+        **infinity_per_scale_conventions(components),
     )
 
 
@@ -459,10 +665,93 @@ def format_comparison(comparison: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_infinity_conventions(result: Dict[str, Any]) -> str:
+    """The text of ``var-accel flops --model infinity-... --conventions``: the gap rows, the candidate conventions
+    (with the papers' totals where published) and the per-scale parts."""
+    methods = list(result["conventions"][0]["totals"])
+    shown = [m for m in methods if m != "baseline"]
+    paper = result["paper"]
+    lines = [
+        f"{result['model']} {result['height']}x{result['width']}: one generation under counting conventions "
+        f"(TFLOPs, 2 FLOPs per MAC unless stated)",
+        "",
+        "baseline, one assumption changed per row" + (f" (paper: {paper['baseline']:.2f}):" if paper else ":"),
+    ]
+    for row in result["gap"]:
+        vs = f"  {row['tflops'] / paper['baseline']:.3f} of the paper's" if paper else ""
+        lines.append(f"  {row['convention'][:74]:<74} {row['tflops']:>8.2f}{vs}")
+    head = (
+        f"{'convention (CFG unless stated)':<74} {'baseline':>8} "
+        + " ".join(f"{m[:10]:>10}" for m in shown)
+        + "   ratios: "
+        + " ".join(f"{m[:8]:>8}" for m in shown)
+        + "   saved: "
+        + " ".join(f"{m[:8]:>8}" for m in shown)
+    )
+    lines += ["", head]
+    if paper:
+        lines.append(
+            f"{'papers':<74} {paper['baseline']:>8.2f} "
+            + " ".join(f"{paper[m]:>10.2f}" if m in paper else f"{'-':>10}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{paper['baseline'] / paper[m]:>7.2f}x" if m in paper else f"{'-':>8}" for m in shown)
+            + "   saved: "
+            + " ".join(f"{paper['baseline'] - paper[m]:>8.2f}" if m in paper else f"{'-':>8}" for m in shown)
+        )
+    for row in result["conventions"]:
+        lines.append(
+            f"{row['convention'][:74]:<74} {row['totals']['baseline']:>8.2f} "
+            + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown)
+            + "   saved: "
+            + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown)
+        )
+    kinds = (("real", "real"), ("current_pass", "(a)"), ("no_attention", "(a')"))
+    lines += [
+        "",
+        "transformer TFLOPs per scale: real, (a) self-attention within the current pass, (a') no attention kernels",
+        f"{'scale':>5} | {'h x w':>9} | {'tokens':>6} | "
+        + " | ".join(f"{(m[:10] + ' ' + k):>16}" for m in methods for _, k in kinds),
+    ]
+    for s in result["per_scale"]:
+        lines.append(
+            f"{s['scale_index']:>5} | {str(s['h']) + 'x' + str(s['w']):>9} | {s['tokens']:>6} | "
+            + " | ".join(f"{s[key][m]:>16.3f}" for m in methods for key, _ in kinds)
+        )
+    total = result["transformer"]
+    lines.append(
+        f"{'sum':>5} | {'':>9} | {'':>6} | "
+        + " | ".join(f"{total[key][m]:>16.3f}" for m in methods for key, _ in kinds)
+    )
+    return "\n".join(lines)
+
+
+def _run_conventions(args: argparse.Namespace, methods: List[str], height: int, width: int, text_tokens: int) -> int:
+    """``--conventions``: counts with and without CFG and the T5 encoder on the padded text by itself, so the options
+    that would change those are refused rather than ignored."""
+    if args.no_cfg:
+        raise ValueError("--conventions counts both with and without CFG (its no-CFG rows); --no-cfg does not apply")
+    if args.t5_tokens:
+        raise ValueError(
+            f"--conventions counts the T5 encoder on {PADDED_TEXT_TOKENS} padded tokens; --t5-tokens "
+            f"{args.t5_tokens} does not apply"
+        )
+    methods = [m for m in methods if m.lower() not in ("baseline", "none")]
+    for m in methods:  # fail on a bad spec before counting anything
+        load_acceleration(m, "infinity")
+    result = count_infinity_conventions(args.model, height, width, methods, text_tokens, args.batch_size)
+    print(json.dumps(result) if args.json else format_infinity_conventions(result))
+    return 0
+
+
 def _run_cli(args: argparse.Namespace, methods: List[str]) -> int:
-    """``var-accel flops --model infinity-...``: the table, the comparison with ``--accel``, the T5 count."""
+    """``var-accel flops --model infinity-...``: the table, the comparison with ``--accel``, the conventions, the T5
+    count."""
     height, width = args.height or 1024, args.width or 1024
     text_tokens = DEFAULT_TEXT_TOKENS if args.text_tokens is None else args.text_tokens
+    if args.conventions:
+        return _run_conventions(args, methods, height, width, text_tokens)
     result = count_infinity_flops(
         args.model, height, width, cfg=not args.no_cfg, batch_size=args.batch_size, text_tokens=text_tokens
     )
@@ -522,4 +811,5 @@ INFINITY_FLOPS = FamilyFlops(
         "Infinity: also count the flan-t5-xl encoder on this many tokens per prompt (not in the "
         "total; the official runner pads to 512)",
     ),
+    conventions=True,
 )

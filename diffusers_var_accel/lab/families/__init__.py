@@ -252,6 +252,7 @@ register_lab_family(
                 "Infinity: also count the flan-t5-xl encoder on this many tokens per prompt (not in the total; the "
                 "official runner pads to 512)",
             ),
+            conventions=True,
             launch_models=("infinity-2b", "infinity-8b"),
             launch_default_models=("infinity-2b",),
             memory_models=("infinity-2b", "infinity-8b"),
