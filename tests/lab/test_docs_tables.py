@@ -188,3 +188,22 @@ def test_hart_baseline_memory_recounts_to_its_record(docs_tables):
     row = docs_tables.load_record("memory_hart_0.7b_recipes")["output"]["rows"][0]
     assert row["label"] == "baseline, bfloat16" and row["batch_size"] == 1
     assert json.loads(json.dumps(count_memory(MemorySettings("hart-0.7b")))) == row
+
+
+def test_the_frontier_table_reads_its_runs_and_names_a_broken_one(docs_tables, tmp_path, monkeypatch):
+    """The calibration frontier block renders every row of the strict run once, each calibrated row described from
+    its settings; a corrupted run file fails naming it."""
+    table = docs_tables.TABLES["calibration_frontier"]()
+    strict = docs_tables.frontier_rows("strict")
+    body = table.splitlines()[2:]
+    assert len(body) == len(strict)
+    for row in strict:
+        if row.get("method"):
+            assert docs_tables.describe_setting(row["method"], row["settings"]) in table
+    for name in docs_tables.FRONTIER_FILES.values():
+        shutil.copy(docs_tables.FRONTIER / name, tmp_path / name)
+    monkeypatch.setattr(docs_tables, "FRONTIER", tmp_path)
+    assert docs_tables.TABLES["calibration_frontier"]() == table
+    (tmp_path / docs_tables.FRONTIER_FILES["strict"]).write_text('[{"name": "baseline"')
+    with pytest.raises(ValueError, match="embedded_frontier_heldout_strict.json: not a readable frontier record"):
+        docs_tables.TABLES["calibration_frontier"]()
