@@ -982,6 +982,37 @@ def _infinity_candidate_conventions() -> str:
     return "\n".join(lines)
 
 
+def _infinity_savings() -> str:
+    """docs/flops.md, "What the numbers say" point 1: what FastVAR and LazyVAR save under each convention, against the
+    papers' savings. Attention at half weight saves the mean of the real count's and (a')'s savings (the same linear
+    work, half the attention kernels); MACs and no CFG save the same to two decimals (the record's rows)."""
+    out = load_record("conventions_infinity_2b")["output"]
+    rows = {r["key"]: r["saved"] for r in out["conventions"]}
+    paper = {m: out["paper"]["baseline"] - out["paper"][m] for m in ("fastvar", "lazyvar")}
+    half = {m: (rows["real"][m] + rows["a'"][m]) / 2 for m in paper}
+
+    def vs_paper(saved: dict) -> str:
+        cells = []
+        for m in paper:
+            change = 100 * (saved[m] / paper[m] - 1)
+            cells.append(f"{change:+.1f}%" if abs(change) < 10 else f"{change:+.0f}%")
+        return " / ".join(cells)
+
+    labels = [
+        ("real count", rows["real"]),
+        ("(a) attention within the current pass", rows["a"]),
+        ("attention kernels at half weight (1 per MAC)", half),
+        ("(a') no attention kernels (any text length)", rows["a'"]),
+        ("(a') with the official code's per-pass text K/V", rows["a'+kv"]),
+        ("(a') with per-pass text K/V and 512 text tokens", rows["a'+kv+padded+t5"]),
+    ]
+    lines = ["| convention | FastVAR saves | LazyVAR saves | vs paper |", "| --- | ---: | ---: | --- |"]
+    lines += [f"| {label} | {num(v['fastvar'])} | {num(v['lazyvar'])} | {vs_paper(v)} |" for label, v in labels]
+    macs = rows["macs"]
+    lines.append(f"| MACs, or no CFG | {num(macs['fastvar'])} | {num(macs['lazyvar'])} | half |")
+    return "\n".join(lines)
+
+
 #: block name -> its rendering (the records it reads are named inside).
 TABLES: Dict[str, Callable[[], str]] = {
     "status_infinity_2b": lambda: _status_infinity(
@@ -1007,6 +1038,7 @@ TABLES: Dict[str, Callable[[], str]] = {
     "flops_hart_presets": lambda: _hart_comparison("flops_hart_0.7b"),
     "flops_hart_conventions": _hart_conventions,
     "calibration_frontier": _frontier,
+    "flops_infinity_2b_savings": _infinity_savings,
     "benchmarks_infinity_2b": lambda: _method_table("infinity-2b", _BENCHMARKS_2B, "benchmarks"),
     "benchmarks_hart": lambda: _method_table(
         "hart-0.7b",
@@ -1057,7 +1089,15 @@ TABLES: Dict[str, Callable[[], str]] = {
     "flops_infinity_2b_conventions": _infinity_candidate_conventions,
 }
 
-BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.S)
+#: A generated block; inside a list item its markers and lines carry the item's indent.
+BLOCK = re.compile(
+    r"^(?P<indent>[ ]*)<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)^(?P=indent)<!-- end generated -->",
+    re.S | re.M,
+)
+
+
+def _indented(text: str, indent: str) -> str:
+    return "\n".join(indent + line if line else line for line in text.split("\n"))
 
 
 def blocks(text: str) -> List[re.Match]:
@@ -1071,7 +1111,10 @@ def render_page(text: str, page: str) -> str:
         name = match["name"]
         if name not in TABLES:
             raise ValueError(f"{page}: unknown generated block {name!r}; blocks: {sorted(TABLES)}")
-        return f"<!-- generated: {name} -->\n{TABLES[name]()}\n<!-- end generated -->"
+        indent = match["indent"]
+        return (
+            f"{indent}<!-- generated: {name} -->\n{_indented(TABLES[name](), indent)}\n{indent}<!-- end generated -->"
+        )
 
     return BLOCK.sub(fill, text)
 
@@ -1085,7 +1128,10 @@ def stale_blocks() -> List[str]:
             continue
         text = path.read_text()
         for match in blocks(text):
-            if match["name"] not in TABLES or match["body"] != TABLES[match["name"]]() + "\n":
+            if (
+                match["name"] not in TABLES
+                or match["body"] != _indented(TABLES[match["name"]](), match["indent"]) + "\n"
+            ):
                 stale.append(f"{page}: {match['name']}")
     return stale
 

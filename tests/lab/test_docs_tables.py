@@ -207,3 +207,12 @@ def test_the_frontier_table_reads_its_runs_and_names_a_broken_one(docs_tables, t
     (tmp_path / docs_tables.FRONTIER_FILES["strict"]).write_text('[{"name": "baseline"')
     with pytest.raises(ValueError, match="embedded_frontier_heldout_strict.json: not a readable frontier record"):
         docs_tables.TABLES["calibration_frontier"]()
+
+
+def test_a_block_inside_a_list_item_keeps_its_indent(docs_tables):
+    text = "1. A point:\n\n   <!-- generated: flops_infinity_2b_savings -->\n   | stale |\n   <!-- end generated -->\n"
+    rendered = docs_tables.render_page(text, "page.md")
+    body = docs_tables.blocks(rendered)[0]["body"]
+    assert body.splitlines() and all(line.startswith("   | ") for line in body.splitlines())
+    assert body == docs_tables._indented(docs_tables.TABLES["flops_infinity_2b_savings"](), "   ") + "\n"
+    assert docs_tables.render_page(rendered, "page.md") == rendered
