@@ -370,6 +370,47 @@ def per_scale_lines(comparison: Dict[str, Any], hw_width: int) -> List[str]:
     return lines
 
 
+def convention_lines(
+    rows: List[Dict[str, Any]],
+    shown: List[str],
+    label_width: int,
+    paper: Optional[Dict[str, float]] = None,
+    paper_label: str = "papers",
+    head: str = "convention (TFLOPs, CFG, 2 FLOPs per MAC unless stated)",
+) -> List[str]:
+    """The text rows of a ``--conventions`` table (both families): a header, the papers' totals where ``paper`` is
+    given (a method it lacks shows ``-``), then each convention's totals, ratios (baseline / method) and savings."""
+    columns = lambda width, fmt: " ".join(fmt.format(m[:width]) for m in shown)  # noqa: E731
+    lines = [
+        f"{head:<{label_width}} {'baseline':>8} "
+        + columns(10, "{:>10}")
+        + "   ratios: "
+        + columns(8, "{:>8}")
+        + "   saved: "
+        + columns(8, "{:>8}")
+    ]
+    if paper:
+        p_tot = {m: paper.get(m.lower()) for m in shown}
+        lines.append(
+            f"{paper_label:<{label_width}} {paper['baseline']:>8.2f} "
+            + " ".join(f"{p_tot[m]:>10.2f}" if p_tot[m] else f"{'-':>10}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{paper['baseline'] / p_tot[m]:>7.2f}x" if p_tot[m] else f"{'-':>8}" for m in shown)
+            + "   saved: "
+            + " ".join(f"{paper['baseline'] - p_tot[m]:>8.2f}" if p_tot[m] else f"{'-':>8}" for m in shown)
+        )
+    for row in rows:
+        lines.append(
+            f"{row['convention'][:label_width]:<{label_width}} {row['totals']['baseline']:>8.2f} "
+            + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown)
+            + "   ratios: "
+            + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown)
+            + "   saved: "
+            + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown)
+        )
+    return lines
+
+
 def compare_methods(baseline: Dict[str, Any], accelerated: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """Baseline vs methods (counts of one named model): the family's totals, ratios (ours and the papers' where
     published) and per-scale TFLOPs."""

@@ -23,6 +23,7 @@ from diffusers_var_accel.models.transformer_hart import HART_CONFIGS, HARTTransf
 from diffusers_var_accel.next_scale import run_next_scale_loop
 from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.lab.bench.flop_meter import (
+    convention_lines,
     UNATTRIBUTED,
     FamilyFlops,
     GenerationRun,
@@ -566,37 +567,10 @@ def hart_conventions(components: Dict[str, Dict[str, Any]]) -> List[Dict[str, An
 
 
 def format_hart_conventions(model: str, rows: List[Dict[str, Any]]) -> str:
-    methods = list(rows[0]["totals"])
-    paper = HART_PAPER_TFLOPS.get(model, {})
-    shown = [m for m in methods if m != "baseline"]
-    head = (
-        f"{'convention (TFLOPs, CFG, 2 FLOPs per MAC unless stated)':<66} {'baseline':>8} "
-        + " ".join(f"{m[:10]:>10}" for m in shown)
-        + "   ratios: "
-        + " ".join(f"{m[:8]:>8}" for m in shown)
-        + "   saved: "
-        + " ".join(f"{m[:8]:>8}" for m in shown)
-    )
-    lines = [f"{model}: one generation under counting conventions (Qwen2 text encoder not included)", head]
-    if paper:
-        p_tot = {m: paper.get(m.lower()) for m in methods}
-        lines.append(
-            f"{'papers (' + HART_PAPER_SOURCE + ')':<66} {paper['baseline']:>8.2f} "
-            + " ".join(f"{p_tot[m]:>10.2f}" if p_tot[m] else f"{'-':>10}" for m in shown)
-            + "   ratios: "
-            + " ".join(f"{paper['baseline'] / p_tot[m]:>7.2f}x" if p_tot[m] else f"{'-':>8}" for m in shown)
-            + "   saved: "
-            + " ".join(f"{paper['baseline'] - p_tot[m]:>8.2f}" if p_tot[m] else f"{'-':>8}" for m in shown)
-        )
-    for row in rows:
-        lines.append(
-            f"{row['convention'][:66]:<66} {row['totals']['baseline']:>8.2f} "
-            + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown)
-            + "   ratios: "
-            + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown)
-            + "   saved: "
-            + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown)
-        )
+    shown = [m for m in rows[0]["totals"] if m != "baseline"]
+    lines = [f"{model}: one generation under counting conventions (Qwen2 text encoder not included)"]
+    paper = HART_PAPER_TFLOPS.get(model) or None
+    lines += convention_lines(rows, shown, 66, paper, f"papers ({HART_PAPER_SOURCE})")
     return "\n".join(lines)
 
 

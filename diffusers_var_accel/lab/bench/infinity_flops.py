@@ -28,6 +28,7 @@ from diffusers_var_accel.models.transformer_infinity import INFINITY_CONFIGS, In
 from diffusers_var_accel.next_scale import run_next_scale_loop
 from diffusers_var_accel.schedulers.specs import load_acceleration
 from diffusers_var_accel.lab.bench.flop_meter import (
+    convention_lines,
     FamilyFlops,
     GenerationRun,
     add_tflops,
@@ -680,33 +681,7 @@ def format_infinity_conventions(result: Dict[str, Any]) -> str:
     for row in result["gap"]:
         vs = f"  {row['tflops'] / paper['baseline']:.3f} of the paper's" if paper else ""
         lines.append(f"  {row['convention'][:74]:<74} {row['tflops']:>8.2f}{vs}")
-    head = (
-        f"{'convention (CFG unless stated)':<74} {'baseline':>8} "
-        + " ".join(f"{m[:10]:>10}" for m in shown)
-        + "   ratios: "
-        + " ".join(f"{m[:8]:>8}" for m in shown)
-        + "   saved: "
-        + " ".join(f"{m[:8]:>8}" for m in shown)
-    )
-    lines += ["", head]
-    if paper:
-        lines.append(
-            f"{'papers':<74} {paper['baseline']:>8.2f} "
-            + " ".join(f"{paper[m]:>10.2f}" if m in paper else f"{'-':>10}" for m in shown)
-            + "   ratios: "
-            + " ".join(f"{paper['baseline'] / paper[m]:>7.2f}x" if m in paper else f"{'-':>8}" for m in shown)
-            + "   saved: "
-            + " ".join(f"{paper['baseline'] - paper[m]:>8.2f}" if m in paper else f"{'-':>8}" for m in shown)
-        )
-    for row in result["conventions"]:
-        lines.append(
-            f"{row['convention'][:74]:<74} {row['totals']['baseline']:>8.2f} "
-            + " ".join(f"{row['totals'][m]:>10.2f}" for m in shown)
-            + "   ratios: "
-            + " ".join(f"{row['ratios'][m]:>7.2f}x" for m in shown)
-            + "   saved: "
-            + " ".join(f"{row['saved'][m]:>8.2f}" for m in shown)
-        )
+    lines += ["", *convention_lines(result["conventions"], shown, 74, paper, head="convention (CFG unless stated)")]
     kinds = (("real", "real"), ("current_pass", "(a)"), ("no_attention", "(a')"))
     lines += [
         "",
