@@ -442,14 +442,6 @@ _BENCHMARKS_2B = {
     "fastvar:skip_last_scales=false": "FastVAR without the skip",
     "lazyvar": "LazyVAR (preset)",
 }
-_BENCHMARKS_HART = {
-    "baseline": "baseline",
-    "fastvar": "FastVAR (prune 48 / 64 at 0.5 / 0.75)",
-    "lazyvar": "LazyVAR (preset: group 48, 64 at 50 / 35 %)",
-    "depthvar": "DepthVAR (R = 10)",
-    "arvar": "ARVAR (BH at 48, AR 75 % at 64)",
-    "stagevar": "StageVAR (preset: 48, 64 unguided, 64 on token mixtures per layer)",
-}
 
 
 #: The conventions of ``var-accel flops --model hart-0.7b --conventions`` as docs/flops.md names them (bold: the real
@@ -1042,7 +1034,7 @@ TABLES: Dict[str, Callable[[], str]] = {
     "benchmarks_infinity_2b": lambda: _method_table("infinity-2b", _BENCHMARKS_2B, "benchmarks"),
     "benchmarks_hart": lambda: _method_table(
         "hart-0.7b",
-        _BENCHMARKS_HART,
+        _HART_LABELS,
         "hart",
         heads=[
             "method",
