@@ -16,6 +16,7 @@ nothing chosen again), except the methods whose calibration folders are given, w
     python scripts/calibration_frontier.py CAL_DIR [CAL_DIR ...] --budgets 1.5,2,3 [--select ssim,accuracy]
         [--extra infinity-2b/lazyvar ...] [--prompt-set heldout|fresh] [--num-prompts 200] [--json frontier.json] [--plot frontier.png]
         [--settings-from frontier.json] [--threads N]
+    python scripts/calibration_frontier.py --plot-from frontier.json --plot frontier.png   # draw an earlier run
 """
 
 from __future__ import annotations
@@ -79,7 +80,19 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch's intra-op CPU threads (default: torch's)")
     parser.add_argument("--json", help="write every number here")
     parser.add_argument("--plot", help="write the frontier plot (held-out SSIM and accuracy against FLOPs ratio) here")
+    parser.add_argument(
+        "--plot-from",
+        help="an earlier run's --json: only draw its rows into --plot (nothing is measured or chosen)",
+    )
     args = parser.parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            parser.error("--plot-from draws into --plot; give --plot PATH")
+        rows = json.loads(Path(args.plot_from).read_text())
+        if not isinstance(rows, list) or not rows or rows[0].get("name") != "baseline":
+            parser.error(f"{args.plot_from}: expected a --json list of this script whose first row is the baseline")
+        plot(rows, args.plot, rows[0].get("prompt_set", "heldout"))
+        return 0
 
     import torch
 
