@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def frontier_script():
-    spec = importlib.util.spec_from_file_location("calibration_frontier", ROOT / "scripts" / "calibration_frontier.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("calibration_frontier")
 
 
 def test_plot_from_draws_a_recorded_run(frontier_script, tmp_path, monkeypatch):

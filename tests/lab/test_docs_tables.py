@@ -9,22 +9,19 @@ scale of the Infinity-2B baseline). Counting a whole Infinity generation on meta
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def docs_tables():
-    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "scripts" / "docs_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs_tables")
 
 
 def recorded(docs_tables):
@@ -107,9 +104,7 @@ def test_a_corrupted_record_fails_naming_the_file(docs_tables, tmp_path, monkeyp
 
 
 def test_the_rounding_rule():
-    spec = importlib.util.spec_from_file_location("docs_tables_rule", ROOT / "scripts" / "docs_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("docs_tables", "docs_tables_rule")
     # the command's float to two decimals: ARVAR's 70.7649... is 70.76, not the 70.77 a sum of rounded parts gave
     assert module.num(70.76491) == "70.76" and module.num(125.051853078528) == "125.05"
     assert module.times(1.7672, "x") == "1.77x"

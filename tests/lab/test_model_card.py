@@ -4,7 +4,6 @@ The card only reads model_index.json (and the packaged presets), so the folders 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -15,6 +14,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 import registry_lists
+from script_loader import load_script
 from diffusers_var_accel.embedded import EMBEDDED_MODEL_PATH
 from diffusers_var_accel.hub import has_hub_shim, write_hub_shim
 from diffusers_var_accel.lab.cards import make_model_card, read_benchmark_results, write_model_card
@@ -255,15 +255,12 @@ def test_a_folder_that_is_not_ours_is_refused(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # the script
 # ---------------------------------------------------------------------------------------------------------------------
-def load_script():
-    spec = importlib.util.spec_from_file_location("make_model_card", REPO / "scripts" / "make_model_card.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_model_card_script():
+    return load_script("make_model_card")
 
 
 def test_the_script(infinity_folder, tmp_path, capsys):
-    script = load_script()
+    script = load_model_card_script()
     results = tmp_path / "results.json"
     results.write_text(json.dumps(BENCH))
     assert (

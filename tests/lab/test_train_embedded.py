@@ -3,25 +3,20 @@ writes a pipeline folder that loads and generates (the real run takes about an h
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from diffusers_var_accel import InfinityBSQVAE, InfinityPipeline
+from script_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_embedded.py"
 
 
 @pytest.fixture(scope="module")
 def train():
-    spec = importlib.util.spec_from_file_location("train_embedded", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_embedded", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "train_embedded", register=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +162,7 @@ def test_scale_diagnosis_reads_the_models_left_right_symmetry(capsys):
     differ between top and bottom), and the
     packaged model's teacher-forced predictions there differ nearly as often (the fifth round's model, which drew
     both objects in one colour, 0.14 against 0.58 on 48 scenes: docs/embedded.md, sixth and seventh rounds)."""
-    spec = importlib.util.spec_from_file_location(
-        "diagnose_embedded_scales", SCRIPT.parent / "diagnose_embedded_scales.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("diagnose_embedded_scales")
     pipe = InfinityPipeline.from_pretrained("embedded")
     two = module.scale_report(pipe, "color_attr", 12)
     one = module.scale_report(pipe, "colors", 12)
@@ -254,9 +245,7 @@ def test_late_scale_oracle_thins_the_last_scales_of_any_schedule(capsys):
     with the last scales' codes all dropped the image loses what those scales draw, so accuracy cannot rise above a
     schedule's all-codes accuracy by more than noise, and it falls when the dropped scales hold most of the latent
     (every scale after 2 x 2)."""
-    spec = importlib.util.spec_from_file_location("diagnose_late_scales", SCRIPT.parent / "diagnose_late_scales.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("diagnose_late_scales")
     import numpy as np
 
     from diffusers_var_accel.lab.data.shapes import make_dataset

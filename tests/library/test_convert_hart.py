@@ -11,7 +11,6 @@ to save time); the other error cases call its ``main(argv)`` in-process, which i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -203,10 +203,7 @@ def cli_runs(tmp_path_factory, qwen_dir, tokenizer_dir, ema_state_dict):
 def cli():
     """The script as a module, to call ``main(argv)`` in-process."""
     _require_fixture()
-    spec = importlib.util.spec_from_file_location("convert_hart_original_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "convert_hart_original_script")
 
 
 def run_main(cli, capsys, *args):
