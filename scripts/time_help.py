@@ -10,16 +10,6 @@ import time
 from typing import List
 
 
-def _command_paths(parser: argparse.ArgumentParser, prefix: List[str]) -> List[List[str]]:
-    paths = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                paths.append([*prefix, name])
-                paths.extend(_command_paths(sub, [*prefix, name]))
-    return paths
-
-
 def _median_seconds(argv: List[str], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -30,14 +20,14 @@ def _median_seconds(argv: List[str], runs: int) -> float:
 
 
 def main() -> None:
-    from diffusers_var_accel.lab.cli import build_parser
+    from diffusers_var_accel.lab.cli import build_parser, command_paths
 
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--runs", type=int, default=5, help="runs per command (default 5)")
     runs = cli.parse_args().runs
     print("| command | median s |\n| --- | ---: |")
     print(f'| `python -c "import torch"` | {_median_seconds([sys.executable, "-c", "import torch"], runs):.2f} |')
-    for path in [[]] + _command_paths(build_parser([]), []):
+    for path in [[]] + command_paths(build_parser([])):
         seconds = _median_seconds([sys.executable, "-m", "diffusers_var_accel", *path, "--help"], runs)
         print(f"| `var-accel {' '.join([*path, '--help'])}` | {seconds:.2f} |", flush=True)
 

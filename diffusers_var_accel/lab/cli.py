@@ -1293,6 +1293,18 @@ INTERRUPTED = {
 }
 
 
+def command_paths(parser: argparse.ArgumentParser, prefix: Optional[List[str]] = None) -> List[List[str]]:
+    """Every (sub-)command ``parser`` has, as the words that name it (``["convert", "hart"]``), nested ones too."""
+    paths = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                path = [*(prefix or []), name]
+                paths.append(path)
+                paths.extend(command_paths(sub, path))
+    return paths
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
 
 import pytest
 
@@ -14,30 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "diffusers", "transformers")
 
 
-def _command_paths(parser: argparse.ArgumentParser, prefix: List[str]) -> List[List[str]]:
-    """Every (sub-)command the parser has, as the words that name it (``["convert", "hart"]``), nested ones too."""
-    paths = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                paths.append([*prefix, name])
-                paths.extend(_command_paths(sub, [*prefix, name]))
-    return paths
-
-
 def test_the_commands_are_read_from_the_parser():
-    from diffusers_var_accel.lab.cli import build_parser
+    from diffusers_var_accel.lab.cli import build_parser, command_paths
 
-    commands = _command_paths(build_parser([]), [])
+    commands = command_paths(build_parser([]))
     names = {" ".join(path) for path in commands}
     assert {"generate", "demo", "serve", "bench", "calibrate", "flops", "launches", "memory"} <= names
     assert {"convert infinity", "convert hart"} <= names
 
 
 def test_every_help_imports_neither_torch_nor_diffusers():
-    from diffusers_var_accel.lab.cli import build_parser
+    from diffusers_var_accel.lab.cli import build_parser, command_paths
 
-    commands = _command_paths(build_parser([]), [])
+    commands = command_paths(build_parser([]))
     code = (
         "import contextlib, io, json, runpy, sys\n"
         f"heavy = {HEAVY!r}\n"
